@@ -1,0 +1,172 @@
+"""The ``tfrun`` command line: argparse -> frozen config -> action.
+
+Two entry points share one binary:
+
+* ``tfrun config ...``  prints or checks TF_CONFIGs (pure, instant);
+* ``tfrun [options] script.py [args]`` (or ``-m module``) launches a local cluster.
+
+Every launch flag can also come from ``TFRUN_<FLAG>`` (``--max-restarts`` ->
+``TFRUN_MAX_RESTARTS``); a flag on the command line wins over the environment.
+This module never imports TensorFlow, so the CLI starts in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from . import __version__
+from .cluster import LAYOUTS, Topology, iter_env_lines, parse_tf_config, plan_cluster
+from .errors import ConfigError, TfrunError
+
+__all__ = ["main", "build_launch_parser", "build_config_parser"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _split_hosts(text: str) -> list[str]:
+    hosts = [h.strip() for h in text.split(",")]
+    if any(not h for h in hosts):
+        raise argparse.ArgumentTypeError(f"empty entry in host list {text!r}; "
+                                         "write it as 'ip0,ip1,ip2'")
+    return hosts
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, received {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, received {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, received {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, received {text!r}")
+    return value
+
+
+def _add_topology_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("topology")
+    group.add_argument("--workers", type=_non_negative_int, default=None,
+                       help="number of worker tasks (default 1, or one per --hosts entry)")
+    group.add_argument("--chief", action="store_true", default=None,
+                       help="add a chief task (the coordinator for --ps)")
+    group.add_argument("--ps", type=_non_negative_int, default=None,
+                       help="number of parameter-server tasks")
+    group.add_argument("--evaluator", action="store_true", default=None,
+                       help="add a sidecar evaluator task (outside the training cluster)")
+    group.add_argument("--hosts", type=_split_hosts, default=None,
+                       help="comma-separated host[:port] list, one entry per training task "
+                            "(repeat a host to run several tasks on it)")
+    group.add_argument("--layout", choices=LAYOUTS, default="default",
+                       help="how hosts map to roles: default; uai (seed 001: host0 chief, every "
+                            "host a ps); sagemaker (ports 2222/2223)")
+
+
+def _topology_from(args: argparse.Namespace) -> Topology | None:
+    """The role counts the flags ask for; None when the layout or host list decides them."""
+    counts_given = args.workers is not None or bool(args.chief) or args.ps is not None
+    if args.layout != "default":
+        if counts_given:
+            raise ConfigError(f"The {args.layout!r} layout derives its roles from the host list",
+                              expected="--hosts without --workers/--chief/--ps",
+                              fix="Drop the role counts, or use --layout default",
+                              received=f"--workers {args.workers} --chief {bool(args.chief)} "
+                                       f"--ps {args.ps}")
+        return None
+    if not counts_given and args.hosts is not None:
+        return None
+    workers = args.workers
+    if workers is None:
+        workers = 1 if args.hosts is None else max(0, len(args.hosts) - bool(args.chief) - (args.ps or 0))
+    return Topology(workers=workers, chief=bool(args.chief), ps=args.ps or 0,
+                    evaluator=bool(args.evaluator))
+
+
+# --------------------------------------------------------------------------- tfrun config
+
+
+def build_config_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfrun config",
+        description="Print the TF_CONFIG of every task of a topology, or check and normalise one.",
+        epilog="examples:\n"
+               "  tfrun config --workers 2\n"
+               "  tfrun config --hosts ip0,ip1,ip2,ip3 --layout uai --format env\n"
+               "  tfrun config --check \"$TF_CONFIG\"",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_topology_flags(parser)
+    parser.add_argument("--base-port", type=int, default=2222,
+                        help="first port per host (default 2222)")
+    parser.add_argument("--format", choices=("json", "env"), default="json",
+                        help="json: one TF_CONFIG per line; env: export lines to paste")
+    parser.add_argument("--check", nargs="?", const="$TF_CONFIG", default=None, metavar="JSON",
+                        help="validate and normalise a TF_CONFIG (default: $TF_CONFIG) and "
+                             "print its canonical form")
+    return parser
+
+
+def _run_config(argv: Sequence[str]) -> int:
+    args = build_config_parser().parse_args(argv)
+    if args.check is not None:
+        text = args.check
+        if text == "$TF_CONFIG":
+            text = os.environ.get("TF_CONFIG")
+            if text is None:
+                raise ConfigError("No TF_CONFIG to check", expected="a JSON argument or $TF_CONFIG set",
+                                  fix="Pass the JSON: tfrun config --check '{...}'",
+                                  received="TF_CONFIG unset")
+        config = parse_tf_config(text)
+        configs = [config]
+    else:
+        plan = plan_cluster(_topology_from(args), hosts=args.hosts, layout=args.layout,
+                            base_port=args.base_port, evaluator=bool(args.evaluator))
+        configs = list(plan.task_configs())
+    if args.format == "env":
+        for line in iter_env_lines(configs):
+            print(line)
+    else:
+        for config in configs:
+            print(config.to_json())
+    return 0
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _print_error(error: BaseException) -> None:
+    print(f"tfrun: error: {error}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point. Returns the process exit code (also used by tests)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "config":
+            return _run_config(argv[1:])
+        if argv and argv[0] in ("--version", "version"):
+            print(f"tfrun {__version__}")
+            return 0
+        from .launch.cli import run_launch  # deferred: the config path stays tiny
+
+        return run_launch(argv)
+    except TfrunError as error:
+        _print_error(error)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

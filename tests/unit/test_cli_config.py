@@ -1,0 +1,93 @@
+"""`tfrun config` end to end through the real console script (subprocess, no TensorFlow)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def tfrun(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "tfrun", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=60)
+
+
+def test_uai_layout_prints_eight_configs_with_one_cluster_and_unique_addresses():
+    result = tfrun("config", "--hosts", "ip0,ip1,ip2,ip3", "--layout", "uai")
+    assert result.returncode == 0, result.stderr
+    configs = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(configs) == 8
+    assert sorted(c["task"]["type"] for c in configs) == ["chief"] + ["ps"] * 4 + ["worker"] * 3
+    assert all(c["cluster"] == configs[0]["cluster"] for c in configs)
+    own = [configs[0]["cluster"][c["task"]["type"]][c["task"]["index"]] for c in configs]
+    assert len(set(own)) == 8
+
+
+def test_check_normalises_master_to_chief():
+    result = tfrun("config", "--check", '{"cluster":{"master":["a:1"],"worker":["b:1"]},'
+                                        '"task":{"type":"master","index":0}}')
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out == {"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
+                   "task": {"type": "chief", "index": 0}}
+
+
+def test_check_reads_tf_config_from_the_environment():
+    env = {"TF_CONFIG": '{"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":0}}'}
+    result = tfrun("config", "--check", env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["task"] == {"type": "worker", "index": 0}
+
+
+@pytest.mark.parametrize("bad", [
+    '{"cluster":',
+    '{"cluster":{"boss":["a:1"]},"task":{"type":"worker","index":0}}',
+    '{"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":5}}',
+    '{"cluster":{"worker":["a:1","a:1"]},"task":{"type":"worker","index":0}}',
+    '{"cluster":{"worker":["a:99999"]},"task":{"type":"worker","index":0}}',
+    '{"cluster":{"chief":["a:1","b:1"]},"task":{"type":"chief","index":0}}',
+    '{"cluster":{"ps":["a:1"]},"task":{"type":"ps","index":0}}',
+    '{"cluster":{},"task":{"type":"worker","index":0}}',
+    '{"cluster":{"worker":["a:1"]},"task":{"type":"evaluator","index":2}}',
+])
+def test_bad_input_exits_2_with_one_paragraph_and_no_traceback(bad):
+    result = tfrun("config", "--check", bad)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfrun: error: ")
+    assert "Received:" in lines[0]
+
+
+def test_missing_tf_config_for_check_is_a_clear_error():
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    result = subprocess.run([sys.executable, "-m", "tfrun", "config", "--check"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "No TF_CONFIG to check" in result.stderr
+
+
+def test_env_format_prints_paste_ready_export_lines():
+    result = tfrun("config", "--workers", "2", "--format", "env")
+    assert result.returncode == 0, result.stderr
+    exports = [l for l in result.stdout.splitlines() if l.startswith("export TF_CONFIG=")]
+    assert len(exports) == 2
+    # Each line, run by a shell, must give back the same JSON.
+    for i, line in enumerate(exports):
+        shell = subprocess.run(["bash", "-c", f"{line}; printf %s \"$TF_CONFIG\""],
+                               capture_output=True, text=True, check=True)
+        assert json.loads(shell.stdout)["task"] == {"type": "worker", "index": i}
+
+
+def test_role_counts_with_named_layout_is_a_usage_error():
+    result = tfrun("config", "--hosts", "a,b", "--layout", "uai", "--workers", "3")
+    assert result.returncode == 2 and "derives its roles" in result.stderr
+
+
+def test_config_cli_does_not_import_tensorflow():
+    code = ("import sys; from tfrun.cli import main; main(['config', '--workers', '1']); "
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
