@@ -74,8 +74,14 @@ def _add_topology_flags(parser: argparse.ArgumentParser) -> None:
                             "host a ps); sagemaker (ports 2222/2223)")
 
 
-def _topology_from(args: argparse.Namespace) -> Topology | None:
-    """The role counts the flags ask for; None when the layout or host list decides them."""
+def _topology_from(args: argparse.Namespace) -> Topology:
+    """The role counts the flags ask for.
+
+    With ``--hosts`` and no counts, every host entry is a worker. Named layouts derive
+    their roles from the host list, so they get the neutral ``Topology(workers=1)``
+    (plus the evaluator flag) and role counts are an error.
+    """
+    evaluator = bool(args.evaluator)
     counts_given = args.workers is not None or bool(args.chief) or args.ps is not None
     if args.layout != "default":
         if counts_given:
@@ -84,14 +90,11 @@ def _topology_from(args: argparse.Namespace) -> Topology | None:
                               fix="Drop the role counts, or use --layout default",
                               received=f"--workers {args.workers} --chief {bool(args.chief)} "
                                        f"--ps {args.ps}")
-        return None
-    if not counts_given and args.hosts is not None:
-        return None
+        return Topology(workers=1, evaluator=evaluator)
     workers = args.workers
     if workers is None:
         workers = 1 if args.hosts is None else max(0, len(args.hosts) - bool(args.chief) - (args.ps or 0))
-    return Topology(workers=workers, chief=bool(args.chief), ps=args.ps or 0,
-                    evaluator=bool(args.evaluator))
+    return Topology(workers=workers, chief=bool(args.chief), ps=args.ps or 0, evaluator=evaluator)
 
 
 # --------------------------------------------------------------------------- tfrun config
@@ -131,7 +134,7 @@ def _run_config(argv: Sequence[str]) -> int:
         configs = [config]
     else:
         plan = plan_cluster(_topology_from(args), hosts=args.hosts, layout=args.layout,
-                            base_port=args.base_port, evaluator=bool(args.evaluator))
+                            base_port=args.base_port)
         configs = list(plan.task_configs())
     if args.format == "env":
         for line in iter_env_lines(configs):

@@ -1,0 +1,92 @@
+"""Every task runs through here: ``python -m tfrun.bootstrap (script.py | -m module) [args]``.
+
+In order, before the user's code:
+
+1. die with the supervisor (``PR_SET_PDEATHSIG``), so a SIGKILLed tfrun leaves no task;
+2. split the CPU into logical devices when ``TFRUN_DEVICES`` is set;
+3. install the Keras compatibility fixes (applied when Keras is first imported, so a
+   script that never imports Keras pays nothing);
+4. with ``TFRUN_ROLES=auto`` in a parameter-server cluster, ps and worker tasks become
+   plain ``tf.distribute.Server``s and never run the script;
+5. run the script as ``__main__`` with ``sys.argv`` as if started by ``python script.py``.
+
+The bootstrap reads only environment variables, so a task started by hand with the
+same environment behaves the same.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+
+__all__ = ["main"]
+
+
+def _die_with_supervisor() -> None:
+    supervisor = os.environ.get("TFRUN_SUPERVISOR_PID")
+    if not supervisor or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        return
+    # The supervisor may have died between our fork and the prctl above.
+    if str(os.getppid()) != supervisor:
+        os._exit(128 + signal.SIGKILL)
+
+
+def _run_user_code(argv: list[str]) -> None:
+    if not argv:
+        print("usage: python -m tfrun.bootstrap (script.py | -m module) [args]", file=sys.stderr)
+        raise SystemExit(2)
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            print("tfrun.bootstrap: -m needs a module name", file=sys.stderr)
+            raise SystemExit(2)
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = argv[0]
+        sys.argv = [script, *argv[1:]]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _die_with_supervisor()
+    from . import _task_setup
+
+    _task_setup.prepare()
+    if _task_setup.run_as_server_if_assigned():
+        return
+    try:
+        _run_user_code(argv)
+    except Exception as exc:  # noqa: BLE001 - re-reported, then exit 1 like python would
+        _print_user_traceback(exc)
+        sys.exit(1)
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """Print the traceback as ``python script.py`` would: without bootstrap/runpy frames."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and _is_launcher_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+    sys.stderr.flush()
+
+
+def _is_launcher_frame(filename: str) -> bool:
+    return filename == __file__ or filename.startswith("<frozen runpy") or filename.endswith("runpy.py")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""LaunchConfig: the one frozen object a launch is made of.
+
+The CLI builds it from flags and ``TFRUN_*`` variables; the Python API takes it
+directly::
+
+    >>> from tfrun.cluster import Topology
+    >>> config = LaunchConfig(entrypoint=("script", "train.py"), topology=Topology(workers=2))
+    >>> config.max_restarts, config.join_timeout
+    (0, 300.0)
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from ..cluster import TaskId, Topology
+from ..errors import ConfigError
+
+__all__ = ["LaunchConfig", "STRATEGIES", "KERAS_FLAVOURS", "ROLE_MODES"]
+
+STRATEGIES = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
+KERAS_FLAVOURS = ("3", "2")
+#: auto: tfrun runs ps/worker of a PS cluster as servers itself; script: every task runs the
+#: script, which picks its role from TF_CONFIG (the seed-001 platform convention).
+ROLE_MODES = ("auto", "script")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything a launch needs. All defaults resolved here, in one place."""
+
+    #: ("script", path) or ("module", name)
+    entrypoint: tuple[Literal["script", "module"], str]
+    script_args: tuple[str, ...] = ()
+    topology: Topology = field(default_factory=Topology)
+    hosts: tuple[str, ...] | None = None
+    layout: str = "default"
+    run_dir: str | None = None          # exact run directory (default: runs/<time>-<name>)
+    runs_root: str = "runs"
+    name: str | None = None
+    max_restarts: int = 0
+    join_timeout: float = 300.0         # seconds for every task's server to come up
+    stop_grace: float = 10.0            # SIGTERM -> SIGKILL
+    evaluator_grace: float = 30.0       # evaluator's time to finish after training ends
+    show: str | None = None             # "chief,worker:0": console filter
+    quiet_tasks: bool = False
+    tf_noise: bool = False
+    color: bool | None = None           # None: when stdout is a TTY
+    strategy: str = "auto"
+    keras: str = "3"
+    devices: int | None = None          # split the CPU into N logical devices
+    roles: str = "auto"
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        kind, target = self.entrypoint
+        if kind not in ("script", "module") or not target:
+            raise ConfigError("Nothing to run", expected="a script path or -m module",
+                              fix="Call e.g. 'tfrun --workers 2 train.py'", received=self.entrypoint)
+        if self.max_restarts < 0:
+            raise ConfigError("--max-restarts is negative", expected="0 or more",
+                              fix="Pass e.g. --max-restarts 2", received=self.max_restarts)
+        for name in ("join_timeout", "stop_grace", "evaluator_grace"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive",
+                                  expected="a number of seconds > 0",
+                                  fix=f"Pass e.g. --{name.replace('_', '-')} 30",
+                                  received=getattr(self, name))
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"Unknown strategy {self.strategy!r}",
+                              expected=f"one of {', '.join(STRATEGIES)}",
+                              fix="Pass e.g. --strategy auto", received=self.strategy)
+        if self.keras not in KERAS_FLAVOURS:
+            raise ConfigError(f"Unknown Keras flavour {self.keras!r}", expected="3 or 2",
+                              fix="Pass --keras 3 (Keras 3) or --keras 2 (tf_keras)",
+                              received=self.keras)
+        if self.roles not in ROLE_MODES:
+            raise ConfigError(f"Unknown role mode {self.roles!r}", expected="auto or script",
+                              fix="Pass --roles auto or --roles script", received=self.roles)
+        if self.devices is not None and self.devices < 1:
+            raise ConfigError("--devices must be at least 1", expected="1, 2, ...",
+                              fix="Pass e.g. --devices 2", received=self.devices)
+
+    @property
+    def display_name(self) -> str:
+        if self.name:
+            return self.name
+        kind, target = self.entrypoint
+        stem = target.rsplit("/", 1)[-1]
+        return stem[:-3] if kind == "script" and stem.endswith(".py") else stem.replace(".", "_")
+
+    def tracked(self, task: TaskId, *, ps_cluster: bool) -> bool:
+        """Tracked tasks decide success: the run is done when all of them exit 0.
+
+        chief and worker are tracked; ps and evaluator are not. In a cluster with ps and
+        ``roles=auto``, workers only serve (``tf.distribute.Server``) while the chief
+        coordinates, so only the chief is tracked.
+        """
+        if task.role == "chief":
+            return True
+        if task.role == "worker":
+            return not (ps_cluster and self.roles == "auto")
+        return False
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["topology"] = asdict(self.topology)
+        return out

@@ -1,0 +1,185 @@
+"""Task output: per-task log files, a prefixed live console, and traceback extraction.
+
+Every line a task prints goes, unfiltered, to ``<run_dir>/logs/<role>-<i>.log``. The
+console gets the same line prefixed with its task (``[worker:1] ...``, coloured on a
+TTY), unless the task is filtered out (``--show``/``--quiet-tasks``) or the line is
+TensorFlow start-up noise (oneDNN, CUDA stubs, absl INFO/WARNING lines), which stays in
+the files only unless ``--tf-noise`` is given.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Iterable
+
+__all__ = ["ConsoleSink", "TaskLogger", "is_tf_noise", "last_traceback", "parse_task_filter"]
+
+_NOISE_PATTERNS = [
+    r"oneDNN custom operations are on",
+    r"cudart_stub\.cc",
+    r"cuda_(platform|executor|dnn|fft|blas)\.cc",
+    r"Could not find cuda drivers",
+    r"failed call to cuInit",
+    r"TF-TRT Warning",
+    r"Unable to register cu(DNN|FFT|BLAS) factory",
+    r"computation placer already registered",
+    r"This TensorFlow binary is optimized to use available CPU instructions",
+    r"To enable the following instructions: ",
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    r"cpu_feature_guard\.cc",
+    r"Skipping registering GPU devices",
+    # absl-formatted INFO/WARNING lines: "I0000 00:00:1795239234.920417    2276 file.cc:31] ..."
+    r"^[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]",
+    # Python-side TF INFO logging ("INFO:tensorflow:...") is chatty under strategies.
+    r"^INFO:tensorflow:",
+]
+_NOISE = re.compile("|".join(f"(?:{p})" for p in _NOISE_PATTERNS))
+
+
+def is_tf_noise(line: str) -> bool:
+    """True for TensorFlow start-up/runtime chatter that the console hides by default.
+
+    >>> is_tf_noise("I0000 00:00:1795.9 2276 cudart_stub.cc:31] Could not find cuda drivers")
+    True
+    >>> is_tf_noise("Epoch 1/2")
+    False
+    """
+    return bool(_NOISE.search(line))
+
+
+_COLORS = ["36", "33", "35", "32", "34", "91", "96", "93"]
+
+
+def parse_task_filter(text: str | None) -> frozenset[str] | None:
+    """``"chief,worker:0"`` -> the set of roles / role:index shown; None shows all."""
+    if text is None or text.strip() in ("", "all"):
+        return None
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+class ConsoleSink:
+    """Writes prefixed lines to one stream from many threads, whole lines at a time."""
+
+    def __init__(self, stream: IO[str] | None = None, *, color: bool | None = None,
+                 show: frozenset[str] | None = None, quiet: bool = False,
+                 tf_noise: bool = False) -> None:
+        self.stream = stream or sys.stdout
+        self.color = self.stream.isatty() if color is None else color
+        self.show = show
+        self.quiet = quiet
+        self.tf_noise = tf_noise
+        self._lock = threading.Lock()
+
+    def visible(self, task: str) -> bool:
+        if self.quiet:
+            return False
+        if self.show is None:
+            return True
+        return task in self.show or task.split(":")[0] in self.show
+
+    def task_line(self, task: str, color_index: int, line: str) -> None:
+        if not self.visible(task) or (not self.tf_noise and is_tf_noise(line)):
+            return
+        prefix = f"[{task}]"
+        if self.color:
+            prefix = f"\x1b[{_COLORS[color_index % len(_COLORS)]}m{prefix}\x1b[0m"
+        self.write(f"{prefix} {line}")
+
+    def info(self, text: str) -> None:
+        """A tfrun message (always shown)."""
+        prefix = "\x1b[1mtfrun:\x1b[0m" if self.color else "tfrun:"
+        for line in text.splitlines() or [""]:
+            self.write(f"{prefix} {line}")
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            try:
+                self.stream.write(text.rstrip("\n") + "\n")
+                self.stream.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+
+@dataclass
+class TaskLogger:
+    """Copies one task's output stream to its log file and the console (one thread)."""
+
+    task: str
+    color_index: int
+    path: Path
+    console: ConsoleSink
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def pump(self, stream: IO[bytes]) -> threading.Thread:
+        """Start copying ``stream`` until EOF; the log file is appended to (restarts)."""
+        thread = threading.Thread(target=self._copy, args=(stream,), daemon=True,
+                                  name=f"tfrun-log-{self.task}")
+        thread.start()
+        self._threads.append(thread)
+        return thread
+
+    def _copy(self, stream: IO[bytes]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "ab", buffering=0) as log:
+            for raw in iter(stream.readline, b""):
+                log.write(raw)
+                self.console.task_line(self.task, self.color_index,
+                                       raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        stream.close()
+
+    def join(self, timeout: float = 5.0) -> None:
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads = [t for t in self._threads if t.is_alive()]
+
+
+_ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ ")
+
+
+def last_traceback(lines: Iterable[str], max_lines: int = 80) -> str | None:
+    """The last Python traceback in ``lines`` (with its exception line), or None.
+
+    >>> log = ["hello", "Traceback (most recent call last):", '  File "x.py", line 1',
+    ...        "    boom()", "ValueError: bad", "I0000 00:00:1.0 1 x.cc:1] noise"]
+    >>> print(last_traceback(log))
+    Traceback (most recent call last):
+      File "x.py", line 1
+        boom()
+    ValueError: bad
+    """
+    lines = [line.rstrip("\n") for line in lines]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    # Include chained exceptions ("During handling ...") by starting at the first
+    # traceback of the final chain.
+    start = starts[-1]
+    for earlier in reversed(starts[:-1]):
+        gap = lines[earlier:start]
+        if any(l.startswith(("During handling of the above exception",
+                             "The above exception was the direct cause")) for l in gap):
+            start = earlier
+        else:
+            break
+    out: list[str] = []
+    for line in lines[start:]:
+        if _ABSL_LINE.match(line) or is_tf_noise(line):
+            if out and not out[-1].startswith((" ", "Traceback")):
+                break
+            continue
+        out.append(line)
+        if len(out) >= max_lines:
+            out.append("... (truncated; see the log file)")
+            break
+    # Trim trailing chatter after the exception line: stop after the first non-indented
+    # line that follows the last frame.
+    end = len(out)
+    for i in range(len(out) - 1, 0, -1):
+        if out[i - 1].startswith(" ") and not out[i].startswith(" "):
+            end = i + 1
+            break
+    return "\n".join(out[:end])

@@ -1,0 +1,47 @@
+"""A tiny watchdog process that kills task process groups if the supervisor dies.
+
+PR_SET_PDEATHSIG (set by each task's bootstrap) kills a task's main process when
+tfrun dies, but not the task's own children (pytorch#113231, #115219). So tfrun also
+starts this reaper in its own session, with a pipe on its stdin. tfrun writes
+``+<pgid>`` when it starts a task group and ``-<pgid>`` when that group is gone. If
+the pipe closes without a final ``done`` line (tfrun was SIGKILLed, crashed, ...),
+the reaper SIGKILLs every group still registered and exits.
+
+Run as ``python -m tfrun.launch.reaper``; it imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+__all__ = ["main"]
+
+
+def _kill_groups(pgids: set[int]) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def main() -> int:
+    # Terminal signals are for tfrun; the reaper only reacts to its pipe closing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    pgids: set[int] = set()
+    for line in sys.stdin:
+        line = line.strip()
+        if line == "done":
+            return 0
+        if line[:1] in "+-" and line[1:].isdigit():
+            (pgids.add if line[0] == "+" else pgids.discard)(int(line[1:]))
+    _kill_groups(pgids)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""The supervisor: owns every task process, watches states, asks the policy, acts.
+
+It is the only place in tfrun that starts or kills processes. One run::
+
+    start reaper -> start all tasks -> watch (exits -> FailurePolicy, join timeout,
+    signals) -> [gang restart ->] teardown (ps stopped, evaluator grace) -> summary
+
+Guarantees: every task runs in its own process group registered with the reaper, so
+whatever way tfrun ends (success, failure, Ctrl-C, SIGTERM, even SIGKILL) no task
+process is left behind; held ports are released on exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+from ..cluster import ClusterPlan, TaskId
+from .backends.base import Backend, TaskHandle
+from .config import LaunchConfig
+from .logs import ConsoleSink, TaskLogger, last_traceback
+from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState, exit_code_of
+
+__all__ = ["Supervisor", "TaskRecord", "RunResult", "JOIN_TIMEOUT_EXIT_CODE"]
+
+#: Exit code when the cluster never formed (the same as timeout(1)).
+JOIN_TIMEOUT_EXIT_CODE = 124
+_POLL_SECONDS = 0.1
+
+
+@dataclass
+class TaskRecord:
+    task: TaskId
+    tracked: bool
+    address: str | None
+    env: Mapping[str, str]
+    logger: TaskLogger
+    state: TaskState = TaskState.PENDING
+    handle: TaskHandle | None = None
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    starts: int = 0
+    joined: bool = False
+    stopped_by_tfrun: bool = False
+
+    @property
+    def port(self) -> int | None:
+        return int(self.address.rsplit(":", 1)[1]) if self.address else None
+
+    def to_dict(self) -> dict:
+        code = self.exit_code
+        return {
+            "task": str(self.task), "role": self.task.role, "index": self.task.index,
+            "tracked": self.tracked, "address": self.address, "state": self.state.value,
+            "exit_code": code,
+            "signal": signal.Signals(code - 128).name if code and code > 128
+            and code - 128 in signal.Signals._value2member_map_ else None,
+            "stopped_by_tfrun": self.stopped_by_tfrun,
+            "started_at": self.started_at, "ended_at": self.ended_at,
+            "restarts": max(self.starts - 1, 0), "pid": self.handle.pid if self.handle else None,
+            "log": str(self.logger.path),
+        }
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    status: str                      # succeeded | failed | join-timeout | interrupted
+    root_cause: TaskRecord | None
+    tasks: list[TaskRecord]
+    restarts: int
+    message: str = ""
+    summary_path: Path | None = None
+    traceback: str | None = None
+
+
+@dataclass
+class _Outcome:
+    kind: str                        # success | fail | restart | timeout | signal
+    record: TaskRecord | None = None
+    message: str = ""
+
+
+class _Reaper:
+    """The watchdog process that kills registered groups if tfrun dies (see reaper.py)."""
+
+    def __init__(self, python: str) -> None:
+        self.process = subprocess.Popen([python, "-m", "tfrun.launch.reaper"], stdin=subprocess.PIPE,
+                                        start_new_session=True, text=True)
+
+    def _send(self, line: str) -> None:
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def register(self, pgid: int) -> None:
+        self._send(f"+{pgid}")
+
+    def unregister(self, pgid: int) -> None:
+        self._send(f"-{pgid}")
+
+    def close(self) -> None:
+        self._send("done")
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _listening_ports() -> set[int]:
+    """TCP ports in LISTEN state on this machine (Linux /proc, psutil elsewhere)."""
+    ports: set[int] = set()
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if all(t.exists() for t in tables):
+        for table in tables:
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        return ports
+    import psutil  # pragma: no cover - non-Linux
+
+    return {c.laddr.port for c in psutil.net_connections(kind="tcp")  # pragma: no cover
+            if c.status == psutil.CONN_LISTEN}
+
+
+class Supervisor:
+    def __init__(self, config: LaunchConfig, plan: ClusterPlan, run_dir: Path, backend: Backend,
+                 console: ConsoleSink, task_env: Callable[[TaskId, int], dict[str, str]],
+                 argv: list[str]) -> None:
+        self.config = config
+        self.plan = plan
+        self.run_dir = run_dir
+        self.backend = backend
+        self.console = console
+        self.task_env = task_env
+        self.argv = argv
+        self.policy = FailurePolicy(max_restarts=config.max_restarts)
+        ps_cluster = bool(plan.cluster.ps)
+        addresses = plan.cluster.addresses()
+        self.records = [
+            TaskRecord(task=t, tracked=config.tracked(t, ps_cluster=ps_cluster),
+                       address=addresses.get(t), env={},
+                       logger=TaskLogger(str(t), i, run_dir / "logs" / f"{t.slug}.log", console))
+            for i, t in enumerate(plan.tasks)
+        ]
+        self.restarts = 0
+        self._signal: int | None = None
+        self._events = run_dir / "events.jsonl"
+        self._reaper: _Reaper | None = None
+        self._start_time = time.time()
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _event(self, kind: str, **data) -> None:
+        with open(self._events, "a") as f:
+            f.write(json.dumps({"time": time.time(), "event": kind, **data}) + "\n")
+
+    def _transition(self, record: TaskRecord, state: TaskState, **data) -> None:
+        if state not in ALLOWED_TRANSITIONS[record.state]:  # internal invariant
+            raise RuntimeError(f"illegal task transition {record.task}: {record.state} -> {state}")
+        self._event("state", task=str(record.task), old=record.state.value, new=state.value, **data)
+        record.state = state
+
+    # ------------------------------------------------------------------ signals
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        if self._signal is not None:
+            # Second Ctrl-C: stop waiting politely.
+            for record in self.records:
+                if record.handle is not None:
+                    self.backend.signal(record.handle, signal.SIGKILL)
+        self._signal = signum
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self) -> RunResult:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._reaper = _Reaper(self.config.python)
+        try:
+            return self._run()
+        finally:
+            # Whatever happened (even an exception in tfrun itself): nothing survives.
+            self._stop(self.records, grace=self.config.stop_grace)
+            for record in self.records:
+                record.logger.join()
+            self._reaper.close()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _run(self) -> RunResult:
+        while True:
+            self._start_all()
+            outcome = self._watch()
+            if outcome.kind == "restart":
+                assert outcome.record is not None
+                self.console.info(f"{outcome.record.task} exited with code "
+                                  f"{outcome.record.exit_code}; restarting the whole group "
+                                  f"(restart {self.restarts + 1} of {self.config.max_restarts})")
+                self._event("restart", cause=str(outcome.record.task),
+                            exit_code=outcome.record.exit_code, restart=self.restarts + 1)
+                self._stop([r for r in self.records if r.state == TaskState.RUNNING],
+                           grace=self.config.stop_grace)
+                self.restarts += 1
+                continue
+            break
+        if outcome.kind == "success":
+            self._finish_untracked()
+            return self._result(0, "succeeded", None, "")
+        self._stop([r for r in self.records if r.state == TaskState.RUNNING],
+                   grace=self.config.stop_grace)
+        if outcome.kind == "fail":
+            record = outcome.record
+            assert record is not None and record.exit_code is not None
+            return self._result(record.exit_code, "failed", record, outcome.message)
+        if outcome.kind == "timeout":
+            return self._result(JOIN_TIMEOUT_EXIT_CODE, "join-timeout", outcome.record,
+                                outcome.message)
+        assert self._signal is not None
+        return self._result(128 + self._signal, "interrupted", None,
+                            f"stopped by {signal.Signals(self._signal).name}")
+
+    def _start_all(self) -> None:
+        for record in self.records:
+            env = self.task_env(record.task, self.restarts)
+            argv = self.argv
+            handle, stream = self.backend.start(argv, env)
+            assert self._reaper is not None
+            self._reaper.register(handle.pgid)
+            record.handle, record.env = handle, env
+            record.exit_code, record.ended_at, record.joined = None, None, False
+            record.stopped_by_tfrun = False
+            record.started_at = time.time()
+            record.starts += 1
+            self._transition(record, TaskState.RUNNING, pid=handle.pid, restart=self.restarts)
+            record.logger.pump(stream)
+
+    def _needs_join(self) -> bool:
+        return len(self.plan.cluster.tasks()) > 1
+
+    def _watch(self) -> _Outcome:
+        started = time.monotonic()
+        joined = not self._needs_join()
+        while True:
+            if self._signal is not None:
+                return _Outcome("signal")
+            for record in self.records:
+                if record.state != TaskState.RUNNING:
+                    continue
+                assert record.handle is not None
+                returncode = self.backend.poll(record.handle)
+                if returncode is None:
+                    continue
+                decision = self._on_exit(record, exit_code_of(returncode))
+                if decision is Decision.FAIL:
+                    return _Outcome("fail", record)
+                if decision is Decision.RESTART:
+                    return _Outcome("restart", record)
+            tracked = [r for r in self.records if r.tracked]
+            if tracked and all(r.state == TaskState.SUCCEEDED for r in tracked):
+                return _Outcome("success")
+            if not joined:
+                joined = self._check_joined(started)
+                if not joined and time.monotonic() - started > self.config.join_timeout:
+                    return self._join_timeout()
+            time.sleep(_POLL_SECONDS)
+
+    def _on_exit(self, record: TaskRecord, code: int) -> Decision:
+        record.exit_code, record.ended_at = code, time.time()
+        if code == 0:
+            record.joined = True
+        self._transition(record, TaskState.SUCCEEDED if code == 0 else TaskState.FAILED,
+                         exit_code=code)
+        if record.handle is not None:
+            # The main process is gone; make sure nothing it started lingers.
+            self.backend.signal(record.handle, signal.SIGKILL)
+            assert self._reaper is not None
+            self._reaper.unregister(record.handle.pgid)
+        decision = self.policy.decide(TaskExit(role=record.task.role, exit_code=code,
+                                               tracked=record.tracked, restarts=self.restarts))
+        self._event("decision", task=str(record.task), exit_code=code, decision=decision.value)
+        if decision is Decision.IGNORE and code != 0:
+            self.console.info(f"{record.task} exited with code {code}; training goes on "
+                              f"(an {record.task.role} failure does not stop training)")
+        return decision
+
+    def _check_joined(self, started: float) -> bool:
+        listening = _listening_ports()
+        for record in self.records:
+            if record.port is not None and record.port in listening:
+                record.joined = True
+        waiting = [r for r in self.records if r.address is not None and not r.joined]
+        if not waiting:
+            self.console.info(f"cluster formed: all {len(self.plan.cluster.tasks())} servers up "
+                              f"after {time.monotonic() - started:.1f}s")
+            self._event("joined", seconds=time.monotonic() - started)
+            return True
+        return False
+
+    def _join_timeout(self) -> _Outcome:
+        waiting = [r for r in self.records if r.address is not None and not r.joined]
+        exited = [r for r in self.records if r.state.done]
+        parts = [f"the cluster did not form within --join-timeout {self.config.join_timeout:g}s: "
+                 f"{', '.join(str(r.task) for r in waiting)} never started a TensorFlow server "
+                 f"on {', '.join(r.address or '' for r in waiting)}"]
+        if exited:
+            parts.append("; already exited: " + ", ".join(
+                f"{r.task} (code {r.exit_code})" for r in exited))
+        parts.append(". A task that exits early or never creates its strategy/server leaves the "
+                     "others waiting; check its log, or raise --join-timeout if start-up is slow")
+        self._event("join-timeout", waiting=[str(r.task) for r in waiting])
+        return _Outcome("timeout", waiting[0] if waiting else None, "".join(parts))
+
+    def _finish_untracked(self) -> None:
+        """Training is done: stop ps now, give the evaluator its grace period."""
+        (self.run_dir / ".tfrun").mkdir(exist_ok=True)
+        (self.run_dir / ".tfrun" / "training_done").write_text(str(time.time()))
+        self._event("training-done")
+        self._stop([r for r in self.records if r.state == TaskState.RUNNING
+                    and r.task.role != "evaluator"], grace=self.config.stop_grace)
+        evaluators = [r for r in self.records if r.state == TaskState.RUNNING]
+        if evaluators:
+            self.console.info(f"training done; waiting up to {self.config.evaluator_grace:g}s for "
+                              "the evaluator to finish its last evaluation")
+            deadline = time.monotonic() + self.config.evaluator_grace
+            while time.monotonic() < deadline and self._signal is None:
+                for record in evaluators:
+                    if record.state == TaskState.RUNNING:
+                        assert record.handle is not None
+                        returncode = self.backend.poll(record.handle)
+                        if returncode is not None:
+                            self._on_exit(record, exit_code_of(returncode))
+                if all(r.state != TaskState.RUNNING for r in evaluators):
+                    break
+                time.sleep(_POLL_SECONDS)
+            self._stop(evaluators, grace=self.config.stop_grace)
+
+    def _stop(self, records: list[TaskRecord], *, grace: float) -> None:
+        """SIGTERM each running group, wait up to ``grace``, SIGKILL what is left; reap all.
+
+        Only tasks still RUNNING are signalled: a finished task's group was killed when it
+        exited, and signalling a stale pgid later could hit a reused process group.
+        """
+        live = [r for r in records if r.handle is not None and r.state == TaskState.RUNNING]
+        for record in live:
+            assert record.handle is not None
+            self.backend.signal(record.handle, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if all(self.backend.poll(r.handle) is not None for r in live if r.handle):
+                break
+            time.sleep(0.05)
+        for record in live:
+            assert record.handle is not None
+            # SIGKILL the group even if the leader exited: its children may not have.
+            self.backend.signal(record.handle, signal.SIGKILL)
+            self.backend.reap(record.handle)
+            if self._reaper is not None:
+                self._reaper.unregister(record.handle.pgid)
+            returncode = self.backend.poll(record.handle)
+            record.exit_code = exit_code_of(returncode) if returncode is not None else None
+            record.ended_at = time.time()
+            record.stopped_by_tfrun = True
+            self._transition(record, TaskState.STOPPED, exit_code=record.exit_code)
+
+    # ------------------------------------------------------------------ summary
+
+    def _result(self, exit_code: int, status: str, root: TaskRecord | None,
+                message: str) -> RunResult:
+        for record in self.records:
+            record.logger.join()
+        traceback = None
+        if root is not None and status == "failed" and root.logger.path.exists():
+            traceback = last_traceback(root.logger.path.read_text(errors="replace").splitlines())
+        result = RunResult(exit_code=exit_code, status=status, root_cause=root,
+                           tasks=self.records, restarts=self.restarts, message=message,
+                           traceback=traceback)
+        result.summary_path = self._write_summary(result)
+        return result
+
+    def _write_summary(self, result: RunResult) -> Path:
+        root = result.root_cause
+        summary = {
+            "status": result.status,
+            "exit_code": result.exit_code,
+            "message": result.message,
+            "run_dir": str(self.run_dir),
+            "started_at": self._start_time,
+            "ended_at": time.time(),
+            "restarts": result.restarts,
+            "root_cause": None if root is None else {
+                **root.to_dict(), "traceback": result.traceback},
+            "tasks": [r.to_dict() for r in result.tasks],
+        }
+        path = self.run_dir / "summary.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def describe_result(result: RunResult, started: float) -> str:
+    """The console summary: root cause first, then its traceback, then every task."""
+    seconds = time.time() - started
+    lines: list[str] = []
+    if result.status == "succeeded":
+        lines.append(f"run succeeded in {seconds:.1f}s"
+                     + (f" after {result.restarts} restart(s)" if result.restarts else ""))
+    else:
+        root = result.root_cause
+        if result.status == "failed" and root is not None:
+            lines.append(f"FAILED: {root.task} exited with "
+                         f"{_describe_code(root.exit_code)} (root cause)")
+        elif result.status == "join-timeout":
+            lines.append(f"FAILED: {result.message}")
+        else:
+            lines.append(f"INTERRUPTED: {result.message}")
+        if result.traceback and root is not None:
+            lines.append(f"last traceback of {root.task} ({root.logger.path}):")
+            lines.extend("  " + l for l in result.traceback.splitlines())
+        elif root is not None and result.status == "failed":
+            lines.append(f"no Python traceback in {root.logger.path}; see the log's last lines")
+    lines.append("tasks:")
+    for record in result.tasks:
+        note = " (stopped by tfrun)" if record.stopped_by_tfrun else ""
+        code = "" if record.exit_code is None else f" {_describe_code(record.exit_code)}"
+        lines.append(f"  {str(record.task):<12} {record.state.value:<9}{code}{note}")
+    if result.summary_path:
+        lines.append(f"summary: {result.summary_path}")
+    return "\n".join(lines)
+
+
+def _describe_code(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        return f"signal {signal.Signals(code - 128).name} (exit {code})"
+    return f"exit code {code}"
+
