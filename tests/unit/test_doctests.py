@@ -6,9 +6,14 @@ import pytest
 
 import tfrun.cluster
 import tfrun.errors
+import tfrun.launch.config
+import tfrun.launch.logs
+import tfrun.launch.policy
+import tfrun.launch.ports
 
 
-@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.errors])
+@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.errors, tfrun.launch.config, tfrun.launch.logs,
+                                    tfrun.launch.policy, tfrun.launch.ports])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

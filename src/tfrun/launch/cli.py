@@ -102,13 +102,32 @@ def _apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, s
         parser.set_defaults(**{action.dest: value})
 
 
+def _split_module(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split ``[tfrun flags] -m module [module args]`` at ``-m`` (argparse cannot: the
+    module's own flags would be taken for tfrun's). Stops at the first positional (a
+    script), so a ``-m`` among a script's arguments is left alone."""
+    takes_value = {s for a in parser._actions if a.option_strings and a.nargs is None
+                   and not isinstance(a, (argparse._StoreTrueAction, argparse._HelpAction))
+                   for s in a.option_strings}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "-m":
+            return argv[:i + 2], argv[i + 2:]
+        if not token.startswith("-") or token == "--":
+            break
+        i += 2 if token in takes_value else 1
+    return argv, []
+
+
 def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LaunchConfig:
     parser = build_launch_parser()
     _apply_env_defaults(parser, os.environ if environ is None else environ)
-    args = parser.parse_args(list(argv))
+    own, module_args = _split_module(parser, list(argv))
+    args = parser.parse_args(own)
     if args.module:
         entrypoint = ("module", args.module)
-        script_args = ([args.target] if args.target else []) + list(args.args)
+        script_args = ([args.target] if args.target else []) + list(args.args) + module_args
     elif args.target:
         entrypoint = ("script", args.target)
         script_args = list(args.args)

@@ -33,7 +33,7 @@ _NOISE_PATTERNS = [
     r"cpu_feature_guard\.cc",
     r"Skipping registering GPU devices",
     # absl-formatted INFO/WARNING lines: "I0000 00:00:1795239234.920417    2276 file.cc:31] ..."
-    r"^[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]",
+    r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]",
     # Python-side TF INFO logging ("INFO:tensorflow:...") is chatty under strategies.
     r"^INFO:tensorflow:",
 ]
@@ -137,7 +137,7 @@ class TaskLogger:
         self._threads = [t for t in self._threads if t.is_alive()]
 
 
-_ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ ")
+_ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ ")
 
 
 def last_traceback(lines: Iterable[str], max_lines: int = 80) -> str | None:

@@ -91,9 +91,10 @@ class _Outcome:
 class _Reaper:
     """The watchdog process that kills registered groups if tfrun dies (see reaper.py)."""
 
-    def __init__(self, python: str) -> None:
+    def __init__(self, python: str, run_dir: Path) -> None:
+        env = {**os.environ, "TFRUN_REAPER_FOR": str(run_dir)}
         self.process = subprocess.Popen([python, "-m", "tfrun.launch.reaper"], stdin=subprocess.PIPE,
-                                        start_new_session=True, text=True)
+                                        start_new_session=True, text=True, env=env)
 
     def _send(self, line: str) -> None:
         try:
@@ -192,7 +193,7 @@ class Supervisor:
 
     def run(self) -> RunResult:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        self._reaper = _Reaper(self.config.python)
+        self._reaper = _Reaper(self.config.python, self.run_dir)
         try:
             return self._run()
         finally:
@@ -282,9 +283,9 @@ class Supervisor:
             time.sleep(_POLL_SECONDS)
 
     def _on_exit(self, record: TaskRecord, code: int) -> Decision:
+        # An exit never counts as joining: a task that exits 0 before its server came up
+        # leaves the others waiting for it forever (the join timeout catches that).
         record.exit_code, record.ended_at = code, time.time()
-        if code == 0:
-            record.joined = True
         self._transition(record, TaskState.SUCCEEDED if code == 0 else TaskState.FAILED,
                          exit_code=code)
         if record.handle is not None:

@@ -1,0 +1,128 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_TASK = Path(__file__).resolve().parent / "fake_task.py"
+
+
+def processes_of_run(run_dir) -> list[psutil.Process]:
+    """Live processes whose environment says they belong to ``run_dir``."""
+    run_dir = str(run_dir)
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            mine = run_dir in (env.get("TFRUN_RUN_DIR"), env.get("TFRUN_REAPER_FOR"))
+            if mine and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def listening(port: int) -> bool:
+    return any(c.laddr.port == port and c.status == psutil.CONN_LISTEN
+               for c in psutil.net_connections(kind="tcp"))
+
+
+def port_is_free(port: int) -> bool:
+    """True when a plain (non-REUSEPORT) bind succeeds: nobody holds or listens on it."""
+    import socket
+
+    sock = socket.socket()
+    try:
+        sock.bind(("0.0.0.0", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+class Run:
+    """One `tfrun` invocation in a subprocess, with its run directory."""
+
+    def __init__(self, tmp_path: Path, args: list[str], env: dict | None = None, name="run"):
+        self.run_dir = tmp_path / name
+        self.cmd = [sys.executable, "-m", "tfrun", "--run-dir", str(self.run_dir), "--color", "never",
+                    *args]
+        self.env = {**os.environ, **(env or {})}
+        self.env.pop("TF_CONFIG", None)
+        self.proc: subprocess.Popen | None = None
+        self.stdout = ""
+
+    def start(self) -> "Run":
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, cwd=str(ROOT))
+        return self
+
+    def wait(self, timeout: float = 120) -> int:
+        assert self.proc is not None
+        try:
+            self.stdout, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.stdout, _ = self.proc.communicate()
+            raise AssertionError(f"tfrun did not finish in {timeout}s:\n{self.stdout}")
+        return self.proc.returncode
+
+    def run(self, timeout: float = 120) -> int:
+        return self.start().wait(timeout)
+
+    @property
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def tasks(self) -> dict[str, dict]:
+        return {t["task"]: t for t in self.summary["tasks"]}
+
+    def events(self) -> list[dict]:
+        return [json.loads(l) for l in (self.run_dir / "events.jsonl").read_text().splitlines()]
+
+    def ports(self) -> list[int]:
+        config = json.loads((self.run_dir / "config.json").read_text())
+        ports = set()
+        for tf_config in config["tf_configs"].values():
+            for addresses in tf_config["cluster"].values():
+                ports.update(int(a.rsplit(":", 1)[1]) for a in addresses)
+        return sorted(ports)
+
+    def wait_for_file(self, path: Path, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            assert self.proc is not None and self.proc.poll() is None, self.proc.communicate()[0]
+            assert time.monotonic() < deadline, f"{path} never appeared"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def fake_run(tmp_path):
+    """Factory: fake_run(tfrun_flags, fake_task_spec) -> Run (not started)."""
+    def make(flags: list[str], spec: str, env: dict | None = None, name: str = "run") -> Run:
+        return Run(tmp_path, [*flags, str(FAKE_TASK), spec], env=env, name=name)
+    return make
+
+
+def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
+    """No process of the run is alive and none of its ports is held or listening."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = processes_of_run(run.run_dir)
+        if not alive:
+            break
+        if time.monotonic() > deadline:
+            for p in alive:
+                p.kill()
+            raise AssertionError(f"processes left behind: {[(p.pid, p.cmdline()) for p in alive]}")
+        time.sleep(0.1)
+    if (run.run_dir / "config.json").exists():
+        busy = [p for p in run.ports() if not port_is_free(p)]
+        assert not busy, f"ports still held or listening: {busy}"

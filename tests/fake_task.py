@@ -1,0 +1,85 @@
+"""A tiny stand-in for a training task (no TensorFlow), driven by its arguments.
+
+    python fake_task.py 'worker:1=raise;worker=listen,sleep:1;*=ok'
+
+Rules are ``selector=action,action,...`` separated by ``;``; the selector is
+``role:index``, ``role`` or ``*`` (first match wins). Actions run in order:
+
+  ok | exit:N | raise | sleep:S | forever | listen | kill:SIG | grandchild
+  | fail_before_restart:N (exit 1 while TFRUN_RESTART_COUNT < N) | wait_done
+  | print:TEXT | usage_error (exit 2)
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+role = os.environ.get("TFRUN_TASK_TYPE", "worker")
+index = os.environ.get("TFRUN_TASK_INDEX", "0")
+restart = int(os.environ.get("TFRUN_RESTART_COUNT", "0"))
+held = []
+
+
+def actions_for(spec: str) -> list[str]:
+    for rule in spec.split(";"):
+        selector, _, actions = rule.partition("=")
+        if selector in (f"{role}:{index}", role, "*"):
+            return [a for a in actions.split(",") if a]
+    return ["ok"]
+
+
+def my_port() -> int:
+    config = json.loads(os.environ["TF_CONFIG"])
+    return int(config["cluster"][role][int(index)].rsplit(":", 1)[1])
+
+
+def run(action: str) -> None:
+    name, _, arg = action.partition(":")
+    if name == "ok":
+        sys.exit(0)
+    if name == "exit":
+        sys.exit(int(arg))
+    if name == "usage_error":
+        print("usage: bad flag", file=sys.stderr)
+        sys.exit(2)
+    if name == "raise":
+        raise RuntimeError(f"fake failure in {role}:{index}")
+    if name == "sleep":
+        time.sleep(float(arg))
+    if name == "forever":
+        while True:
+            time.sleep(1)
+    if name == "listen":
+        # What a TensorFlow server does: bind its port with SO_REUSEPORT and listen.
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("0.0.0.0", my_port()))
+        sock.listen()
+        held.append(sock)
+    if name == "kill":
+        os.kill(os.getpid(), getattr(signal, arg))
+        time.sleep(5)
+    if name == "grandchild":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        Path(os.environ["TFRUN_RUN_DIR"], f"grandchild-{role}-{index}.pid").write_text(str(child.pid))
+    if name == "fail_before_restart" and restart < int(arg):
+        print(f"failing on purpose at restart {restart}", flush=True)
+        sys.exit(1)
+    if name == "wait_done":
+        marker = Path(os.environ["TFRUN_RUN_DIR"], ".tfrun", "training_done")
+        while not marker.exists():
+            time.sleep(0.05)
+        print("evaluator: final evaluation done", flush=True)
+        sys.exit(0)
+    if name == "print":
+        print(arg, flush=True)
+
+
+print(f"fake {role}:{index} restart {restart} pid {os.getpid()}", flush=True)
+for step in actions_for(sys.argv[1] if len(sys.argv) > 1 else "*=ok"):
+    run(step)

@@ -1,0 +1,261 @@
+"""Tier 2: the real supervisor and CLI with fake tasks (tiny Python children, no TensorFlow)."""
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import assert_nothing_left, listening, processes_of_run
+
+FAST = ["--join-timeout", "20", "--stop-grace", "3"]
+
+
+def test_success_runs_every_task_and_exits_0(fake_run):
+    run = fake_run(["--workers", "2", *FAST], "*=print:hello,ok")
+    assert run.run() == 0, run.stdout
+    assert "[worker:0] hello" in run.stdout and "[worker:1] hello" in run.stdout
+    tasks = run.tasks()
+    assert {t: v["state"] for t, v in tasks.items()} == {"worker:0": "succeeded", "worker:1": "succeeded"}
+    assert run.summary["status"] == "succeeded" and run.summary["root_cause"] is None
+    assert "hello" in (run.run_dir / "logs" / "worker-1.log").read_text()
+    assert "launch configuration" in run.stdout  # resolved config logged once
+    assert run.stdout.count("launch configuration") == 1
+    assert_nothing_left(run)
+
+
+def test_crash_gives_root_cause_with_traceback_and_stops_the_others(fake_run):
+    run = fake_run(["--workers", "3", *FAST], "worker:1=sleep:0.3,raise;*=forever")
+    assert run.run() == 1, run.stdout
+    summary = run.summary
+    assert summary["status"] == "failed"
+    assert summary["root_cause"]["task"] == "worker:1"
+    traceback = summary["root_cause"]["traceback"]
+    assert traceback.startswith("Traceback (most recent call last):")
+    assert "RuntimeError: fake failure in worker:1" in traceback
+    assert "bootstrap.py" not in traceback  # the user's frames only
+    assert "FAILED: worker:1 exited with exit code 1 (root cause)" in run.stdout
+    assert "RuntimeError: fake failure in worker:1" in run.stdout.split("root cause")[1]
+    states = {t: v["state"] for t, v in run.tasks().items()}
+    assert states == {"worker:0": "stopped", "worker:1": "failed", "worker:2": "stopped"}
+    assert_nothing_left(run)
+
+
+def test_exit_code_of_the_failing_task_is_propagated(fake_run):
+    run = fake_run(["--workers", "2", *FAST], "worker:0=exit:7;*=forever")
+    assert run.run() == 7, run.stdout
+    assert run.summary["root_cause"]["exit_code"] == 7
+    assert_nothing_left(run)
+
+
+def test_first_failure_is_the_root_cause_not_the_fallout(fake_run):
+    # worker:0 fails first; worker:1 would fail later (it never gets the chance).
+    run = fake_run(["--workers", "2", *FAST], "worker:0=sleep:0.2,exit:5;worker:1=sleep:3,exit:9")
+    assert run.run() == 5, run.stdout
+    assert run.summary["root_cause"]["task"] == "worker:0"
+
+
+def test_signal_death_becomes_128_plus_n(fake_run):
+    run = fake_run(["--workers", "2", *FAST], "worker:1=kill:SIGKILL;*=forever")
+    assert run.run() == 128 + signal.SIGKILL, run.stdout
+    root = run.summary["root_cause"]
+    assert root["task"] == "worker:1" and root["signal"] == "SIGKILL"
+    assert "signal SIGKILL" in run.stdout
+    assert_nothing_left(run)
+
+
+def test_restarts_the_whole_group_and_honours_the_count(fake_run):
+    run = fake_run(["--workers", "2", "--max-restarts", "2", *FAST],
+                   "worker:1=fail_before_restart:2,ok;*=ok")
+    assert run.run() == 0, run.stdout
+    assert run.summary["restarts"] == 2
+    log = (run.run_dir / "logs" / "worker-0.log").read_text()
+    assert [f"restart {i}" in log for i in range(3)] == [True, True, True]
+    assert run.tasks()["worker:0"]["restarts"] == 2
+    assert_nothing_left(run)
+
+
+def test_restart_budget_exhausted_fails(fake_run):
+    run = fake_run(["--workers", "2", "--max-restarts", "1", *FAST],
+                   "worker:1=fail_before_restart:5;*=forever")
+    assert run.run() == 1, run.stdout
+    assert run.summary["restarts"] == 1
+    restarts = [e for e in run.events() if e["event"] == "restart"]
+    assert len(restarts) == 1
+
+
+def test_usage_error_is_never_restarted(fake_run):
+    run = fake_run(["--workers", "2", "--max-restarts", "3", *FAST], "worker:0=usage_error;*=forever")
+    assert run.run() == 2, run.stdout
+    assert run.summary["restarts"] == 0
+    assert not [e for e in run.events() if e["event"] == "restart"]
+
+
+def test_max_restarts_from_environment(fake_run):
+    run = fake_run(["--workers", "1", *FAST], "*=fail_before_restart:1,ok",
+                   env={"TFRUN_MAX_RESTARTS": "1"})
+    assert run.run() == 0, run.stdout
+    assert run.summary["restarts"] == 1
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_and_sigterm_stop_every_task(fake_run, sig, code):
+    run = fake_run(["--workers", "2", "--chief", *FAST], "*=grandchild,print:ready,forever").start()
+    for task in ("chief-0", "worker-0", "worker-1"):
+        run.wait_for_file(run.run_dir / f"grandchild-{task.replace('-', '-')}.pid")
+    run.proc.send_signal(sig)
+    assert run.wait(30) == code, run.stdout
+    assert run.summary["status"] == "interrupted"
+    assert all(t["state"] == "stopped" for t in run.summary["tasks"])
+    assert_nothing_left(run)
+
+
+def test_tfrun_sigkilled_leaves_no_task_or_grandchild(fake_run):
+    run = fake_run(["--workers", "2", *FAST], "*=grandchild,forever").start()
+    pid_files = [run.run_dir / f"grandchild-worker-{i}.pid" for i in range(2)]
+    for pid_file in pid_files:
+        run.wait_for_file(pid_file)
+    grandchildren = [int(p.read_text()) for p in pid_files]
+    assert all(psutil.pid_exists(pid) for pid in grandchildren)
+    run.proc.kill()
+    run.proc.wait()
+    assert_nothing_left(run, timeout=10)
+    for pid in grandchildren:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_ports_are_held_against_other_processes_and_released_at_exit(fake_run):
+    run = fake_run(["--workers", "2", *FAST], "*=print:started,forever").start()
+    run.wait_for_file(run.run_dir / "config.json")
+    ports = run.ports()
+    # Race another process for the reserved ports while the run is alive: it must lose.
+    for port in ports:
+        competitor = socket.socket()
+        with pytest.raises(OSError):
+            competitor.bind(("0.0.0.0", port))
+        competitor.close()
+    run.proc.send_signal(signal.SIGINT)
+    run.wait(30)
+    assert_nothing_left(run)  # includes: every port bindable again
+
+
+def test_join_success_is_detected_when_every_server_listens(fake_run):
+    run = fake_run(["--workers", "2", "--chief", *FAST], "*=listen,sleep:1.5,ok")
+    assert run.run() == 0, run.stdout
+    assert "cluster formed" in run.stdout
+    assert [e for e in run.events() if e["event"] == "joined"]
+
+
+def test_join_timeout_fails_clearly_instead_of_hanging(fake_run):
+    # worker:1 "exits early" without ever starting its server; the others wait forever.
+    run = fake_run(["--workers", "3", "--join-timeout", "2", "--stop-grace", "2"],
+                   "worker:1=ok;*=listen,forever")
+    started = time.monotonic()
+    assert run.run(60) == 124, run.stdout
+    assert time.monotonic() - started < 30
+    summary = run.summary
+    assert summary["status"] == "join-timeout"
+    assert "worker:1 never started a TensorFlow server" in summary["message"]
+    assert "did not form within --join-timeout 2s" in summary["message"]
+    assert "already exited: worker:1 (code 0)" in summary["message"]
+    assert_nothing_left(run)
+
+
+def test_join_timeout_names_the_task_that_never_started_its_server(fake_run):
+    run = fake_run(["--workers", "2", "--join-timeout", "2", "--stop-grace", "2"],
+                   "worker:0=listen,forever;worker:1=forever")
+    assert run.run(60) == 124, run.stdout
+    message = run.summary["message"]
+    assert "worker:1 never started a TensorFlow server" in message
+    assert "worker:0" not in message.split("never started")[0]
+
+
+def test_ps_is_stopped_and_evaluator_gets_its_grace_after_training(fake_run):
+    run = fake_run(["--chief", "--workers", "1", "--ps", "1", "--evaluator", "--roles", "script",
+                    "--evaluator-grace", "20", *FAST],
+                   "chief=sleep:0.5,ok;worker=sleep:0.5,ok;ps=forever;evaluator=wait_done")
+    assert run.run() == 0, run.stdout
+    tasks = run.tasks()
+    assert tasks["ps:0"]["state"] == "stopped" and tasks["ps:0"]["stopped_by_tfrun"]
+    assert tasks["evaluator:0"]["state"] == "succeeded"  # finished its last evaluation itself
+    assert "final evaluation done" in run.stdout
+    # Order: training done -> ps stopped -> evaluator ended.
+    events = run.events()
+    order = [(e["event"], e.get("task"), e.get("new")) for e in events]
+    done = order.index(("training-done", None, None))
+    ps_stop = order.index(("state", "ps:0", "stopped"))
+    evaluator_end = order.index(("state", "evaluator:0", "succeeded"))
+    assert done < ps_stop < evaluator_end
+    assert_nothing_left(run)
+
+
+def test_evaluator_that_does_not_finish_is_stopped_after_its_grace(fake_run):
+    run = fake_run(["--workers", "1", "--evaluator", "--evaluator-grace", "1", *FAST],
+                   "worker=ok;evaluator=forever")
+    started = time.monotonic()
+    assert run.run() == 0, run.stdout
+    assert time.monotonic() - started < 20
+    assert run.tasks()["evaluator:0"]["state"] == "stopped"
+
+
+def test_evaluator_crash_does_not_stop_training(fake_run):
+    run = fake_run(["--workers", "1", "--evaluator", *FAST],
+                   "worker=sleep:1,ok;evaluator=exit:3")
+    assert run.run() == 0, run.stdout
+    assert run.tasks()["evaluator:0"]["exit_code"] == 3
+    assert "training goes on" in run.stdout
+
+
+def test_ps_crash_fails_the_run(fake_run):
+    run = fake_run(["--chief", "--workers", "1", "--ps", "1", "--roles", "script", *FAST],
+                   "ps=sleep:0.3,exit:4;*=forever")
+    assert run.run() == 4, run.stdout
+    assert run.summary["root_cause"]["task"] == "ps:0"
+
+
+def test_console_filter_and_noise_hiding(fake_run):
+    noise = "I0000 00:00:1795239234.920417    2276 cudart_stub.cc:31] Could not find cuda drivers"
+    run = fake_run(["--workers", "2", "--show", "worker:1", *FAST], f"*=print:{noise},print:visible,ok")
+    assert run.run() == 0, run.stdout
+    assert "[worker:1] visible" in run.stdout
+    assert "[worker:0]" not in run.stdout
+    task_lines = [l for l in run.stdout.splitlines() if l.startswith("[")]
+    assert task_lines and not any("cudart_stub" in l for l in task_lines)
+    assert "cudart_stub" in (run.run_dir / "logs" / "worker-1.log").read_text()
+
+
+def test_bad_input_exits_2_and_leaves_nothing(tmp_path):
+    from conftest import Run
+
+    run = Run(tmp_path, ["--workers", "2", "no_such_script.py"])
+    assert run.run() == 2
+    assert "Script 'no_such_script.py' not found" in run.stdout
+    assert "Traceback" not in run.stdout
+    assert not run.run_dir.exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--workers", "-1"], "expected a number >= 0"),
+    (["--join-timeout", "0"], "expected a number of seconds > 0"),
+    (["--strategy", "magic"], "invalid choice: 'magic'"),
+    (["--hosts", "10.1.2.3,10.1.2.4"], "are not local"),
+])
+def test_bad_flags_exit_2(tmp_path, flags, message):
+    from conftest import FAKE_TASK, Run
+
+    run = Run(tmp_path, [*flags, str(FAKE_TASK)])
+    assert run.run() == 2
+    assert message in run.stdout
+    assert not run.run_dir.exists()
+
+
+def test_bad_environment_flag_is_a_clear_error(tmp_path):
+    from conftest import FAKE_TASK, Run
+
+    run = Run(tmp_path, [str(FAKE_TASK)], env={"TFRUN_MAX_RESTARTS": "lots"})
+    assert run.run() == 2
+    assert "TFRUN_MAX_RESTARTS is invalid" in run.stdout and "'lots'" in run.stdout
