@@ -1,11 +1,29 @@
 """tfrun: launch and run distributed TensorFlow/Keras training with one command.
 
-The launcher side (``tfrun.cluster``, the CLI) never imports TensorFlow. The runtime
-helpers used inside a training script are filled in by later modules.
+Inside a training script::
+
+    import tfrun
+    strategy = tfrun.strategy()
+    with strategy.scope():
+        model = build_model()
+    model.fit(train.batch(tfrun.global_batch_size(64)), epochs=3)
+    tfrun.save(model, tfrun.output_dir("model.keras"))
+
+Nothing here imports TensorFlow until a function that needs it is called, so the
+launcher (``tfrun`` CLI) stays fast.
 """
 
 from __future__ import annotations
 
+from .errors import ClusterTimeout, ConfigError, TaskFailed, TfrunError
+from .runtime import (TaskInfo, global_batch_size, is_chief, output_dir, strategy, task,
+                      training_done)
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "TfrunError", "ConfigError", "ClusterTimeout", "TaskFailed",
+    "TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
+    "training_done",
+]

@@ -6,6 +6,9 @@ imports TensorFlow unless the environment asks for something that needs it.
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.util
 import json
 import os
 import sys
@@ -13,16 +16,42 @@ import sys
 __all__ = ["prepare", "run_as_server_if_assigned"]
 
 
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec):
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module) -> None:  # already executed under its real name
+        pass
+
+
+class _KerasToTfKeras(importlib.abc.MetaPathFinder):
+    """``--keras 2``: ``import keras`` (and ``keras.*``) give tf_keras, like ``tf.keras`` does
+    with TF_USE_LEGACY_KERAS=1, so a script that writes ``import keras`` runs on Keras 2."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "keras" and not fullname.startswith("keras."):
+            return None
+        real = "tf_keras" + fullname[len("keras"):]
+        if importlib.util.find_spec(real) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(real))
+
+
 def prepare() -> None:
+    legacy = os.environ.get("TFRUN_KERAS") == "2" or os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+    if legacy:
+        sys.meta_path.insert(0, _KerasToTfKeras())
     if os.environ.get("TFRUN_DEVICES"):
         from .runtime import configure_logical_devices
 
         configure_logical_devices(int(os.environ["TFRUN_DEVICES"]))
-    try:
+    if not legacy:  # tf_keras needs no fixes (measured: every scenario works as is)
         from . import compat
-    except ImportError:  # pragma: no cover - compat arrives with the Keras runtime
-        return
-    compat.install()
+
+        compat.install()
 
 
 def _server_role() -> tuple[str, int, dict] | None:

@@ -1,8 +1,178 @@
-"""Runtime helpers used inside a training script (filled in by the Keras runtime work)."""
+"""Inside the training script: role, strategy, batch sizes and output directories.
+
+Reads only the environment (``TF_CONFIG`` plus optional ``TFRUN_*``), never which
+backend launched it, so a script started by hand with a TF_CONFIG behaves the same::
+
+    import tfrun
+    strategy = tfrun.strategy()                  # from TF_CONFIG and local devices
+    batch = tfrun.global_batch_size(64)          # 64 per replica
+    with strategy.scope():
+        model = make_model()
+    model.fit(dataset.batch(batch), epochs=3)
+    if tfrun.is_chief():
+        print("accuracy", model.evaluate(test)[1])
+"""
 
 from __future__ import annotations
 
-__all__ = ["configure_logical_devices"]
+import atexit
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cluster import TaskConfig, parse_tf_config
+from .errors import ConfigError
+
+__all__ = ["TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
+           "training_done", "configure_logical_devices", "strategy_kind"]
+
+_STRATEGY_KINDS = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """This process's place in the cluster (``role="worker", index=0`` when there is none)."""
+
+    role: str
+    index: int
+    num_workers: int          # chief + workers (the synchronous replicas' hosts)
+    config: TaskConfig | None  # None: not part of a cluster
+
+    @property
+    def in_cluster(self) -> bool:
+        return self.config is not None
+
+
+def task() -> TaskInfo:
+    """The current task, from ``TF_CONFIG`` (normalised: ``master`` counts as chief)."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return TaskInfo(role="worker", index=0, num_workers=1, config=None)
+    config = parse_tf_config(raw)
+    cluster = config.cluster
+    return TaskInfo(role=config.task.role, index=config.task.index,
+                    num_workers=cluster.size("chief") + cluster.size("worker"), config=config)
+
+
+def is_chief() -> bool:
+    """True on the task that owns checkpoints, logs and exports.
+
+    That is the ``chief`` if the cluster has one, else ``worker:0``; also True outside
+    a cluster. False on ps and evaluator.
+    """
+    info = task()
+    if info.config is None:
+        return True
+    if info.role == "chief":
+        return True
+    return info.role == "worker" and info.index == 0 and not info.config.cluster.chief
+
+
+def strategy_kind(kind: str | None = None) -> str:
+    """The concrete strategy ``auto`` resolves to for this task (no TensorFlow import)."""
+    kind = kind or os.environ.get("TFRUN_STRATEGY") or "auto"
+    if kind not in _STRATEGY_KINDS:
+        raise ConfigError(f"Unknown strategy {kind!r}", expected=f"one of {', '.join(_STRATEGY_KINDS)}",
+                          fix="Pass --strategy auto (or set TFRUN_STRATEGY)", received=kind)
+    if kind != "auto":
+        return kind
+    info = task()
+    if info.config is None or info.role == "evaluator":
+        return "local"
+    if info.config.cluster.ps:
+        return "ps"
+    return "multiworker"
+
+
+_strategy_cache: dict[str, object] = {}
+
+
+def _local_devices(tf) -> list[str]:
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return [d.name for d in gpus]
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def strategy(kind: str | None = None):
+    """The ``tf.distribute.Strategy`` for this task, created once per process.
+
+    ``auto`` (default; ``--strategy``/``TFRUN_STRATEGY`` override it):
+
+    * a cluster with ps -> ``ParameterServerStrategy`` (used by the chief, the coordinator);
+    * a cluster of chief/workers -> ``MultiWorkerMirroredStrategy``;
+    * no cluster, or the evaluator -> ``MirroredStrategy`` over the local GPUs, or over
+      the logical CPUs made by ``tfrun --devices N``; else the default strategy.
+
+    ``mirrored``, ``central`` (CentralStorage), ``multiworker``, ``ps``, ``onedevice``
+    and ``default`` force one.
+    """
+    resolved = strategy_kind(kind)
+    if resolved in _strategy_cache:
+        return _strategy_cache[resolved]
+    import tensorflow as tf
+
+    if resolved == "local":
+        devices = _local_devices(tf)
+        made = tf.distribute.MirroredStrategy(devices) if len(devices) > 1 else tf.distribute.get_strategy()
+    elif resolved == "mirrored":
+        made = tf.distribute.MirroredStrategy(_local_devices(tf))
+    elif resolved == "central":
+        made = tf.distribute.experimental.CentralStorageStrategy(_local_devices(tf))
+    elif resolved == "multiworker":
+        made = tf.distribute.MultiWorkerMirroredStrategy()
+    elif resolved == "ps":
+        from .ps import make_parameter_server_strategy
+
+        made = make_parameter_server_strategy()
+    elif resolved == "onedevice":
+        made = tf.distribute.OneDeviceStrategy(_local_devices(tf)[0])
+    else:
+        made = tf.distribute.get_strategy()
+    _strategy_cache[resolved] = made
+    return made
+
+
+def global_batch_size(per_replica: int) -> int:
+    """``per_replica`` times the number of replicas in sync (all workers, all devices)."""
+    if per_replica < 1:
+        raise ConfigError("Per-replica batch size must be at least 1", expected="1 or more",
+                          fix="Pass e.g. global_batch_size(64)", received=per_replica)
+    return per_replica * strategy().num_replicas_in_sync
+
+
+_private_dirs: list[str] = []
+
+
+def output_dir(subdir: str = "") -> str:
+    """Where this task writes models, checkpoints and TensorBoard logs.
+
+    The chief gets the shared, real directory (``$TFRUN_OUTPUT_DIR``, else
+    ``$TFRUN_RUN_DIR/output``, else ``./output``); every other task gets a private temp
+    directory, deleted at exit, so that no two tasks ever write the same file (the
+    pattern TensorFlow's multi-worker tutorials prescribe).
+    """
+    if is_chief():
+        base = os.environ.get("TFRUN_OUTPUT_DIR") or (
+            os.path.join(os.environ["TFRUN_RUN_DIR"], "output") if os.environ.get("TFRUN_RUN_DIR")
+            else "output")
+        path = os.path.join(base, subdir) if subdir else base
+    else:
+        if not _private_dirs:
+            info = task()
+            _private_dirs.append(tempfile.mkdtemp(prefix=f"tfrun-{info.role}-{info.index}-"))
+            atexit.register(shutil.rmtree, _private_dirs[0], True)
+        path = os.path.join(_private_dirs[0], subdir) if subdir else _private_dirs[0]
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def training_done() -> bool:
+    """True once the launcher has seen every tracked task finish (for an evaluator's loop)."""
+    run_dir = os.environ.get("TFRUN_RUN_DIR")
+    return bool(run_dir) and Path(run_dir, ".tfrun", "training_done").exists()
 
 
 def configure_logical_devices(count: int) -> None:

@@ -1,0 +1,110 @@
+"""Keras compatibility fixes, applied in every task by the bootstrap.
+
+``install()`` registers a post-import hook: the fixes are applied right after the
+first ``import keras`` (also via ``tf.keras``), so a script that never imports Keras
+pays nothing, and a script runs unchanged whether tfrun launched it or not.
+
+Every fix names the upstream bug it works around, is guarded to the Keras versions it
+was tested on (warn and skip on others; ``TFRUN_COMPAT_FORCE=1`` applies anyway), and
+can be switched off for a test or a bisect with ``TFRUN_COMPAT_DISABLE=name,...``
+(``all`` for every fix). ``applied()`` lists what was applied in this process::
+
+    >>> import tfrun.compat
+    >>> tfrun.compat.install()          # doctest: +SKIP
+    >>> import keras                    # doctest: +SKIP
+    >>> tfrun.compat.applied()          # doctest: +SKIP
+    ['mwms_symbolic_build', 'mwms_reduce_logs', ...]
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import warnings
+
+__all__ = ["install", "apply_keras3_fixes", "applied", "FIX_NAMES"]
+
+_applied: list[str] = []
+_done = False
+
+
+def applied() -> list[str]:
+    """Names of the fixes applied in this process, in order."""
+    return list(_applied)
+
+
+def _disabled() -> set[str]:
+    return {n.strip() for n in os.environ.get("TFRUN_COMPAT_DISABLE", "").split(",") if n.strip()}
+
+
+def apply_keras3_fixes() -> list[str]:
+    """Apply every enabled fix to the imported Keras 3 (idempotent). Returns the names applied."""
+    global _done
+    if _done:
+        return applied()
+    _done = True
+    import keras
+
+    from . import keras3
+
+    version = getattr(keras, "__version__", "0")
+    if not version.startswith("3.") or keras.backend.backend() != "tensorflow":
+        return applied()
+    disabled = _disabled()
+    force = os.environ.get("TFRUN_COMPAT_FORCE", "") not in ("", "0")
+    for fix in keras3.FIXES:
+        if "all" in disabled or fix.name in disabled:
+            continue
+        if not fix.supports(version) and not force:
+            warnings.warn(f"tfrun: Keras compat fix {fix.name!r} was tested on Keras "
+                          f"{', '.join(fix.tested)}; found {version}: skipped. Set "
+                          "TFRUN_COMPAT_FORCE=1 to apply it anyway.", stacklevel=2)
+            continue
+        fix.apply()
+        _applied.append(fix.name)
+    return applied()
+
+
+class _KerasPostImport(importlib.abc.MetaPathFinder):
+    """Finds ``keras`` through the normal finders, then runs the fixes after it loads."""
+
+    def __init__(self) -> None:
+        self._busy = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "keras" or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            try:
+                apply_keras3_fixes()
+            except Exception as exc:  # never break the user's import
+                warnings.warn(f"tfrun: Keras compat fixes failed to apply: {exc!r}", stacklevel=2)
+
+        loader.exec_module = exec_module  # this loader instance serves only this spec
+        return spec
+
+
+def install() -> None:
+    """Apply the fixes now if Keras is imported, else as soon as it is."""
+    if "keras" in sys.modules:
+        apply_keras3_fixes()
+        return
+    if not any(isinstance(f, _KerasPostImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _KerasPostImport())
+
+
+FIX_NAMES = ("mwms_symbolic_build", "mwms_reduce_logs", "distributed_assign_add",
+             "batchnorm_moving_stats", "steps_per_execution")

@@ -1,0 +1,233 @@
+"""The Keras 3 (TensorFlow backend) fixes. Each is the smallest patch we found correct.
+
+Tested on Keras 3.15.x with TensorFlow 2.21. Every fix is a ``Fix`` whose ``apply``
+wraps (never copies wholesale) the Keras function at fault; the wrapped original is
+kept on the replacement as ``__wrapped__``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["Fix", "FIXES"]
+
+TESTED = ("3.15",)
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str
+    upstream: str
+    apply: Callable[[], None]
+    tested: tuple[str, ...] = TESTED
+
+    def supports(self, version: str) -> bool:
+        return any(version == t or version.startswith(t + ".") for t in self.tested)
+
+
+def _is_multi_worker(strategy) -> bool:
+    import tensorflow as tf
+
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and strategy.extended._in_multi_worker_mode())
+
+
+# --------------------------------------------------------------------------- 1
+
+
+def _fix_mwms_symbolic_build() -> None:
+    """keras-team/keras#20585, tensorflow/tensorflow#72388.
+
+    ``TensorFlowTrainer._maybe_symbolic_build`` builds the model from the first batch
+    and, for a distributed batch, calls ``strategy.reduce("MEAN", (x, y, w), axis=None)``
+    on the whole tuple. MultiWorkerMirroredStrategy's ``_reduce_to`` cannot reduce a
+    nest ("Attempt to convert a value (PerReplica...)") — and no reduction is needed: the
+    build only reads shapes and dtypes. We hand it replica 0's local batch instead.
+    """
+    import tensorflow as tf
+    from keras.src import tree
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    original = TensorFlowTrainer._maybe_symbolic_build
+
+    @functools.wraps(original)
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None or iterator is None:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        strategy = self.distribute_strategy
+        for _, _, it in iterator:
+            batch = next(it)
+            data_batch = tree.map_structure(
+                lambda v: strategy.experimental_local_results(v)[0]
+                if isinstance(v, tf.distribute.DistributedValues) else v, batch)
+            break
+        return original(self, iterator=None, data_batch=data_batch)
+
+    TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+
+
+# --------------------------------------------------------------------------- 2
+
+
+def _fix_mwms_reduce_logs() -> None:
+    """keras-team/keras#20585.
+
+    ``reduce_per_replica(..., reduction="auto"|"mean")`` calls
+    ``strategy.reduce("MEAN", v, axis=0)`` under multi-worker MWMS; the step logs are
+    scalars, so it fails with "Invalid reduction dimension 0 for input with 0
+    dimensions". The single-worker path averages the replicas element-wise; the
+    multi-worker equivalent is ``axis=None`` (mean across replicas, shape kept).
+    """
+    from keras.src import tree
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.reduce_per_replica
+
+    @functools.wraps(original)
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and _is_multi_worker(strategy):
+            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return original(values, strategy, reduction)
+
+    tf_trainer.reduce_per_replica = reduce_per_replica
+
+
+# --------------------------------------------------------------------------- 3
+
+
+def _fix_distributed_assign_add() -> None:
+    """keras-team/keras#21054 (stateful metrics wrong under strategies).
+
+    ``KerasVariable.assign_add(v)`` is ``assign(self + v)``. On a distributed variable
+    with SUM aggregation updated in replica context (CentralStorageStrategy's
+    AggregatingVariable), every replica assigns ``self + v_i`` and the SUM aggregation
+    adds those up: ``n*self + sum(v_i)``, e.g. a sample counter of 960 instead of 256,
+    so ``evaluate`` reports wrong loss/accuracy. The TensorFlow variable's own
+    ``assign_add``/``assign_sub`` aggregate the *deltas*, which is what Keras means.
+    """
+    import tensorflow as tf
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.tensorflow.core import Variable
+
+    def _delta_update(method: str, original):
+        @functools.wraps(original)
+        def update(self, value):
+            target = self._value
+            # Only distributed variables (MirroredVariable, CentralStorage's
+            # AggregatingVariable, ...) need it; under no strategy Keras is left as is.
+            if in_stateless_scope() or not tf.distribute.has_strategy() or target is None:
+                return original(self, value)
+            delta = tf.cast(self._convert_to_tensor(value, dtype=self._dtype), target.dtype)
+            return getattr(target, method)(delta)
+        return update
+
+    Variable.assign_add = _delta_update("assign_add", Variable.assign_add)
+    Variable.assign_sub = _delta_update("assign_sub", Variable.assign_sub)
+
+
+# --------------------------------------------------------------------------- 4
+
+_MOVING_STATISTICS = frozenset({"moving_mean", "moving_variance", "moving_stddev",
+                                "renorm_mean", "renorm_stddev"})
+
+
+def _fix_batchnorm_moving_stats() -> None:
+    """keras-team/keras#20601 / #19891 (variable aggregation under strategies).
+
+    BatchNormalization creates its moving statistics with ``aggregation="none"``. Under
+    MirroredStrategy/MWMS each replica then keeps its own moving mean/variance and the
+    replicas drift apart (1e-3 after one epoch here); under CentralStorageStrategy the
+    update fails ("You must specify an aggregation method to update a
+    AggregatingVariable in Replica Context"). tf_keras created them with MEAN
+    aggregation; we do the same when the layer is built under a strategy, so the
+    replicas' updates are averaged and every replica holds identical statistics.
+    (For globally synchronised batch statistics use ``synchronized=True``.)
+    """
+    import tensorflow as tf
+    from keras.src.layers.normalization.batch_normalization import BatchNormalization
+
+    original = BatchNormalization.add_weight
+
+    @functools.wraps(original)
+    def add_weight(self, *args, **kwargs):
+        if (kwargs.get("name") in _MOVING_STATISTICS and kwargs.get("aggregation", "none") == "none"
+                and tf.distribute.has_strategy()):
+            kwargs["aggregation"] = "mean"
+        return original(self, *args, **kwargs)
+
+    BatchNormalization.add_weight = add_weight
+
+
+# --------------------------------------------------------------------------- 5
+
+
+def _fix_steps_per_execution() -> None:
+    """keras-team/keras#19246.
+
+    With ``steps_per_execution > 1`` Keras runs the steps in a ``tf.while_loop`` whose
+    body calls ``strategy.run`` inside ``tf.cond``; under any distribution strategy
+    (whose replica functions call ``merge_call``) this fails with "You must feed a value
+    for placeholder tensor 'while/.../cond/Placeholder'". Under a strategy we run the
+    steps in a ``tf.while_loop`` *without* the ``tf.cond``: each iteration takes
+    ``iterator.get_next()``, and the end of the data raises ``OutOfRangeError`` (which
+    Keras' epoch iterator already turns into the end of the epoch) — every batch is
+    still used exactly once, as with ``steps_per_execution=1``.
+    """
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    original = TensorFlowTrainer._make_function
+
+    @functools.wraps(original)
+    def _make_function(self, step_function):
+        function = original(self, step_function)
+        if self.steps_per_execution == 1 or self._distribute_strategy is None:
+            return function
+
+        @tf.autograph.experimental.do_not_convert
+        def one_step_on_data(data):
+            outputs = self.distribute_strategy.run(step_function, args=(data,))
+            # Looked up at call time so that other fixes to it apply too.
+            return tf_trainer.reduce_per_replica(outputs, self.distribute_strategy,
+                                                 reduction="auto")
+
+        if not self.run_eagerly:
+            one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True,
+                                           jit_compile=self.jit_compile)
+        one_step_on_data = self._autoconvert_optionals(one_step_on_data)
+        steps = self.steps_per_execution
+
+        @tf.autograph.experimental.do_not_convert
+        def multi_step_on_iterator(iterator):
+            outputs = one_step_on_data(iterator.get_next())
+
+            def body(i, _):
+                return i + 1, one_step_on_data(iterator.get_next())
+
+            _, outputs = tf.while_loop(lambda i, _: i < steps - 1, body,
+                                       [tf.constant(0), outputs])
+            return outputs
+
+        if not self.run_eagerly:
+            multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
+
+        def run(iterator):
+            if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+                return multi_step_on_iterator(iterator)
+            return function(iterator)
+
+        return run
+
+    TensorFlowTrainer._make_function = _make_function
+
+
+FIXES: tuple[Fix, ...] = (
+    Fix("mwms_symbolic_build", "keras-team/keras#20585", _fix_mwms_symbolic_build),
+    Fix("mwms_reduce_logs", "keras-team/keras#20585", _fix_mwms_reduce_logs),
+    Fix("distributed_assign_add", "keras-team/keras#21054", _fix_distributed_assign_add),
+    Fix("batchnorm_moving_stats", "keras-team/keras#20601", _fix_batchnorm_moving_stats),
+    Fix("steps_per_execution", "keras-team/keras#19246", _fix_steps_per_execution),
+)
