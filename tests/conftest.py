@@ -34,10 +34,15 @@ def listening(port: int) -> bool:
 
 
 def port_is_free(port: int) -> bool:
-    """True when a plain (non-REUSEPORT) bind succeeds: nobody holds or listens on it."""
+    """True when nobody holds or listens on ``port``.
+
+    SO_REUSEADDR only lets the bind ignore connections in TIME_WAIT (the kernel's, after
+    a TF server closed); a socket still bound or listening on the port makes it fail.
+    """
     import socket
 
     sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("0.0.0.0", port))
         return True
@@ -124,5 +129,5 @@ def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
             raise AssertionError(f"processes left behind: {[(p.pid, p.cmdline()) for p in alive]}")
         time.sleep(0.1)
     if (run.run_dir / "config.json").exists():
-        busy = [p for p in run.ports() if not port_is_free(p)]
+        busy = [p for p in run.ports() if listening(p) or not port_is_free(p)]
         assert not busy, f"ports still held or listening: {busy}"

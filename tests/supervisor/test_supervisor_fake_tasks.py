@@ -177,10 +177,12 @@ def test_join_timeout_names_the_task_that_never_started_its_server(fake_run):
 def test_ps_is_stopped_and_evaluator_gets_its_grace_after_training(fake_run):
     run = fake_run(["--chief", "--workers", "1", "--ps", "1", "--evaluator", "--roles", "script",
                     "--evaluator-grace", "20", *FAST],
-                   "chief=sleep:0.5,ok;worker=sleep:0.5,ok;ps=forever;evaluator=wait_done")
+                   "chief=sleep:0.5,ok;worker=forever;ps=forever;evaluator=wait_done")
     assert run.run() == 0, run.stdout
     tasks = run.tasks()
     assert tasks["ps:0"]["state"] == "stopped" and tasks["ps:0"]["stopped_by_tfrun"]
+    # In a PS cluster only the chief (the coordinator) is tracked: workers are servers.
+    assert tasks["worker:0"]["state"] == "stopped" and not tasks["worker:0"]["tracked"]
     assert tasks["evaluator:0"]["state"] == "succeeded"  # finished its last evaluation itself
     assert "final evaluation done" in run.stdout
     # Order: training done -> ps stopped -> evaluator ended.
@@ -259,3 +261,19 @@ def test_bad_environment_flag_is_a_clear_error(tmp_path):
     run = Run(tmp_path, [str(FAKE_TASK)], env={"TFRUN_MAX_RESTARTS": "lots"})
     assert run.run() == 2
     assert "TFRUN_MAX_RESTARTS is invalid" in run.stdout and "'lots'" in run.stdout
+
+
+def test_twenty_consecutive_launches_leave_no_process_and_no_port(fake_run):
+    runs = []
+    for i in range(20):
+        spec = "worker:1=listen,grandchild,sleep:0.3,exit:3;*=listen,grandchild,forever" if i % 4 == 3 \
+            else "*=listen,grandchild,sleep:0.3,ok"
+        run = fake_run(["--chief", "--workers", "2", *FAST], spec, name=f"run{i}")
+        assert run.run() == (3 if i % 4 == 3 else 0), run.stdout
+        runs.append(run)
+    for run in runs:
+        assert_nothing_left(run, timeout=10)
+        grandchildren = [int(p.read_text()) for p in run.run_dir.glob("grandchild-*.pid")]
+        assert len(grandchildren) == 3
+        assert not [pid for pid in grandchildren if psutil.pid_exists(pid)
+                    and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]

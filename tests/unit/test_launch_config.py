@@ -49,14 +49,13 @@ def test_no_script_is_a_config_error():
 
 
 def test_tracked_roles():
-    config = LaunchConfig(entrypoint=("script", "t.py"))
-    assert config.tracked(TaskId("chief", 0), ps_cluster=False)
-    assert config.tracked(TaskId("worker", 1), ps_cluster=False)
-    assert not config.tracked(TaskId("worker", 1), ps_cluster=True)   # roles=auto: servers
-    assert not config.tracked(TaskId("ps", 0), ps_cluster=True)
-    assert not config.tracked(TaskId("evaluator", 0), ps_cluster=False)
-    script_roles = LaunchConfig(entrypoint=("script", "t.py"), roles="script")
-    assert script_roles.tracked(TaskId("worker", 0), ps_cluster=True)
+    tracked = LaunchConfig.tracked
+    assert tracked(TaskId("chief", 0), ps_cluster=False)
+    assert tracked(TaskId("worker", 1), ps_cluster=False)
+    assert not tracked(TaskId("worker", 1), ps_cluster=True, has_chief=True)  # PS servers
+    assert tracked(TaskId("worker", 1), ps_cluster=True, has_chief=False)     # TF1 style
+    assert not tracked(TaskId("ps", 0), ps_cluster=True)
+    assert not tracked(TaskId("evaluator", 0), ps_cluster=False)
 
 
 @pytest.mark.parametrize("kwargs, message", [

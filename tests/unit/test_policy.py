@@ -28,6 +28,7 @@ R, F, I = Decision.RESTART, Decision.FAIL, Decision.IGNORE
     ("ps", 143, False, 0, 1, R),
     # untracked worker (PS mode, roles=auto) failing is handled like a ps
     ("worker", 1, False, 0, 0, F),
+    ("worker", 0, False, 0, 0, I),
     # evaluator never stops training
     ("evaluator", 0, False, 0, 0, I),
     ("evaluator", 1, False, 0, 0, I),

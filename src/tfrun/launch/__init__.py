@@ -121,7 +121,7 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path) -> s
     addresses = plan.cluster.addresses()
     ps_cluster = bool(plan.cluster.ps)
     tasks = ", ".join(f"{t}@{addresses[t]}" if t in addresses else str(t) for t in plan.tasks)
-    tracked = ", ".join(str(t) for t in plan.tasks if config.tracked(t, ps_cluster=ps_cluster))
+    tracked = ", ".join(str(t) for t in plan.tasks if config.tracked(t, ps_cluster=ps_cluster, has_chief=bool(plan.cluster.chief)))
     keras = "3 (keras)" if config.keras == "3" else "2 (tf_keras, TF_USE_LEGACY_KERAS=1)"
     entry = f"python -m {target}" if kind == "module" else target
     return "\n".join([

@@ -91,17 +91,19 @@ class LaunchConfig:
         stem = target.rsplit("/", 1)[-1]
         return stem[:-3] if kind == "script" and stem.endswith(".py") else stem.replace(".", "_")
 
-    def tracked(self, task: TaskId, *, ps_cluster: bool) -> bool:
+    @staticmethod
+    def tracked(task: TaskId, *, ps_cluster: bool, has_chief: bool = True) -> bool:
         """Tracked tasks decide success: the run is done when all of them exit 0.
 
-        chief and worker are tracked; ps and evaluator are not. In a cluster with ps and
-        ``roles=auto``, workers only serve (``tf.distribute.Server``) while the chief
-        coordinates, so only the chief is tracked.
+        chief and worker are tracked; ps and evaluator are not. In a parameter-server
+        cluster with a chief, the chief is the coordinator and workers only serve
+        (TF2 ParameterServerStrategy: they never exit on their own), so only the chief is
+        tracked. A ps cluster without a chief (TF1 between-graph style) tracks workers.
         """
         if task.role == "chief":
             return True
         if task.role == "worker":
-            return not (ps_cluster and self.roles == "auto")
+            return not (ps_cluster and has_chief)
         return False
 
     def to_dict(self) -> dict:

@@ -36,6 +36,9 @@ _NOISE_PATTERNS = [
     r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]",
     # Python-side TF INFO logging ("INFO:tensorflow:...") is chatty under strategies.
     r"^INFO:tensorflow:",
+    # Keras 3 warns about its own default shuffle=True whenever fit() gets a tf.data.Dataset.
+    r"`shuffle=True` was passed, but will be ignored since the data `x` was provided as a tf\.data",
+    r"^\s+self\.data_adapter = data_adapters\.get_data_adapter\($",
 ]
 _NOISE = re.compile("|".join(f"(?:{p})" for p in _NOISE_PATTERNS))
 

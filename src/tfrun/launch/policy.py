@@ -73,6 +73,7 @@ class FailurePolicy:
     """Rules, in order:
 
     1. a tracked task exiting 0 is progress: IGNORE (the supervisor counts successes);
+       so is an untracked worker (a parameter-server cluster's server) leaving cleanly;
     2. an evaluator exiting, whatever its code, never stops training: IGNORE (a crash is
        reported in the summary);
     3. a usage error (exit 2) is deterministic: FAIL, never restart;
@@ -84,7 +85,7 @@ class FailurePolicy:
     max_restarts: int = 0
 
     def decide(self, event: TaskExit) -> Decision:
-        if event.tracked and event.exit_code == 0:
+        if event.exit_code == 0 and (event.tracked or event.role == "worker"):
             return Decision.IGNORE
         if event.role == "evaluator":
             return Decision.IGNORE

@@ -156,7 +156,7 @@ class Supervisor:
         ps_cluster = bool(plan.cluster.ps)
         addresses = plan.cluster.addresses()
         self.records = [
-            TaskRecord(task=t, tracked=config.tracked(t, ps_cluster=ps_cluster),
+            TaskRecord(task=t, tracked=config.tracked(t, ps_cluster=ps_cluster, has_chief=bool(plan.cluster.chief)),
                        address=addresses.get(t), env={},
                        logger=TaskLogger(str(t), i, run_dir / "logs" / f"{t.slug}.log", console))
             for i, t in enumerate(plan.tasks)

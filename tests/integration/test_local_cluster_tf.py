@@ -1,0 +1,43 @@
+"""Tier 3: the local supervisor with real TensorFlow clusters on localhost ports."""
+
+import json
+import re
+
+import pytest
+
+from conftest import ROOT, Run, assert_nothing_left
+
+pytestmark = pytest.mark.tf
+
+
+def test_main_job_two_worker_mwms_trains_digits(tmp_path):
+    """The README's main job: 2-worker MultiWorkerMirroredStrategy, accuracy from the output."""
+    run = Run(tmp_path, ["--workers", "2", str(ROOT / "examples" / "mnist_mlp.py"), "--epochs", "12"])
+    assert run.run(timeout=300) == 0, run.stdout[-3000:]
+    assert "cluster formed" in run.stdout
+    accuracy = float(re.search(r"\[worker:0\] test accuracy: ([0-9.]+)", run.stdout).group(1))
+    assert accuracy >= 0.9
+    for i in range(2):
+        log = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
+        assert "CollectiveAllReduceStrategy: 2 replicas, global batch 64" in log
+    # Start-up noise is in the files but not on the console.
+    worker_log = (run.run_dir / "logs" / "worker-0.log").read_text()
+    assert "oneDNN" in worker_log or "cuda" in worker_log.lower()
+    assert not [l for l in run.stdout.splitlines() if l.startswith("[") and "oneDNN" in l]
+    assert_nothing_left(run)
+
+
+def test_chief_two_workers_one_ps_with_servers_started_by_the_script(tmp_path):
+    run = Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", "--roles", "script",
+                         str(ROOT / "tests" / "scripts" / "ps_by_hand.py")])
+    assert run.run(timeout=300) == 0, run.stdout[-3000:]
+    line = next(l for l in run.stdout.splitlines() if "PS_RESULT" in l)
+    assert line.startswith("[chief:0]")
+    result = json.loads(line.split("PS_RESULT ", 1)[1])
+    assert result["last"] < result["first"] / 10
+    assert "/job:ps/" in result["w_device"] and "/job:ps/" in result["b_device"]
+    tasks = run.tasks()
+    assert tasks["chief:0"]["state"] == "succeeded"
+    for name in ("worker:0", "worker:1", "ps:0"):
+        assert tasks[name]["state"] == "stopped" and tasks[name]["stopped_by_tfrun"]
+    assert_nothing_left(run)
