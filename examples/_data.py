@@ -10,8 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def load(name: str = "digits", flat: bool = True):
-    """((x_train, y_train), (x_test, y_test)) as float32 in [0, 1] and int32 labels."""
+def load(name: str = "digits", flat: bool = True, size: int | None = None, channels: int = 1):
+    """((x_train, y_train), (x_test, y_test)) as float32 in [0, 1] and int32 labels.
+
+    ``flat``: (n, features) vectors, else (n, h, w, channels) images; ``size`` resizes the
+    images (the 8x8 digits up to MNIST's 28x28, or 32x32 for MobileNetV2), ``channels=3``
+    repeats the grey channel for RGB models.
+    """
     if name == "mnist":
         import keras
 
@@ -24,8 +29,14 @@ def load(name: str = "digits", flat: bool = True):
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    x = (digits.images / 16.0).astype("float32")
-    x = x.reshape(len(x), -1) if flat else x[..., None]
+    x = (digits.images / 16.0).astype("float32")[..., None]
+    if size is not None and size != 8:
+        import tensorflow as tf
+
+        x = tf.image.resize(x, (size, size)).numpy()
+    if channels == 3:
+        x = np.repeat(x, 3, axis=-1)
+    x = x.reshape(len(x), -1) if flat else x
     y = digits.target.astype("int32")
     order = np.random.default_rng(0).permutation(len(x))  # same split on every task
     x, y = x[order], y[order]

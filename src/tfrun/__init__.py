@@ -15,9 +15,11 @@ launcher (``tfrun`` CLI) stays fast.
 
 from __future__ import annotations
 
+from .callbacks import backup_and_restore
 from .errors import ClusterTimeout, ConfigError, TaskFailed, TfrunError
 from .runtime import (TaskInfo, global_batch_size, is_chief, output_dir, strategy, task,
                       training_done)
+from .saving import save
 
 __version__ = "0.1.0"
 
@@ -25,5 +27,5 @@ __all__ = [
     "__version__",
     "TfrunError", "ConfigError", "ClusterTimeout", "TaskFailed",
     "TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
-    "training_done",
+    "training_done", "save", "backup_and_restore",
 ]

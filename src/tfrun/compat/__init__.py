@@ -107,4 +107,4 @@ def install() -> None:
 
 
 FIX_NAMES = ("mwms_symbolic_build", "mwms_reduce_logs", "distributed_assign_add",
-             "batchnorm_moving_stats", "steps_per_execution")
+             "batchnorm_moving_stats", "steps_per_execution", "optimizer_build_in_replica_context")

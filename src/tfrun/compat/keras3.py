@@ -224,10 +224,51 @@ def _fix_steps_per_execution() -> None:
     TensorFlowTrainer._make_function = _make_function
 
 
+# --------------------------------------------------------------------------- 6
+
+
+def _fix_optimizer_build_in_replica_context() -> None:
+    """keras-team/keras#19308, tensorflow/tensorflow#72686.
+
+    In a custom training loop (``strategy.run(train_step)`` with
+    ``optimizer.apply_gradients`` inside, the seeds' pattern), a Keras 3 optimizer that
+    was not built in the strategy scope builds its slot variables on the first call,
+    inside the replica function; under MirroredStrategy the variable initialisers land
+    in a ``tf.cond`` branch and the step fails with "You must feed a value for
+    placeholder tensor '.../cond/Placeholder_1'". Calling ``optimizer.build(vars)`` in
+    the scope avoids it; we do exactly that on the user's behalf: the first ``apply``
+    in a replica context builds the optimizer once, in cross-replica context
+    (``merge_call``), eagerly (``init_scope``).
+    """
+    import tensorflow as tf
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    original = BaseOptimizer.apply
+
+    @functools.wraps(original)
+    def apply(self, grads, trainable_variables=None):
+        if (not self.built and trainable_variables is not None and tf.distribute.has_strategy()
+                and not tf.distribute.in_cross_replica_context()):
+            variables = list(trainable_variables)
+
+            def build(_strategy):
+                with tf.init_scope():
+                    if not self.built:
+                        self.build(variables)
+
+            tf.distribute.get_replica_context().merge_call(build)
+            trainable_variables = variables
+        return original(self, grads, trainable_variables)
+
+    BaseOptimizer.apply = apply
+
+
 FIXES: tuple[Fix, ...] = (
     Fix("mwms_symbolic_build", "keras-team/keras#20585", _fix_mwms_symbolic_build),
     Fix("mwms_reduce_logs", "keras-team/keras#20585", _fix_mwms_reduce_logs),
     Fix("distributed_assign_add", "keras-team/keras#21054", _fix_distributed_assign_add),
     Fix("batchnorm_moving_stats", "keras-team/keras#20601", _fix_batchnorm_moving_stats),
     Fix("steps_per_execution", "keras-team/keras#19246", _fix_steps_per_execution),
+    Fix("optimizer_build_in_replica_context", "keras-team/keras#19308",
+        _fix_optimizer_build_in_replica_context),
 )

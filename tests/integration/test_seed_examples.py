@@ -1,0 +1,35 @@
+"""Every seed program in examples/ runs under tfrun with the strategy its seed uses."""
+
+import re
+
+import pytest
+
+from conftest import ROOT, Run, assert_nothing_left
+
+pytestmark = pytest.mark.tf
+
+EXAMPLES = {
+    # example: (tfrun flags, script args, strategy the seed uses, a line that proves it trained)
+    "seed002_keras_mlp.py": (["--devices", "2"], [], "MirroredStrategy",
+                             r"test \[loss, accuracy\]: \[[0-9.]+, (0\.[89]\d*|1\.0)"),
+    "seed004_cnn.py": (["--devices", "2"], ["--epochs", "4"], "MirroredStrategy",
+                       r"Test Accuracy: (0\.[89]\d*|1\.0)"),
+    "seed004_custom_loop.py": (["--devices", "2"], ["--epochs", "6"], "MirroredStrategy",
+                               r"Test Accuracy: (0\.[89]\d*|1\.0)"),
+    "seed000_multiworker_mobilenet.py": (["--workers", "2"], ["--epochs", "1", "--steps", "3"],
+                                         "MultiWorkerMirroredStrategy", r"final loss: [0-9.]+"),
+}
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_seed_example_runs_under_tfrun(tmp_path, example):
+    flags, args, strategy, proof = EXAMPLES[example]
+    run = Run(tmp_path, [*flags, str(ROOT / "examples" / example), *args])
+    assert run.run(timeout=400) == 0, run.stdout[-3000:]
+    assert re.search(proof, run.stdout), run.stdout[-3000:]
+    # The strategy the seed asks for, with 2 replicas (2 logical CPUs or 2 workers); TF's
+    # class behind MultiWorkerMirroredStrategy is CollectiveAllReduceStrategy.
+    tf_class = "MirroredStrategy" if strategy == "MirroredStrategy" else r"_?CollectiveAllReduceStrategy\w*"
+    printed = re.findall(rf"\[(\w+:\d)\] ({tf_class}): 2 replicas", run.stdout)
+    assert len(printed) == (1 if strategy == "MirroredStrategy" else 2), run.stdout[-2000:]
+    assert_nothing_left(run)
