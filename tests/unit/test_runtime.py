@@ -1,0 +1,76 @@
+"""Runtime helpers that read only the environment (no TensorFlow needed)."""
+
+import json
+import os
+
+import pytest
+
+from tfrun import runtime
+from tfrun.errors import ConfigError
+
+
+def tf_config(cluster, role, index):
+    return json.dumps({"cluster": cluster, "task": {"type": role, "index": index}})
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for key in ("TF_CONFIG", "TFRUN_STRATEGY", "TFRUN_RUN_DIR", "TFRUN_OUTPUT_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    return monkeypatch
+
+
+def test_no_cluster_is_a_chief_worker_with_a_local_strategy(env):
+    info = runtime.task()
+    assert (info.role, info.index, info.num_workers, info.in_cluster) == ("worker", 0, 1, False)
+    assert runtime.is_chief()
+    assert runtime.strategy_kind() == "local"
+
+
+@pytest.mark.parametrize("cluster, role, index, chief, kind", [
+    ({"worker": ["a:1", "b:1"]}, "worker", 0, True, "multiworker"),
+    ({"worker": ["a:1", "b:1"]}, "worker", 1, False, "multiworker"),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, "chief", 0, True, "multiworker"),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, "worker", 0, False, "multiworker"),
+    ({"master": ["c:1"], "worker": ["a:1"]}, "master", 0, True, "multiworker"),
+    ({"chief": ["c:1"], "worker": ["a:1"], "ps": ["p:1"]}, "chief", 0, True, "ps"),
+    ({"chief": ["c:1"], "worker": ["a:1"], "ps": ["p:1"]}, "ps", 0, False, "ps"),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, "evaluator", 0, False, "local"),
+])
+def test_roles_and_auto_strategy_from_tf_config(env, cluster, role, index, chief, kind):
+    env.setenv("TF_CONFIG", tf_config(cluster, role, index))
+    assert runtime.is_chief() is chief
+    assert runtime.strategy_kind() == kind
+    assert runtime.task().role == ("chief" if role == "master" else role)
+
+
+def test_strategy_override_and_bad_value(env):
+    env.setenv("TFRUN_STRATEGY", "central")
+    assert runtime.strategy_kind() == "central"
+    assert runtime.strategy_kind("mirrored") == "mirrored"
+    with pytest.raises(ConfigError, match="Unknown strategy 'magic'"):
+        runtime.strategy_kind("magic")
+
+
+def test_output_dir_is_shared_for_the_chief_and_private_for_others(env, tmp_path):
+    env.setenv("TFRUN_RUN_DIR", str(tmp_path))
+    env.setenv("TF_CONFIG", tf_config({"worker": ["a:1", "b:1"]}, "worker", 0))
+    assert runtime.output_dir("ckpt") == str(tmp_path / "output" / "ckpt")
+    env.setenv("TF_CONFIG", tf_config({"worker": ["a:1", "b:1"]}, "worker", 1))
+    private = runtime.output_dir("ckpt")
+    assert not private.startswith(str(tmp_path)) and os.path.isdir(private)
+    assert "tfrun-worker-1-" in private
+
+
+def test_training_done_marker(env, tmp_path):
+    assert not runtime.training_done()
+    env.setenv("TFRUN_RUN_DIR", str(tmp_path))
+    assert not runtime.training_done()
+    (tmp_path / ".tfrun").mkdir()
+    (tmp_path / ".tfrun" / "training_done").write_text("1")
+    assert runtime.training_done()
+
+
+def test_global_batch_size_rejects_nonsense(env):
+    with pytest.raises(ConfigError, match="at least 1"):
+        runtime.global_batch_size(0)
