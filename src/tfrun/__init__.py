@@ -20,6 +20,7 @@ from .errors import ClusterTimeout, ConfigError, TaskFailed, TfrunError
 from .runtime import (TaskInfo, global_batch_size, is_chief, output_dir, strategy, task,
                       training_done)
 from .saving import save
+from .train import evaluate, fit
 
 __version__ = "0.1.0"
 
@@ -27,5 +28,5 @@ __all__ = [
     "__version__",
     "TfrunError", "ConfigError", "ClusterTimeout", "TaskFailed",
     "TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
-    "training_done", "save", "backup_and_restore",
+    "training_done", "save", "backup_and_restore", "fit", "evaluate",
 ]

@@ -26,8 +26,7 @@ R, F, I = Decision.RESTART, Decision.FAIL, Decision.IGNORE
     ("ps", 1, False, 0, 0, F),
     ("ps", 0, False, 0, 0, F),
     ("ps", 143, False, 0, 1, R),
-    # untracked worker (PS mode, roles=auto) failing is handled like a ps
-    ("worker", 1, False, 0, 0, F),
+    # untracked worker (PS mode): a server the coordinator can lose; restarted alone
     ("worker", 0, False, 0, 0, I),
     # evaluator never stops training
     ("evaluator", 0, False, 0, 0, I),
@@ -37,6 +36,22 @@ R, F, I = Decision.RESTART, Decision.FAIL, Decision.IGNORE
 def test_decisions(role, code, tracked, restarts, max_restarts, expected):
     event = TaskExit(role=role, exit_code=code, tracked=tracked, restarts=restarts)
     assert FailurePolicy(max_restarts=max_restarts).decide(event) is expected
+
+
+@pytest.mark.parametrize("code, task_restarts, max_task_restarts, max_restarts, expected", [
+    (137, 0, 3, 0, Decision.RESTART_TASK),
+    (1, 2, 3, 0, Decision.RESTART_TASK),
+    (1, 3, 3, 0, F),      # its own budget is spent
+    (1, 3, 3, 1, R),      # ... then a gang restart if one is left
+    (2, 0, 3, 0, F),      # usage error: never
+    (0, 0, 3, 0, I),
+])
+def test_parameter_server_workers_are_restarted_alone(code, task_restarts, max_task_restarts,
+                                                     max_restarts, expected):
+    event = TaskExit(role="worker", exit_code=code, tracked=False, restarts=0,
+                     task_restarts=task_restarts)
+    policy = FailurePolicy(max_restarts=max_restarts, max_task_restarts=max_task_restarts)
+    assert policy.decide(event) is expected
 
 
 def test_exit_codes_follow_the_shell_convention():

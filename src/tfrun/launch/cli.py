@@ -42,6 +42,9 @@ def build_launch_parser() -> argparse.ArgumentParser:
     run.add_argument("-m", dest="module", default=None, help="run a module, like python -m")
     run.add_argument("--max-restarts", type=_non_negative_int, default=0,
                      help="restart the whole group up to K times on failure (default 0)")
+    run.add_argument("--max-worker-restarts", type=_non_negative_int, default=3,
+                     help="parameter-server workers that die are restarted alone up to N times "
+                          "each (default 3)")
     run.add_argument("--join-timeout", type=_positive_float, default=300.0,
                      help="seconds for every task's TensorFlow server to come up (default 300)")
     run.add_argument("--stop-grace", type=_positive_float, default=10.0,
@@ -139,6 +142,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         entrypoint=entrypoint, script_args=tuple(script_args), topology=_topology_from(args),
         hosts=tuple(args.hosts) if args.hosts else None, layout=args.layout,
         run_dir=args.run_dir, name=args.name, max_restarts=args.max_restarts,
+        max_worker_restarts=args.max_worker_restarts,
         join_timeout=args.join_timeout, stop_grace=args.stop_grace,
         evaluator_grace=args.evaluator_grace, show=args.show, quiet_tasks=args.quiet_tasks,
         tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,

@@ -41,6 +41,7 @@ class LaunchConfig:
     runs_root: str = "runs"
     name: str | None = None
     max_restarts: int = 0
+    max_worker_restarts: int = 3        # PS workers restarted alone (see FailurePolicy)
     join_timeout: float = 300.0         # seconds for every task's server to come up
     stop_grace: float = 10.0            # SIGTERM -> SIGKILL
     evaluator_grace: float = 30.0       # evaluator's time to finish after training ends
@@ -59,9 +60,11 @@ class LaunchConfig:
         if kind not in ("script", "module") or not target:
             raise ConfigError("Nothing to run", expected="a script path or -m module",
                               fix="Call e.g. 'tfrun --workers 2 train.py'", received=self.entrypoint)
-        if self.max_restarts < 0:
-            raise ConfigError("--max-restarts is negative", expected="0 or more",
-                              fix="Pass e.g. --max-restarts 2", received=self.max_restarts)
+        for name in ("max_restarts", "max_worker_restarts"):
+            if getattr(self, name) < 0:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} is negative", expected="0 or more",
+                                  fix=f"Pass e.g. {flag} 2", received=getattr(self, name))
         for name in ("join_timeout", "stop_grace", "evaluator_grace"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive",

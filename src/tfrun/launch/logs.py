@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable
 
-__all__ = ["ConsoleSink", "TaskLogger", "is_tf_noise", "last_traceback", "parse_task_filter"]
+__all__ = ["ConsoleSink", "NoiseFilter", "TaskLogger", "is_tf_noise", "last_traceback",
+           "parse_task_filter"]
 
 _NOISE_PATTERNS = [
     r"oneDNN custom operations are on",
@@ -54,6 +55,33 @@ def is_tf_noise(line: str) -> bool:
     return bool(_NOISE.search(line))
 
 
+_PROTO_CONTINUATION = re.compile(r"^\s*(\}|[\w.]+ \{|[\w.]+: .*)?\s*$")
+
+
+class NoiseFilter:
+    """Stateful ``is_tf_noise`` for one task's stream: TensorFlow sometimes logs a
+    multi-line message (e.g. a SessionOptions proto dump after an absl INFO line); its
+    continuation lines carry no prefix, so they are noise when they follow a noise line
+    and look like proto text.
+
+    >>> f = NoiseFilter()
+    >>> [f(l) for l in ["I0000 00:00:1.0 1 e.cc:3] SessionOptions:", "device_count {", "}", "Epoch 1"]]
+    [True, True, True, False]
+    """
+
+    def __init__(self) -> None:
+        self._in_block = False
+
+    def __call__(self, line: str) -> bool:
+        if is_tf_noise(line):
+            self._in_block = True
+            return True
+        if self._in_block and _PROTO_CONTINUATION.match(line):
+            return True
+        self._in_block = False
+        return False
+
+
 _COLORS = ["36", "33", "35", "32", "34", "91", "96", "93"]
 
 
@@ -84,8 +112,11 @@ class ConsoleSink:
             return True
         return task in self.show or task.split(":")[0] in self.show
 
-    def task_line(self, task: str, color_index: int, line: str) -> None:
-        if not self.visible(task) or (not self.tf_noise and is_tf_noise(line)):
+    def task_line(self, task: str, color_index: int, line: str, noise: bool | None = None) -> None:
+        """Show one line of ``task`` (``noise``: the caller's stateful verdict, if any)."""
+        if noise is None:
+            noise = is_tf_noise(line)
+        if not self.visible(task) or (noise and not self.tf_noise):
             return
         prefix = f"[{task}]"
         if self.color:
@@ -127,11 +158,12 @@ class TaskLogger:
 
     def _copy(self, stream: IO[bytes]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        noise = NoiseFilter()
         with open(self.path, "ab", buffering=0) as log:
             for raw in iter(stream.readline, b""):
                 log.write(raw)
-                self.console.task_line(self.task, self.color_index,
-                                       raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                self.console.task_line(self.task, self.color_index, line, noise=noise(line))
         stream.close()
 
     def join(self, timeout: float = 5.0) -> None:

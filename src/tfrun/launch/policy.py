@@ -54,6 +54,7 @@ ALLOWED_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 
 class Decision(str, enum.Enum):
     RESTART = "restart"  # stop every task, start the whole group again
+    RESTART_TASK = "restart-task"  # start this one task again; the others carry on
     FAIL = "fail"        # stop every task, exit with this task's code
     IGNORE = "ignore"    # note it and carry on
 
@@ -66,6 +67,7 @@ class TaskExit:
     exit_code: int       # 0, a code, or 128+n for death by signal n
     tracked: bool        # chief/worker: the run succeeds when all tracked tasks exit 0
     restarts: int        # gang restarts done so far
+    task_restarts: int = 0  # restarts of this task alone so far
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,17 @@ class FailurePolicy:
     2. an evaluator exiting, whatever its code, never stops training: IGNORE (a crash is
        reported in the summary);
     3. a usage error (exit 2) is deterministic: FAIL, never restart;
-    4. any other exit of a tracked task or a ps (including a ps exiting 0: training
+    4. an untracked worker (a parameter-server cluster's worker: a server the chief's
+       ClusterCoordinator schedules steps on) that dies is restarted *alone*, up to
+       ``max_task_restarts`` times: the coordinator re-runs the lost steps on the other
+       workers meanwhile and takes the worker back when it returns at the same address;
+    5. any other exit of a tracked task or a ps (including a ps exiting 0: training
        cannot go on without it): RESTART the whole group while restarts are left
        (synchronous training needs every worker), else FAIL.
     """
 
     max_restarts: int = 0
+    max_task_restarts: int = 3
 
     def decide(self, event: TaskExit) -> Decision:
         if event.exit_code == 0 and (event.tracked or event.role == "worker"):
@@ -91,6 +98,8 @@ class FailurePolicy:
             return Decision.IGNORE
         if event.exit_code == USAGE_ERROR_EXIT_CODE:
             return Decision.FAIL
+        if event.role == "worker" and not event.tracked and event.task_restarts < self.max_task_restarts:
+            return Decision.RESTART_TASK
         if event.restarts < self.max_restarts:
             return Decision.RESTART
         return Decision.FAIL

@@ -46,7 +46,8 @@ class TaskRecord:
     exit_code: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
-    starts: int = 0
+    starts: int = 0          # every start, gang restarts included
+    task_restarts: int = 0   # restarts of this task alone
     joined: bool = False
     stopped_by_tfrun: bool = False
 
@@ -64,7 +65,8 @@ class TaskRecord:
             and code - 128 in signal.Signals._value2member_map_ else None,
             "stopped_by_tfrun": self.stopped_by_tfrun,
             "started_at": self.started_at, "ended_at": self.ended_at,
-            "restarts": max(self.starts - 1, 0), "pid": self.handle.pid if self.handle else None,
+            "restarts": max(self.starts - 1, 0), "task_restarts": self.task_restarts,
+            "pid": self.handle.pid if self.handle else None,
             "log": str(self.logger.path),
         }
 
@@ -152,7 +154,8 @@ class Supervisor:
         self.console = console
         self.task_env = task_env
         self.argv = argv
-        self.policy = FailurePolicy(max_restarts=config.max_restarts)
+        self.policy = FailurePolicy(max_restarts=config.max_restarts,
+                                    max_task_restarts=config.max_worker_restarts)
         ps_cluster = bool(plan.cluster.ps)
         addresses = plan.cluster.addresses()
         self.records = [
@@ -239,18 +242,20 @@ class Supervisor:
 
     def _start_all(self) -> None:
         for record in self.records:
-            env = self.task_env(record.task, self.restarts)
-            argv = self.argv
-            handle, stream = self.backend.start(argv, env)
-            assert self._reaper is not None
-            self._reaper.register(handle.pgid)
-            record.handle, record.env = handle, env
-            record.exit_code, record.ended_at, record.joined = None, None, False
-            record.stopped_by_tfrun = False
-            record.started_at = time.time()
-            record.starts += 1
-            self._transition(record, TaskState.RUNNING, pid=handle.pid, restart=self.restarts)
-            record.logger.pump(stream)
+            self._start(record, restart_count=self.restarts)
+
+    def _start(self, record: TaskRecord, *, restart_count: int) -> None:
+        env = self.task_env(record.task, restart_count)
+        handle, stream = self.backend.start(self.argv, env)
+        assert self._reaper is not None
+        self._reaper.register(handle.pgid)
+        record.handle, record.env = handle, env
+        record.exit_code, record.ended_at, record.joined = None, None, False
+        record.stopped_by_tfrun = False
+        record.started_at = time.time()
+        record.starts += 1
+        self._transition(record, TaskState.RUNNING, pid=handle.pid, restart=restart_count)
+        record.logger.pump(stream)
 
     def _needs_join(self) -> bool:
         return len(self.plan.cluster.tasks()) > 1
@@ -273,6 +278,15 @@ class Supervisor:
                     return _Outcome("fail", record)
                 if decision is Decision.RESTART:
                     return _Outcome("restart", record)
+                if decision is Decision.RESTART_TASK:
+                    record.task_restarts += 1
+                    self.console.info(f"{record.task} exited with code {record.exit_code}; "
+                                      f"restarting it alone (restart {record.task_restarts} of "
+                                      f"{self.config.max_worker_restarts}); the coordinator "
+                                      "carries on with the other workers meanwhile")
+                    self._event("task-restart", task=str(record.task), exit_code=record.exit_code,
+                                restart=record.task_restarts)
+                    self._start(record, restart_count=self.restarts + record.task_restarts)
             tracked = [r for r in self.records if r.tracked]
             if tracked and all(r.state == TaskState.SUCCEEDED for r in tracked):
                 return _Outcome("success")
@@ -294,7 +308,8 @@ class Supervisor:
             assert self._reaper is not None
             self._reaper.unregister(record.handle.pgid)
         decision = self.policy.decide(TaskExit(role=record.task.role, exit_code=code,
-                                               tracked=record.tracked, restarts=self.restarts))
+                                               tracked=record.tracked, restarts=self.restarts,
+                                               task_restarts=record.task_restarts))
         self._event("decision", task=str(record.task), exit_code=code, decision=decision.value)
         if decision is Decision.IGNORE and code != 0:
             self.console.info(f"{record.task} exited with code {code}; training goes on "

@@ -1,0 +1,197 @@
+"""``tfrun.fit``: one training call for every strategy, including parameter servers in Keras 3.
+
+Keras 3's ``model.fit`` does not support ParameterServerStrategy (keras-team/keras#18624).
+``tfrun.fit`` takes a *dataset function* (the ``tf.distribute`` idiom), so the same script
+runs unchanged whatever the topology:
+
+* ParameterServerStrategy + Keras 3: a ``ClusterCoordinator`` loop. Each step is
+  ``model.train_step`` scheduled on a worker (asynchronous PS training); variables,
+  optimizer slots and metric state live on the ps; epoch-level callbacks run on the
+  coordinator (checkpointing, TensorBoard, EarlyStopping, ...); validation is evaluated
+  inline on the coordinator; the logs are the metrics' results read from the ps;
+* ParameterServerStrategy + tf_keras: tf_keras' own ``model.fit`` with a
+  ``DatasetCreator`` (tf_keras rejects batch-level callbacks there, so do we);
+* any other strategy, or none: ``model.fit`` on ``dataset_fn(InputContext())``.
+
+Example::
+
+    def dataset_fn(ctx):
+        batch = ctx.get_per_replica_batch_size(64)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1000).repeat().batch(batch)
+        return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+    with tfrun.strategy().scope():
+        model = make_model()
+        model.compile(...)
+    history = tfrun.fit(model, dataset_fn, epochs=5, steps_per_epoch=50,
+                        validation=(val_fn, 10), callbacks=[...])
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .errors import ConfigError
+from .saving import is_legacy_keras_model
+
+__all__ = ["fit", "evaluate"]
+
+
+def _is_parameter_server(strategy) -> bool:
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+
+
+def _split_validation(validation):
+    if validation is None:
+        return None, None
+    if callable(validation):
+        return validation, None
+    if isinstance(validation, tuple) and len(validation) == 2 and callable(validation[0]):
+        return validation
+    raise ConfigError("validation must be a dataset function or (dataset_fn, steps)",
+                      expected="validation=val_fn or validation=(val_fn, 10)",
+                      fix="Pass a function of an InputContext that returns a tf.data.Dataset",
+                      received=repr(validation))
+
+
+def _local_dataset(dataset_fn):
+    import tensorflow as tf
+
+    return dataset_fn(tf.distribute.InputContext())
+
+
+def fit(model, dataset_fn: Callable, *, epochs: int = 1, steps_per_epoch: int | None = None,
+        validation=None, callbacks: Sequence = (), verbose: int = 2, initial_epoch: int = 0):
+    """Train ``model`` on ``dataset_fn`` under the model's strategy; returns a History."""
+    if not callable(dataset_fn):
+        raise ConfigError("tfrun.fit takes a dataset *function*",
+                          expected="dataset_fn(input_context) -> tf.data.Dataset",
+                          fix="Wrap the dataset: tfrun.fit(model, lambda ctx: dataset, ...)",
+                          received=type(dataset_fn).__name__)
+    val_fn, val_steps = _split_validation(validation)
+    strategy = model.distribute_strategy
+    legacy = is_legacy_keras_model(model)
+    if _is_parameter_server(strategy):
+        if not steps_per_epoch:
+            raise ConfigError("Parameter-server training needs steps_per_epoch",
+                              expected="steps_per_epoch=N with a dataset that repeats",
+                              fix="Pass steps_per_epoch and end dataset_fn with .repeat()",
+                              received=steps_per_epoch)
+        if legacy:
+            return _fit_tf_keras_ps(model, dataset_fn, epochs, steps_per_epoch, val_fn, val_steps,
+                                    callbacks, verbose, initial_epoch)
+        return _PsTrainer(model).fit(dataset_fn, epochs, steps_per_epoch, val_fn, val_steps,
+                                     callbacks, verbose, initial_epoch)
+    validation_data = _local_dataset(val_fn) if val_fn else None
+    return model.fit(_local_dataset(dataset_fn), epochs=epochs, steps_per_epoch=steps_per_epoch,
+                     validation_data=validation_data, validation_steps=val_steps,
+                     callbacks=list(callbacks), verbose=verbose, initial_epoch=initial_epoch)
+
+
+def evaluate(model, dataset_fn: Callable, *, steps: int | None = None) -> dict:
+    """Evaluate ``model`` (any strategy, PS included); returns ``{metric: value}``."""
+    if _is_parameter_server(model.distribute_strategy):
+        # Inline on the coordinator, both flavours: every batch exactly once, metrics read
+        # from the ps (tf_keras' own PS evaluate needs a repeated DatasetCreator that each
+        # worker reads from the start, so batches would be counted twice).
+        return _inline_evaluate(model, dataset_fn, steps)
+    result = model.evaluate(_local_dataset(dataset_fn), steps=steps, verbose=0, return_dict=True)
+    return {k: float(v) for k, v in result.items()}
+
+
+_test_steps: dict[int, Callable] = {}
+
+
+def _inline_evaluate(model, dataset_fn, steps=None, prefix: str = "") -> dict:
+    """Evaluate on the coordinator (PS): variables and metric state are read/updated on the ps."""
+    import tensorflow as tf
+
+    test_step = _test_steps.get(id(model))
+    if test_step is None:
+        test_step = _test_steps[id(model)] = tf.function(model.test_step)
+    model.reset_metrics()
+    dataset = _local_dataset(dataset_fn)
+    if steps is not None:
+        dataset = dataset.take(steps)
+    for batch in dataset:
+        test_step(batch)
+    return {prefix + k: float(v) for k, v in model.get_metrics_result().items()}
+
+
+def _fit_tf_keras_ps(model, dataset_fn, epochs, steps_per_epoch, val_fn, val_steps, callbacks,
+                     verbose, initial_epoch):
+    import tf_keras
+
+    creator = tf_keras.utils.experimental.DatasetCreator
+    return model.fit(creator(dataset_fn), epochs=epochs, steps_per_epoch=steps_per_epoch,
+                     validation_data=creator(val_fn) if val_fn else None,
+                     validation_steps=val_steps, callbacks=list(callbacks), verbose=verbose,
+                     initial_epoch=initial_epoch)
+
+
+class _PsTrainer:
+    """Keras 3 training under ParameterServerStrategy with a ClusterCoordinator."""
+
+    def __init__(self, model) -> None:
+        import tensorflow as tf
+
+        self.model = model
+        self.strategy = model.distribute_strategy
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+
+    def _build(self, dataset_fn) -> None:
+        """Create every variable on the ps *before* any step is scheduled on a worker:
+        workers may not create variables, and Keras 3 builds optimizer slots and compiled
+        metrics lazily on the first step."""
+        model = self.model
+        sample = next(iter(_local_dataset(dataset_fn).take(1)))
+        if not isinstance(sample, tuple):
+            sample = (sample,)
+        data_batch = tuple(sample) + (None,) * (3 - len(sample))
+        with self.strategy.scope():
+            model._symbolic_build(data_batch=data_batch)
+            if not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+
+    def _logs(self, prefix: str = "") -> dict:
+        return {prefix + k: float(v) for k, v in self.model.get_metrics_result().items()}
+
+    def fit(self, dataset_fn, epochs, steps_per_epoch, val_fn, val_steps, callbacks, verbose,
+            initial_epoch):
+        import tensorflow as tf
+        import keras
+
+        model = self.model
+        self._build(dataset_fn)
+        per_worker = self.coordinator.create_per_worker_dataset(
+            self.strategy.distribute_datasets_from_function(dataset_fn))
+        iterator = iter(per_worker)
+
+        @tf.function
+        def train_step(it):
+            return self.strategy.run(model.train_step, args=(next(it),))
+
+        callback_list = keras.callbacks.CallbackList(
+            list(callbacks), add_history=True, add_progbar=False, model=model,
+            epochs=epochs, steps=steps_per_epoch, verbose=verbose)
+        model.stop_training = False
+        callback_list.on_train_begin()
+        for epoch in range(initial_epoch, epochs):
+            model.reset_metrics()
+            callback_list.on_epoch_begin(epoch)
+            for _ in range(steps_per_epoch):
+                self.coordinator.schedule(train_step, args=(iterator,))
+            self.coordinator.join()
+            logs = self._logs()
+            if val_fn is not None:
+                logs.update(_inline_evaluate(model, val_fn, val_steps, prefix="val_"))
+            callback_list.on_epoch_end(epoch, logs)
+            if verbose:
+                print(f"Epoch {epoch + 1}/{epochs} - " + " - ".join(
+                    f"{k}: {v:.4f}" for k, v in logs.items()), flush=True)
+            if model.stop_training:
+                break
+        callback_list.on_train_end(logs)
+        return model.history

@@ -1,0 +1,112 @@
+"""Tier 3 + fault injection: parameter-server training with roles handled by tfrun."""
+
+import json
+import time
+
+import pytest
+
+from conftest import ROOT, Run, assert_nothing_left
+
+pytestmark = pytest.mark.tf
+SCRIPT = str(ROOT / "tests" / "scripts" / "ps_fit.py")
+
+
+def fit_result(run: Run) -> dict:
+    line = next(l for l in run.stdout.splitlines() if "FIT_RESULT" in l)
+    assert line.startswith("[chief:0]")  # the script ran on the coordinator only
+    return json.loads(line.split("FIT_RESULT ", 1)[1])
+
+
+def assert_trained_on_ps(result: dict, num_ps: int) -> None:
+    assert result["strategy"] == "ParameterServerStrategyV2"
+    losses = result["loss"]
+    assert losses[-1] < losses[0] * 0.8, losses
+    assert all(d.startswith("/job:ps/replica:0/task:") for d in result["devices"]), result["devices"]
+    # Variables are spread round-robin over every ps.
+    assert len({d.split("/task:")[1].split("/")[0] for d in result["devices"]}) == num_ps
+
+
+def pid_of(run: Run, task: str) -> int:
+    starts = [e for e in run.events() if e.get("task") == task and e.get("new") == "running"]
+    return starts[-1]["pid"]
+
+
+def wait_for_line(run: Run, log: str, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    path = run.run_dir / "logs" / log
+    while not (path.exists() and text in path.read_text(errors="replace")):
+        assert run.proc.poll() is None, run.proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {log}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+@pytest.mark.parametrize("flavour", ["3", "2"], ids=["keras3", "tf_keras"])
+def test_chief_two_workers_and_ps_train_and_everything_exits(tmp_path, flavour, num_ps):
+    env = {"TF_USE_LEGACY_KERAS": "1"} if flavour == "2" else {}
+    run = Run(tmp_path, ["--keras", flavour, "--chief", "--workers", "2", "--ps", str(num_ps), SCRIPT],
+              env=env)
+    assert run.run(300) == 0, run.stdout[-3000:]
+    result = fit_result(run)
+    assert_trained_on_ps(result, num_ps)
+    assert result["final"]["accuracy"] > 0.8
+    tasks = run.tasks()
+    assert tasks["chief:0"]["state"] == "succeeded"
+    servers = [t for t in tasks if t != "chief:0"]
+    assert len(servers) == 2 + num_ps
+    assert all(tasks[t]["state"] == "stopped" and tasks[t]["stopped_by_tfrun"] for t in servers)
+    assert "serving as a tf.distribute.Server" in (run.run_dir / "logs" / "ps-0.log").read_text()
+    assert_nothing_left(run)
+
+
+def test_worker_sigkilled_mid_training_is_restarted_and_training_completes(tmp_path):
+    run = Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", SCRIPT, "12", "60"]).start()
+    wait_for_line(run, "chief-0.log", "Epoch 3/12")
+    import os
+    import signal
+
+    os.kill(pid_of(run, "worker:1"), signal.SIGKILL)
+    assert run.wait(300) == 0, run.stdout[-3000:]
+    result = fit_result(run)
+    assert len(result["loss"]) == 12 and result["loss"][-1] < result["loss"][0]
+    assert run.tasks()["worker:1"]["task_restarts"] == 1
+    restarts = [e for e in run.events() if e["event"] == "task-restart"]
+    assert [(e["task"], e["exit_code"]) for e in restarts] == [("worker:1", 137)]
+    assert_nothing_left(run)
+
+
+def test_ps_sigkilled_mid_training_fails_with_ps_as_root_cause(tmp_path):
+    run = Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", "--stop-grace", "5",
+                         SCRIPT, "40", "60"]).start()
+    wait_for_line(run, "chief-0.log", "Epoch 2/40")
+    import os
+    import signal
+
+    os.kill(pid_of(run, "ps:0"), signal.SIGKILL)
+    assert run.wait(120) == 137, run.stdout[-3000:]
+    assert run.summary["root_cause"]["task"] == "ps:0"
+    assert "FAILED: ps:0 exited with signal SIGKILL" in run.stdout
+    assert_nothing_left(run)
+
+
+def test_seed_001_uai_layout_on_three_local_hosts_runs_to_completion(tmp_path):
+    run = Run(tmp_path, ["--layout", "uai", "--hosts", "localhost,localhost,localhost", SCRIPT, "3"])
+    assert run.run(300) == 0, run.stdout[-3000:]
+    config = json.loads((run.run_dir / "config.json").read_text())
+    tf_configs = config["tf_configs"]
+    assert sorted(tf_configs) == ["chief:0", "ps:0", "ps:1", "ps:2", "worker:0", "worker:1"]
+    assert all(c["environment"] == "cloud" for c in tf_configs.values())
+    assert_trained_on_ps(fit_result(run), 3)
+    assert_nothing_left(run)
+
+
+def test_same_script_and_call_under_multi_worker_mirrored(tmp_path):
+    """tfrun.fit delegates to model.fit under synchronous strategies: the script is unchanged."""
+    run = Run(tmp_path, ["--workers", "2", SCRIPT, "3"])
+    assert run.run(300) == 0, run.stdout[-3000:]
+    lines = [l for l in run.stdout.splitlines() if "FIT_RESULT" in l]
+    assert len(lines) == 2  # every worker runs the script under MWMS
+    result = json.loads(lines[0].split("FIT_RESULT ", 1)[1])
+    assert result["strategy"] == "CollectiveAllReduceStrategy"
+    assert result["loss"][-1] < result["loss"][0]
+    assert_nothing_left(run)

@@ -1,0 +1,55 @@
+"""One script for every topology: tfrun.fit on a small classifier.
+
+Under a ps cluster it runs on the chief only (tfrun --roles auto makes ps/workers servers);
+prints ``FIT_RESULT {...}`` with the per-epoch losses, the variables' devices and the
+final evaluation.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import keras
+import tfrun
+
+epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+rng = np.random.default_rng(0)
+x = rng.normal(size=(1024, 8)).astype("float32")
+y = (x[:, :4].sum(axis=1) > x[:, 4:].sum(axis=1)).astype("int32")
+
+
+def dataset_fn(ctx):
+    batch = ctx.get_per_replica_batch_size(32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024, seed=ctx.input_pipeline_id)
+    return ds.repeat().batch(batch).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+
+def val_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices((x[:256], y[:256])).batch(64)
+
+
+strategy = tfrun.strategy()
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+
+history = tfrun.fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps, validation=(val_fn, 4),
+                    callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss", patience=10)]
+                    if not os.environ.get("TF_USE_LEGACY_KERAS") else [], verbose=2)
+final = tfrun.evaluate(model, val_fn)
+weights = model.trainable_variables
+print("FIT_RESULT " + json.dumps({
+    "strategy": type(strategy).__name__,
+    "loss": [float(v) for v in history.history["loss"]],
+    "val_accuracy": [float(v) for v in history.history.get("val_accuracy", [])],
+    "devices": sorted({(w.value if hasattr(w, "value") and not isinstance(w, tf.Variable) else w).device
+                       for w in weights}),
+    "final": final,
+}), flush=True)
