@@ -18,6 +18,8 @@ EXAMPLES = {
                                r"Test Accuracy: (0\.[89]\d*|1\.0)"),
     "seed000_multiworker_mobilenet.py": (["--workers", "2"], ["--epochs", "1", "--steps", "3"],
                                          "MultiWorkerMirroredStrategy", r"final loss: [0-9.]+"),
+    "ps_training.py": (["--chief", "--workers", "2", "--ps", "1"], ["--epochs", "6"],
+                       "ParameterServerStrategy", r"\[chief:0\] test accuracy: (0\.[89]\d*|1\.0)"),
 }
 
 
@@ -29,6 +31,11 @@ def test_seed_example_runs_under_tfrun(tmp_path, example):
     assert re.search(proof, run.stdout), run.stdout[-3000:]
     # The strategy the seed asks for, with 2 replicas (2 logical CPUs or 2 workers); TF's
     # class behind MultiWorkerMirroredStrategy is CollectiveAllReduceStrategy.
+    if strategy == "ParameterServerStrategy":
+        # The script ran on the coordinator only; ps and workers were plain servers.
+        assert re.findall(r"\[(\w+:\d)\] ParameterServerStrategyV2 on", run.stdout) == ["chief:0"]
+        assert_nothing_left(run)
+        return
     tf_class = "MirroredStrategy" if strategy == "MirroredStrategy" else r"_?CollectiveAllReduceStrategy\w*"
     printed = re.findall(rf"\[(\w+:\d)\] ({tf_class}): 2 replicas", run.stdout)
     assert len(printed) == (1 if strategy == "MirroredStrategy" else 2), run.stdout[-2000:]
