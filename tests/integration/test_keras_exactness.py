@@ -84,6 +84,8 @@ def test_exact_against_single_process(setup, reference, workdir):
                 # ... and the same as single-process training on the same global batches
                 np.testing.assert_allclose(got[key], ref[key], atol=TOL, err_msg=key)
             np.testing.assert_allclose(got[f"spe{spe}_eval"], ref[f"spe{spe}_eval"], atol=TOL)
+            # fit(validation_data=...) evaluates the same per-epoch validation losses.
+            np.testing.assert_allclose(got[f"spe{spe}_val_loss"], ref[f"spe{spe}_val_loss"], atol=TOL)
             # predict: every row, in input order
             assert got[f"spe{spe}_predict"].shape == ref[f"spe{spe}_predict"].shape
             np.testing.assert_allclose(got[f"spe{spe}_predict"], ref[f"spe{spe}_predict"], atol=TOL)
@@ -120,6 +122,19 @@ def test_each_fix_is_needed(fix, workdir):
     logs = "".join(p.read_text(errors="replace")
                    for p in (workdir / f"run-without-{fix}" / "logs").glob("*.log"))
     assert symptom in logs
+
+
+def test_optimizer_build_fix_is_needed_for_the_seed_custom_loop(workdir):
+    from conftest import ROOT
+
+    env = {**flavour_env("3"), "TFRUN_COMPAT_DISABLE": "optimizer_build_in_replica_context"}
+    cmd = [sys.executable, "-m", "tfrun", "--devices", "2", "--quiet-tasks", "--color", "never",
+           "--run-dir", str(workdir / "run-without-optimizer-build"),
+           str(ROOT / "examples" / "seed004_custom_loop.py"), "--epochs", "1"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    log = (workdir / "run-without-optimizer-build" / "logs" / "worker-0.log").read_text(errors="replace")
+    assert "You must feed a value for placeholder tensor" in log
 
 
 def test_distributed_assign_add_fix_is_needed_for_central_storage_metrics(workdir):

@@ -56,6 +56,8 @@ def test_chief_two_workers_and_ps_train_and_everything_exits(tmp_path, flavour, 
     assert len(servers) == 2 + num_ps
     assert all(tasks[t]["state"] == "stopped" and tasks[t]["stopped_by_tfrun"] for t in servers)
     assert "serving as a tf.distribute.Server" in (run.run_dir / "logs" / "ps-0.log").read_text()
+    # Epoch-level callbacks ran on the coordinator: TensorBoard wrote its event files.
+    assert list((run.run_dir / "output" / "tensorboard").rglob("events.out.tfevents.*"))
     assert_nothing_left(run)
 
 

@@ -40,9 +40,10 @@ with strategy.scope():
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
 
+callbacks = [keras.callbacks.EarlyStopping(monitor="val_loss", patience=10),
+             keras.callbacks.TensorBoard(tfrun.output_dir("tensorboard"))]
 history = tfrun.fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps, validation=(val_fn, 4),
-                    callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss", patience=10)]
-                    if not os.environ.get("TF_USE_LEGACY_KERAS") else [], verbose=2)
+                    callbacks=callbacks, verbose=2)
 final = tfrun.evaluate(model, val_fn)
 weights = model.trainable_variables
 print("FIT_RESULT " + json.dumps({

@@ -65,3 +65,13 @@ def test_console_colour_only_when_asked():
     out = io.StringIO()
     ConsoleSink(out).task_line("worker:0", 1, "x")  # StringIO is not a TTY
     assert out.getvalue() == "[worker:0] x\n"
+
+
+def test_noise_filter_hides_proto_dumps_but_not_user_lines_that_look_alike():
+    from tfrun.launch.logs import NoiseFilter
+
+    noise = NoiseFilter()
+    lines = ["I0000 00:00:1795.2 29127 eager_service_impl.cc:355] SessionOptions: goo.gle/debugonly",
+             "device_count {", '  key: "CPU"', "  value: 1", "}", "allow_soft_placement: true",
+             "", "MirroredStrategy: 2 replicas", "accuracy: 0.95", "loss: 0.1"]
+    assert [noise(l) for l in lines] == [True] * 7 + [False, False, False]

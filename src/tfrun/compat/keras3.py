@@ -170,10 +170,10 @@ def _fix_steps_per_execution() -> None:
     body calls ``strategy.run`` inside ``tf.cond``; under any distribution strategy
     (whose replica functions call ``merge_call``) this fails with "You must feed a value
     for placeholder tensor 'while/.../cond/Placeholder'". Under a strategy we run the
-    steps in a ``tf.while_loop`` *without* the ``tf.cond``: each iteration takes
-    ``iterator.get_next()``, and the end of the data raises ``OutOfRangeError`` (which
-    Keras' epoch iterator already turns into the end of the epoch) — every batch is
-    still used exactly once, as with ``steps_per_execution=1``.
+    steps in a ``tf.while_loop`` whose body calls ``strategy.run`` unconditionally: the
+    loop condition checks that the next batch (an Optional) exists, and only the fetch of
+    that next batch sits in a ``tf.cond``. Every batch is used exactly once and an
+    execution that runs out of data still returns its last step's logs.
     """
     import tensorflow as tf
     from keras.src.backend.tensorflow import trainer as tf_trainer
@@ -202,13 +202,22 @@ def _fix_steps_per_execution() -> None:
 
         @tf.autograph.experimental.do_not_convert
         def multi_step_on_iterator(iterator):
+            # The first step of an execution: OutOfRangeError here is the end of the epoch.
             outputs = one_step_on_data(iterator.get_next())
+            next_inputs = iterator.get_next_as_optional()
 
-            def body(i, _):
-                return i + 1, one_step_on_data(iterator.get_next())
+            def more(i, _, inputs):
+                return tf.logical_and(i < steps - 1, inputs.has_value())
 
-            _, outputs = tf.while_loop(lambda i, _: i < steps - 1, body,
-                                       [tf.constant(0), outputs])
+            def step(i, _, inputs):
+                outputs = one_step_on_data(inputs.get_value())
+                # Only the *fetch* is conditional (never strategy.run): take the next batch
+                # only if another step of this execution will use it, so none is lost.
+                inputs = tf.cond(i + 1 < steps - 1, iterator.get_next_as_optional,
+                                 lambda: inputs)
+                return i + 1, outputs, inputs
+
+            _, outputs, _ = tf.while_loop(more, step, [tf.constant(0), outputs, next_inputs])
             return outputs
 
         if not self.run_eagerly:

@@ -116,9 +116,9 @@ def _strategy_description(config: LaunchConfig, plan: ClusterPlan) -> str:
     return "auto -> default (one device) or MirroredStrategy over local GPUs"
 
 
-def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path) -> str:
+def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool) -> str:
     kind, target = config.entrypoint
-    addresses = plan.cluster.addresses()
+    addresses = plan.cluster.addresses() if multi else {}
     ps_cluster = bool(plan.cluster.ps)
     tasks = ", ".join(f"{t}@{addresses[t]}" if t in addresses else str(t) for t in plan.tasks)
     tracked = ", ".join(str(t) for t in plan.tasks if config.tracked(t, ps_cluster=ps_cluster, has_chief=bool(plan.cluster.chief)))
@@ -127,7 +127,7 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path) -> s
     return "\n".join([
         "launch configuration",
         f"  entrypoint : {entry} {' '.join(config.script_args)}".rstrip(),
-        f"  tasks      : {tasks}",
+        f"  tasks      : {tasks}" + ("" if multi else " (single task: no TF_CONFIG, no ports)"),
         f"  tracked    : {tracked}",
         f"  strategy   : {_strategy_description(config, plan)}",
         f"  keras      : {keras}",
@@ -193,7 +193,7 @@ def launch_and_report(config: LaunchConfig, console: ConsoleSink | None = None) 
             "launch": config.to_dict(),
             "tf_configs": {str(t): plan.task_config(t).to_dict() for t in plan.tasks} if multi else {},
         }, indent=2) + "\n")
-        console.info(_resolved_block(config, plan, run_dir))
+        console.info(_resolved_block(config, plan, run_dir, multi))
         kind, target = config.entrypoint
         argv = [config.python, "-m", "tfrun.bootstrap"]
         argv += ["-m", target] if kind == "module" else [target]

@@ -55,7 +55,8 @@ def is_tf_noise(line: str) -> bool:
     return bool(_NOISE.search(line))
 
 
-_PROTO_CONTINUATION = re.compile(r"^\s*(\}|[\w.]+ \{|[\w.]+: .*)?\s*$")
+_PROTO_CONTINUATION = re.compile(
+    r'^\s*(\}|[a-z_][a-z0-9_]* \{|[a-z_][a-z0-9_]*: ("[^"]*"|-?[0-9.e+-]+|true|false|[A-Z][A-Z0-9_]*))?\s*$')
 
 
 class NoiseFilter:
@@ -65,8 +66,9 @@ class NoiseFilter:
     and look like proto text.
 
     >>> f = NoiseFilter()
-    >>> [f(l) for l in ["I0000 00:00:1.0 1 e.cc:3] SessionOptions:", "device_count {", "}", "Epoch 1"]]
-    [True, True, True, False]
+    >>> [f(l) for l in ["I0000 00:00:1.0 1 e.cc:3] SessionOptions:", "device_count {", "  value: 1",
+    ...                 "}", "MirroredStrategy: 2 replicas"]]
+    [True, True, True, True, False]
     """
 
     def __init__(self) -> None:
