@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,7 +14,14 @@ HERE = Path(__file__).resolve().parent
 
 def run_tfrun(flags: list[str], script: str, args: list[str], label: str) -> dict:
     """Run one tfrun launch; return the chief's (or worker 0's) result JSON."""
-    run_dir = Path(tempfile.mkdtemp(prefix=f"tfrun-bench-{label}-")) / "run"
+    scratch = Path(tempfile.mkdtemp(prefix=f"tfrun-bench-{label}-"))
+    try:
+        return _run(flags, script, args, label, scratch / "run")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(flags: list[str], script: str, args: list[str], label: str, run_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "tfrun", "--quiet-tasks", "--color", "never", "--run-dir",
            str(run_dir), *flags, str(HERE / script), *args]
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -32,3 +40,17 @@ def print_table(title: str, rows: list[tuple[str, float]], unit: str, baseline: 
     for name, value in rows:
         print(f"  {name:<34} {value:>12.1f} {value / base:>7.2f}x")
     print(f"  (ratio against {baseline!r}, measured in this invocation)")
+
+
+def compare(configs: list[tuple[str, list[str], str, list[str]]], rounds: int) -> list[tuple[str, float]]:
+    """Run every (name, tfrun flags, script, args) ``rounds`` times, interleaved (A B A B ...),
+    so that drift of the machine hits every configuration alike; returns median steps/s."""
+    import statistics
+
+    samples: dict[str, list[float]] = {name: [] for name, *_ in configs}
+    for r in range(rounds):
+        for name, flags, script, args in configs:
+            samples[name].append(run_tfrun(flags, script, args, f"{name[:12]}-{r}")["steps_per_second"])
+    for name, values in samples.items():
+        print(f"  {name}: " + ", ".join(f"{v:.1f}" for v in values))
+    return [(name, statistics.median(values)) for name, values in samples.items()]

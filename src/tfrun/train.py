@@ -131,6 +131,24 @@ def _fit_tf_keras_ps(model, dataset_fn, epochs, steps_per_epoch, val_fn, val_ste
                      initial_epoch=initial_epoch)
 
 
+def _warn_batch_hooks(callbacks) -> None:
+    """Under PS, steps run asynchronously on workers: only epoch-level hooks are called."""
+    import warnings
+
+    import keras
+
+    base = keras.callbacks.Callback
+    hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+    for callback in callbacks:
+        if type(callback).__module__.startswith("keras"):
+            continue  # Keras' own callbacks work at epoch level (TensorBoard, checkpoints, ...)
+        overridden = [h for h in hooks if getattr(type(callback), h, None) is not getattr(base, h)]
+        if overridden:
+            warnings.warn(f"tfrun.fit: {type(callback).__name__} implements {', '.join(overridden)}, "
+                          "which parameter-server training does not call (steps run "
+                          "asynchronously on the workers); use epoch-level hooks.", stacklevel=3)
+
+
 class _PsTrainer:
     """Keras 3 training under ParameterServerStrategy with a ClusterCoordinator."""
 
@@ -164,6 +182,7 @@ class _PsTrainer:
         import keras
 
         model = self.model
+        _warn_batch_hooks(callbacks)
         self._build(dataset_fn)
         per_worker = self.coordinator.create_per_worker_dataset(
             self.strategy.distribute_datasets_from_function(dataset_fn))
