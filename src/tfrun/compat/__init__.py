@@ -106,5 +106,9 @@ def install() -> None:
         sys.meta_path.insert(0, _KerasPostImport())
 
 
-FIX_NAMES = ("mwms_symbolic_build", "mwms_reduce_logs", "distributed_assign_add",
-             "batchnorm_moving_stats", "steps_per_execution", "optimizer_build_in_replica_context")
+def __getattr__(name: str):
+    if name == "FIX_NAMES":  # derived from the fix table (keras3 imports nothing heavy)
+        from .keras3 import FIXES
+
+        return tuple(fix.name for fix in FIXES)
+    raise AttributeError(name)
