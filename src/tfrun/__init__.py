@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .callbacks import backup_and_restore
 from .errors import ClusterTimeout, ConfigError, TaskFailed, TfrunError
+from .evaluator import chief_output_dir, sidecar_evaluate
 from .runtime import (TaskInfo, global_batch_size, is_chief, output_dir, strategy, task,
                       training_done)
 from .saving import save
@@ -28,5 +29,6 @@ __all__ = [
     "__version__",
     "TfrunError", "ConfigError", "ClusterTimeout", "TaskFailed",
     "TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
-    "training_done", "save", "backup_and_restore", "fit", "evaluate",
+    "training_done", "save", "backup_and_restore", "fit", "evaluate", "chief_output_dir",
+    "sidecar_evaluate",
 ]

@@ -41,3 +41,22 @@ def test_chief_two_workers_one_ps_with_servers_started_by_the_script(tmp_path):
     for name in ("worker:0", "worker:1", "ps:0"):
         assert tasks[name]["state"] == "stopped" and tasks[name]["stopped_by_tfrun"]
     assert_nothing_left(run)
+
+
+def test_sidecar_evaluator_evaluates_every_checkpoint_then_exits_in_its_grace(tmp_path):
+    run = Run(tmp_path, ["--workers", "2", "--evaluator", "--evaluator-grace", "60",
+                         str(ROOT / "examples" / "sidecar_evaluator.py"), "--epochs", "3"])
+    assert run.run(timeout=300) == 0, run.stdout[-3000:]
+    tasks = run.tasks()
+    assert tasks["evaluator:0"]["state"] == "succeeded"  # it finished by itself, not killed
+    results = [json.loads(l) for l in
+               (run.run_dir / "evaluator" / "results.jsonl").read_text().splitlines()]
+    assert [r["checkpoint"] for r in results] == [f"epoch-0{i}.weights.h5" for i in (1, 2, 3)]
+    assert results[-1]["accuracy"] > 0.8
+    # Only the chief wrote checkpoints into the shared output directory.
+    assert sorted(p.name for p in (run.run_dir / "output" / "checkpoints").iterdir()) == \
+        [r["checkpoint"] for r in results]
+    assert "Skipping variable loading" not in (run.run_dir / "logs" / "evaluator-0.log").read_text()
+    events = [(e["event"], e.get("task"), e.get("new")) for e in run.events()]
+    assert events.index(("training-done", None, None)) < events.index(("state", "evaluator:0", "succeeded"))
+    assert_nothing_left(run)
