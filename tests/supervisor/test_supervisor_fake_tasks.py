@@ -277,3 +277,17 @@ def test_twenty_consecutive_launches_leave_no_process_and_no_port(fake_run):
         assert len(grandchildren) == 3
         assert not [pid for pid in grandchildren if psutil.pid_exists(pid)
                     and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_ctrl_c_during_a_restart_loop_stops_everything(fake_run):
+    run = fake_run(["--workers", "2", "--max-restarts", "1000", *FAST],
+                   "worker:1=sleep:0.2,exit:1;*=grandchild,forever").start()
+    deadline = time.monotonic() + 30
+    while not (run.run_dir / "events.jsonl").exists() or \
+            sum(e["event"] == "restart" for e in run.events()) < 3:
+        assert time.monotonic() < deadline, "no restarts seen"
+        time.sleep(0.1)
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(30) == 130, run.stdout[-2000:]
+    assert run.summary["status"] == "interrupted"
+    assert_nothing_left(run)

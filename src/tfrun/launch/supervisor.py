@@ -221,6 +221,9 @@ class Supervisor:
                             exit_code=outcome.record.exit_code, restart=self.restarts + 1)
                 self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                            grace=self.config.stop_grace)
+                if self._signal is not None:  # Ctrl-C while restarting: do not start again
+                    outcome = _Outcome("signal")
+                    break
                 self.restarts += 1
                 continue
             break
