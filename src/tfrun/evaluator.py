@@ -20,17 +20,9 @@ import os
 import time
 from typing import Iterator
 
-from .runtime import training_done
+from .runtime import chief_output_dir, training_done
 
 __all__ = ["chief_output_dir", "sidecar_evaluate"]
-
-
-def chief_output_dir(subdir: str = "") -> str:
-    """The chief's output directory (what ``output_dir`` is on the chief), from any task."""
-    base = os.environ.get("TFRUN_OUTPUT_DIR") or (
-        os.path.join(os.environ["TFRUN_RUN_DIR"], "output") if os.environ.get("TFRUN_RUN_DIR")
-        else "output")
-    return os.path.join(base, subdir) if subdir else base
 
 
 def sidecar_evaluate(model, dataset, checkpoint_dir: str, *, pattern: str = "*.weights.h5",

@@ -26,6 +26,7 @@ from .cluster import TaskConfig, parse_tf_config
 from .errors import ConfigError
 
 __all__ = ["TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
+           "chief_output_dir",
            "training_done", "configure_logical_devices", "strategy_kind"]
 
 _STRATEGY_KINDS = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
@@ -155,10 +156,7 @@ def output_dir(subdir: str = "") -> str:
     pattern TensorFlow's multi-worker tutorials prescribe).
     """
     if is_chief():
-        base = os.environ.get("TFRUN_OUTPUT_DIR") or (
-            os.path.join(os.environ["TFRUN_RUN_DIR"], "output") if os.environ.get("TFRUN_RUN_DIR")
-            else "output")
-        path = os.path.join(base, subdir) if subdir else base
+        path = chief_output_dir(subdir)
     else:
         if not _private_dirs:
             info = task()
@@ -167,6 +165,15 @@ def output_dir(subdir: str = "") -> str:
         path = os.path.join(_private_dirs[0], subdir) if subdir else _private_dirs[0]
     Path(path).mkdir(parents=True, exist_ok=True)
     return path
+
+
+def chief_output_dir(subdir: str = "") -> str:
+    """The chief's output directory (``output_dir`` on the chief), from any task, e.g. for an
+    evaluator reading the chief's checkpoints. Not created here."""
+    base = os.environ.get("TFRUN_OUTPUT_DIR") or (
+        os.path.join(os.environ["TFRUN_RUN_DIR"], "output") if os.environ.get("TFRUN_RUN_DIR")
+        else "output")
+    return os.path.join(base, subdir) if subdir else base
 
 
 def training_done() -> bool:
