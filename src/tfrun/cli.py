@@ -13,7 +13,6 @@ This module never imports TensorFlow, so the CLI starts in well under a second.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Sequence
@@ -22,11 +21,7 @@ from . import __version__
 from .cluster import LAYOUTS, Topology, iter_env_lines, parse_tf_config, plan_cluster
 from .errors import ConfigError, TfrunError
 
-__all__ = ["main", "build_launch_parser", "build_config_parser"]
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
+__all__ = ["main", "build_config_parser"]
 
 def _split_hosts(text: str) -> list[str]:
     hosts = [h.strip() for h in text.split(",")]

@@ -37,6 +37,7 @@ __all__ = [
     "TaskConfig",
     "Topology",
     "ClusterPlan",
+    "iter_env_lines",
     "parse_address",
     "parse_tf_config",
     "plan_cluster",

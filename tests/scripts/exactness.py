@@ -10,7 +10,6 @@ every replica's moving statistics. Works with Keras 3 and tf_keras (``import ker
 tf_keras under ``tfrun --keras 2``).
 """
 
-import os
 import sys
 
 import numpy as np

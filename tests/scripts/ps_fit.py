@@ -6,7 +6,6 @@ final evaluation.
 """
 
 import json
-import os
 import sys
 
 import numpy as np

@@ -1,16 +1,13 @@
 """Tier 2: the real supervisor and CLI with fake tasks (tiny Python children, no TensorFlow)."""
 
-import json
-import os
 import signal
 import socket
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import assert_nothing_left, listening, processes_of_run
+from conftest import assert_nothing_left
 
 FAST = ["--join-timeout", "20", "--stop-grace", "3"]
 

@@ -17,9 +17,9 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
 from ..cluster import ClusterPlan, TaskId
 from .backends.base import Backend, TaskHandle
@@ -39,7 +39,6 @@ class TaskRecord:
     task: TaskId
     tracked: bool
     address: str | None
-    env: Mapping[str, str]
     logger: TaskLogger
     state: TaskState = TaskState.PENDING
     handle: TaskHandle | None = None
@@ -160,7 +159,7 @@ class Supervisor:
         addresses = plan.cluster.addresses()
         self.records = [
             TaskRecord(task=t, tracked=config.tracked(t, ps_cluster=ps_cluster, has_chief=bool(plan.cluster.chief)),
-                       address=addresses.get(t), env={},
+                       address=addresses.get(t),
                        logger=TaskLogger(str(t), i, run_dir / "logs" / f"{t.slug}.log", console))
             for i, t in enumerate(plan.tasks)
         ]
@@ -252,7 +251,7 @@ class Supervisor:
         handle, stream = self.backend.start(self.argv, env)
         assert self._reaper is not None
         self._reaper.register(handle.pgid)
-        record.handle, record.env = handle, env
+        record.handle = handle
         record.exit_code, record.ended_at, record.joined = None, None, False
         record.stopped_by_tfrun = False
         record.started_at = time.time()
