@@ -153,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "config":
             return _run_config(argv[1:])
+        if argv and argv[0] == "doctor":
+            from .launch.cli import run_doctor
+
+            return run_doctor(argv[1:])
         if argv and argv[0] in ("--version", "version"):
             print(f"tfrun {__version__}")
             return 0

@@ -67,7 +67,7 @@ def test_signal_death_becomes_128_plus_n(fake_run):
 
 def test_restarts_the_whole_group_and_honours_the_count(fake_run):
     run = fake_run(["--workers", "2", "--max-restarts", "2", *FAST],
-                   "worker:1=fail_before_restart:2,ok;*=ok")
+                   "worker:1=sleep:0.5,fail_before_restart:2,ok;*=ok")
     assert run.run() == 0, run.stdout
     assert run.summary["restarts"] == 2
     log = (run.run_dir / "logs" / "worker-0.log").read_text()
@@ -241,7 +241,11 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path):
     (["--workers", "-1"], "expected a number >= 0"),
     (["--join-timeout", "0"], "expected a number of seconds > 0"),
     (["--strategy", "magic"], "invalid choice: 'magic'"),
-    (["--hosts", "10.1.2.3,10.1.2.4"], "are not local"),
+    (["--hosts", "localhost,node-9"], "mixes loopback names"),
+    (["--node-rank", "1", "--workers", "2"], "--node-rank needs --hosts"),
+    (["--node-rank", "x"], "expected a rank"),
+    (["--run-id", "../x"], "is not a plain name"),
+    (["--base-port", "70000"], "expected a port"),
 ])
 def test_bad_flags_exit_2(tmp_path, flags, message):
     from conftest import FAKE_TASK, Run

@@ -1,5 +1,12 @@
 """Launching: LaunchConfig -> plan -> ports -> run dir -> Supervisor -> exit code.
 
+Three modes, chosen from ``--hosts`` and ``--node-rank`` (``launch_mode``):
+
+* ``local``: every task on this machine (no ``--hosts``, or only localhost entries);
+* ``ssh``: ``--hosts`` names other machines: tfrun starts each host's tasks over SSH;
+* ``pernode``: ``--node-rank R`` (or ``auto``): this machine's tasks only; rank 0 is the
+  hub that supervises every node (see ``pernode.py``).
+
     >>> from tfrun.launch import LaunchConfig, launch          # doctest: +SKIP
     >>> launch(LaunchConfig(entrypoint=("script", "train.py"),  # doctest: +SKIP
     ...                     topology=Topology(workers=2)))
@@ -17,15 +24,45 @@ from pathlib import Path
 
 from ..cluster import ClusterPlan, TaskId, Topology, parse_address, plan_cluster
 from ..errors import ConfigError
+from .backends.base import Backend
 from .backends.local import LocalBackend
 from .config import LaunchConfig
 from .logs import ConsoleSink, parse_task_filter
-from .ports import TF_REUSE_PORT_ENV, PortReservation, hold_port
+from .ports import PortReservation, hold_port
+from .rendezvous import LOOPBACK_NAMES, distinct_hosts, resolve_node_rank
+from .specs import spec_factory, task_hosts
 from .supervisor import RunResult, Supervisor, describe_result
 
-__all__ = ["LaunchConfig", "launch", "launch_and_report", "Topology"]
+__all__ = ["LaunchConfig", "launch", "launch_and_report", "launch_mode", "Topology"]
 
-_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+MODES = ("local", "ssh", "pernode")
+
+
+def launch_mode(config: LaunchConfig) -> str:
+    """``local``, ``ssh`` or ``pernode`` (see the module docstring).
+
+    >>> launch_mode(LaunchConfig(entrypoint=("script", "t.py"), hosts=("node-1", "node-2")))
+    'ssh'
+    """
+    if config.node_rank is not None:
+        if config.hosts is None:
+            raise ConfigError("--node-rank needs --hosts", expected="the cluster's host list "
+                              "(the same on every node)", fix="Pass e.g. --hosts node-1,node-2 "
+                              "--node-rank 0", received=f"--node-rank {config.node_rank}")
+        return "pernode"
+    if config.hosts is None:
+        return "local"
+    names = {parse_address(h)[0] for h in config.hosts}
+    loopback = sorted(names & LOOPBACK_NAMES)
+    if not names - LOOPBACK_NAMES:
+        return "local"
+    if loopback:
+        raise ConfigError(f"--hosts mixes loopback names {loopback} with other hosts",
+                          expected="host names every machine can reach (localhost means a "
+                                   "different machine to each task)",
+                          fix="Use this machine's host name or address instead of "
+                              f"{loopback[0]}", received=list(config.hosts))
+    return "ssh"
 
 
 def _check_entrypoint(config: LaunchConfig) -> None:
@@ -47,15 +84,8 @@ def _check_entrypoint(config: LaunchConfig) -> None:
 
 def _plan(config: LaunchConfig) -> ClusterPlan:
     hosts = list(config.hosts) if config.hosts is not None else None
-    if hosts is not None:
-        remote = [h for h in hosts if parse_address(h)[0] not in _LOCAL_HOSTS]
-        if remote:
-            raise ConfigError(f"The local backend runs every task on this machine, but hosts "
-                              f"{remote} are not local",
-                              expected="localhost / 127.0.0.1 entries (repeat them for several tasks)",
-                              fix="Use 'tfrun config --hosts ...' to print each machine's TF_CONFIG",
-                              received=hosts)
-    return plan_cluster(config.topology, hosts=hosts, layout=config.layout)
+    return plan_cluster(config.topology, hosts=hosts, layout=config.layout,
+                        base_port=config.base_port)
 
 
 def _reserve(plan: ClusterPlan, explicit: set[TaskId]) -> tuple[ClusterPlan, list]:
@@ -86,12 +116,13 @@ def _release(held: list) -> None:
 
 
 def _new_run_dir(config: LaunchConfig) -> Path:
-    if config.run_dir:
-        run_dir = Path(config.run_dir)
+    if config.run_dir or config.run_id:
+        run_dir = Path(config.run_dir) if config.run_dir else Path(config.runs_root) / config.run_id
         if (run_dir / "summary.json").exists():
             raise ConfigError(f"Run directory {run_dir} already holds a finished run",
                               expected="a new or empty directory",
-                              fix="Pick another --run-dir, or omit it for runs/<time>-<name>",
+                              fix="Pick another --run-dir/--run-id, or omit it for "
+                                  "runs/<time>-<name>",
                               received=str(run_dir))
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -116,7 +147,8 @@ def _strategy_description(config: LaunchConfig, plan: ClusterPlan) -> str:
     return "auto -> default (one device) or MirroredStrategy over local GPUs"
 
 
-def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool) -> str:
+def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool,
+                    mode: str = "local") -> str:
     kind, target = config.entrypoint
     addresses = plan.cluster.addresses() if multi else {}
     ps_cluster = bool(plan.cluster.ps)
@@ -127,58 +159,70 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
     return "\n".join([
         "launch configuration",
         f"  entrypoint : {entry} {' '.join(config.script_args)}".rstrip(),
+        f"  mode       : {mode}",
         f"  tasks      : {tasks}" + ("" if multi else " (single task: no TF_CONFIG, no ports)"),
         f"  tracked    : {tracked}",
         f"  strategy   : {_strategy_description(config, plan)}",
         f"  keras      : {keras}",
         f"  devices    : {config.devices or 'as found'}",
         f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
-        f"stop grace {config.stop_grace:g}s",
+        f"stop grace {config.stop_grace:g}s"
+        + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if mode != "local" else ""),
         f"  run dir    : {run_dir}",
     ])
 
 
-def _task_env(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, with_tf_config: bool):
-    base = dict(os.environ)
-    base.pop("TF_CONFIG", None)
-    base.update(TF_REUSE_PORT_ENV)
-    base.update({
-        "PYTHONUNBUFFERED": "1",
-        "TFRUN_RUN_DIR": str(run_dir),
-        "TFRUN_STRATEGY": config.strategy,
-        "TFRUN_KERAS": config.keras,
-        "TFRUN_ROLES": config.roles,
-        "TFRUN_SUPERVISOR_PID": str(os.getpid()),
-    })
-    if config.devices:
-        base["TFRUN_DEVICES"] = str(config.devices)
-    else:
-        base.pop("TFRUN_DEVICES", None)
-    if config.keras == "2":
-        base["TF_USE_LEGACY_KERAS"] = "1"
-    else:
-        base.pop("TF_USE_LEGACY_KERAS", None)
-
-    def env_for(task: TaskId, restarts: int) -> dict[str, str]:
-        env = dict(base)
-        env.update({"TFRUN_TASK_TYPE": task.role, "TFRUN_TASK_INDEX": str(task.index),
-                    "TFRUN_RESTART_COUNT": str(restarts)})
-        if with_tf_config:
-            env["TF_CONFIG"] = plan.task_config(task).to_json()
-        return env
-
-    return env_for
-
-
 def launch_and_report(config: LaunchConfig, console: ConsoleSink | None = None) -> RunResult:
-    """Run ``config`` to the end and return the full result (the API under ``launch``)."""
+    """Run ``config`` to the end and return the full result (the API under ``launch``).
+
+    Not for a non-hub node of a per-node launch (it has no supervisor): use ``launch``.
+    """
     started = time.time()
-    console = console or ConsoleSink(color=config.color, show=parse_task_filter(config.show),
-                                     quiet=config.quiet_tasks, tf_noise=config.tf_noise)
-    _check_entrypoint(config)
+    console = console or _console(config)
+    mode = launch_mode(config)
+    if mode != "ssh":  # over SSH the script must exist on the hosts: the preflight checks
+        _check_entrypoint(config)
     plan = _plan(config)
     # A single task needs no cluster: no TF_CONFIG, no ports (a plain local run).
     multi = len(plan.tasks) > 1
+    if mode == "local":
+        return _run_local(config, plan, multi, console, started)
+    if mode == "ssh":
+        return _run_ssh(config, plan, console, started)
+    rank = resolve_node_rank(config.hosts or (), _rank_arg(config))
+    if rank != 0:
+        raise ConfigError("launch_and_report runs a hub or a single launcher",
+                          expected="node rank 0", fix="Call launch(config) on the other nodes",
+                          received=f"node rank {rank}")
+    return _run_hub(config, plan, multi, console, started)
+
+
+def _console(config: LaunchConfig) -> ConsoleSink:
+    return ConsoleSink(color=config.color, show=parse_task_filter(config.show),
+                       quiet=config.quiet_tasks, tf_noise=config.tf_noise)
+
+
+def _rank_arg(config: LaunchConfig) -> int | None:
+    return None if config.node_rank == "auto" else config.node_rank  # type: ignore[return-value]
+
+
+def _write_config(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool) -> None:
+    (run_dir / "config.json").write_text(json.dumps({
+        "launch": config.to_dict(),
+        "tf_configs": {str(t): plan.task_config(t).to_dict() for t in plan.tasks} if multi else {},
+    }, indent=2) + "\n")
+
+
+def _supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
+               backends: dict[TaskId, Backend], make_spec, console: ConsoleSink,
+               started: float) -> RunResult:
+    result = Supervisor(config, plan, run_dir, backends, console, make_spec).run()
+    console.info(describe_result(result, started))
+    return result
+
+
+def _run_local(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: ConsoleSink,
+               started: float) -> RunResult:
     explicit: set[TaskId] = set()
     if config.hosts is not None and config.layout == "default":
         # Default layout: host entries map 1:1, in order, to the training tasks.
@@ -189,24 +233,66 @@ def launch_and_report(config: LaunchConfig, console: ConsoleSink | None = None) 
         plan, held = _reserve(plan, explicit)
     try:
         run_dir = _new_run_dir(config)
-        (run_dir / "config.json").write_text(json.dumps({
-            "launch": config.to_dict(),
-            "tf_configs": {str(t): plan.task_config(t).to_dict() for t in plan.tasks} if multi else {},
-        }, indent=2) + "\n")
+        _write_config(config, plan, run_dir, multi)
         console.info(_resolved_block(config, plan, run_dir, multi))
-        kind, target = config.entrypoint
-        argv = [config.python, "-m", "tfrun.bootstrap"]
-        argv += ["-m", target] if kind == "module" else [target]
-        argv += list(config.script_args)
-        supervisor = Supervisor(config, plan, run_dir, LocalBackend(), console,
-                                _task_env(config, plan, run_dir, multi), argv)
-        result = supervisor.run()
+        backend = LocalBackend()
+        make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=False)
+        return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
+                          console, started)
     finally:
         _release(held)
-    console.info(describe_result(result, started))
-    return result
+
+
+def _run_ssh(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
+             started: float) -> RunResult:
+    from .backends.ssh import SshBackend
+    from .doctor import preflight
+
+    hosts = task_hosts(plan)
+    nodes = distinct_hosts(hosts.values())
+    if config.doctor:
+        preflight(config, plan, console)
+    run_dir = _new_run_dir(config)
+    _write_config(config, plan, run_dir, True)
+    console.info(_resolved_block(config, plan, run_dir, True, mode=f"ssh to {', '.join(nodes)}"))
+    backend = SshBackend(nodes, python=config.python, remote_dir=config.remote_dir or os.getcwd(),
+                         ssh_opts=config.ssh_opts, heartbeat_timeout=config.heartbeat_timeout,
+                         stop_grace=config.stop_grace, console=console)
+    make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
+    return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
+                      console, started)
+
+
+def _run_hub(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: ConsoleSink,
+             started: float) -> RunResult:
+    from .pernode import make_hub
+
+    nodes = distinct_hosts(config.hosts or ())
+    hosts = task_hosts(plan)
+    run_dir = _new_run_dir(config)
+    _write_config(config, plan, run_dir, multi)
+    console.info(_resolved_block(config, plan, run_dir, multi,
+                                 mode=f"per-node, hub (rank 0 of {len(nodes)}: {nodes[0]}), "
+                                      f"rendezvous {nodes[0]}:{config.rdzv_port}"))
+    hub = make_hub(config, plan, run_dir, console)
+    local = LocalBackend(hold_ports=True)
+    backends: dict[TaskId, Backend] = {t: local if hosts[t] == nodes[0] else hub
+                                       for t in plan.tasks}
+    make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=True)
+    return _supervise(config, plan, run_dir, backends, make_spec, console, started)
 
 
 def launch(config: LaunchConfig) -> int:
     """Run ``config``; return tfrun's exit code (0, the root-cause task's code, 124, 128+n)."""
+    if launch_mode(config) == "pernode":
+        rank = resolve_node_rank(config.hosts or (), _rank_arg(config))
+        if rank != 0:
+            from .pernode import run_node_agent
+
+            console = _console(config)
+            _check_entrypoint(config)
+            plan = _plan(config)
+            console.info(_resolved_block(config, plan, Path("(from the hub)"), len(plan.tasks) > 1,
+                                         mode=f"per-node, rank {rank}"))
+            return run_node_agent(config, plan, rank, console)
     return launch_and_report(config).exit_code

@@ -8,16 +8,41 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 from typing import Mapping, Sequence
 
 from ..cli import _add_topology_flags, _non_negative_int, _positive_float, _topology_from
 from ..errors import ConfigError
 from .config import KERAS_FLAVOURS, ROLE_MODES, STRATEGIES, LaunchConfig
 
-__all__ = ["build_launch_parser", "config_from_args", "run_launch"]
+__all__ = ["build_launch_parser", "config_from_args", "run_launch", "run_doctor"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, received {text!r}") from None
+    if not 1 <= value <= 65534:
+        raise argparse.ArgumentTypeError(f"expected a port in 1..65534, received {text!r}")
+    return value
+
+
+def _node_rank(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a rank (0, 1, ...) or 'auto', "
+                                         f"received {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a rank >= 0, received {text!r}")
+    return value
 
 
 def _color(text: str) -> bool | None:
@@ -54,6 +79,34 @@ def build_launch_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", default=None,
                      help="run directory (default runs/<time>-<name>)")
     run.add_argument("--name", default=None, help="run name (default: the script's name)")
+    hosts = parser.add_argument_group(
+        "several machines", "with --hosts naming other machines, tfrun starts each host's tasks "
+        "over ssh; with --node-rank, run tfrun on every machine and it starts that machine's")
+    hosts.add_argument("--base-port", type=_port, default=2222,
+                       help="first TensorFlow port on each named host (default 2222)")
+    hosts.add_argument("--node-rank", type=_node_rank, default=None, metavar="R|auto",
+                       help="per-node launch: this machine is the R-th distinct host of --hosts "
+                            "(auto: the one that is this machine); rank 0 supervises the run")
+    hosts.add_argument("--rdzv-port", type=_port, default=29400,
+                       help="per-node launch: port of the hub on node rank 0 (default 29400)")
+    hosts.add_argument("--run-id", default=None,
+                       help="run directory name, the same on every node (default: $SLURM_JOB_ID "
+                            "as slurm-<id> in per-node launch, else <time>-<name>)")
+    hosts.add_argument("--ssh-opt", action="append", default=None, metavar="OPTS",
+                       help="extra ssh arguments, e.g. --ssh-opt '-F ~/.ssh/cluster' (repeatable)")
+    hosts.add_argument("--remote-dir", default=None,
+                       help="working directory on the other hosts (default: this one's path)")
+    hosts.add_argument("--python", default=sys.executable,
+                       help="Python on every host (default: this one's path, %(default)s)")
+    hosts.add_argument("--env", action="append", default=None, metavar="NAME[=VALUE]",
+                       dest="forward_env",
+                       help="also give tasks on other hosts this variable (TF_*, KERAS_*, "
+                            "PYTHONPATH, ... are forwarded anyway)")
+    hosts.add_argument("--heartbeat-timeout", type=_positive_float, default=10.0,
+                       help="seconds of silence after which another host counts as lost "
+                            "(default 10)")
+    hosts.add_argument("--no-doctor", dest="doctor", action="store_false", default=True,
+                       help="skip the preflight checks before an SSH launch")
     tf = parser.add_argument_group("tensorflow")
     tf.add_argument("--strategy", choices=STRATEGIES, default="auto",
                     help="strategy tfrun.strategy() builds (default auto: from the topology)")
@@ -87,11 +140,14 @@ def _apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, s
             continue
         raw = environ[name]
         flag = action.option_strings[-1]
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, argparse._AppendAction):
+            parser.set_defaults(**{action.dest: [raw]})
+            continue
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             if raw.strip().lower() not in _TRUE | _FALSE:
                 raise ConfigError(f"{name} is not a boolean", expected="1/0, true/false, yes/no",
                                   fix=f"Set {name}=1 (same as {flag}) or unset it", received=repr(raw))
-            value = raw.strip().lower() in _TRUE
+            value = raw.strip().lower() in _TRUE  # the value of the dest (TFRUN_DOCTOR=0: no preflight)
         else:
             try:
                 value = action.type(raw) if action.type else raw
@@ -110,7 +166,8 @@ def _split_module(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[lis
     module's own flags would be taken for tfrun's). Stops at the first positional (a
     script), so a ``-m`` among a script's arguments is left alone."""
     takes_value = {s for a in parser._actions if a.option_strings and a.nargs is None
-                   and not isinstance(a, (argparse._StoreTrueAction, argparse._HelpAction))
+                   and not isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                                          argparse._HelpAction))
                    for s in a.option_strings}
     i = 0
     while i < len(argv):
@@ -123,7 +180,8 @@ def _split_module(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[lis
     return argv, []
 
 
-def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LaunchConfig:
+def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = None,
+                     *, script_required: bool = True) -> LaunchConfig:
     parser = build_launch_parser()
     _apply_env_defaults(parser, os.environ if environ is None else environ)
     own, module_args = _split_module(parser, list(argv))
@@ -134,11 +192,22 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
     elif args.target:
         entrypoint = ("script", args.target)
         script_args = list(args.args)
+    elif not script_required:
+        entrypoint, script_args = ("module", "tfrun"), []
     else:
         parser.print_usage()
         raise ConfigError("No script given", expected="a script path or -m module",
                           fix="Call e.g. 'tfrun --workers 2 train.py'", received=list(argv))
+    run_id = args.run_id
+    env = os.environ if environ is None else environ
+    if run_id is None and args.node_rank is not None and env.get("SLURM_JOB_ID"):
+        run_id = f"slurm-{env['SLURM_JOB_ID']}"  # every node of the allocation agrees on it
+    ssh_opts = [part for opt in (args.ssh_opt or []) for part in shlex.split(opt)]
     return LaunchConfig(
+        base_port=args.base_port, node_rank=args.node_rank, run_id=run_id,
+        rdzv_port=args.rdzv_port, ssh_opts=tuple(ssh_opts), remote_dir=args.remote_dir,
+        python=args.python, forward_env=tuple(args.forward_env or ()),
+        heartbeat_timeout=args.heartbeat_timeout, doctor=args.doctor,
         entrypoint=entrypoint, script_args=tuple(script_args), topology=_topology_from(args),
         hosts=tuple(args.hosts) if args.hosts else None, layout=args.layout,
         run_dir=args.run_dir, name=args.name, max_restarts=args.max_restarts,
@@ -154,3 +223,21 @@ def run_launch(argv: Sequence[str]) -> int:
     from . import launch
 
     return launch(config_from_args(argv))
+
+
+def run_doctor(argv: Sequence[str]) -> int:
+    """``tfrun doctor --hosts ... [topology flags] [script.py]``: the preflight, on its own."""
+    from ..errors import ConfigError as _ConfigError
+    from . import _plan
+    from .doctor import preflight
+    from .logs import ConsoleSink
+
+    config = config_from_args(argv, script_required=False)
+    if not config.hosts:
+        raise _ConfigError("tfrun doctor needs --hosts", expected="the hosts to check",
+                           fix="Pass e.g. tfrun doctor --hosts node-1,node-2 train.py",
+                           received=list(argv))
+    console = ConsoleSink(color=config.color)
+    preflight(config, _plan(config), console, check_script=config.entrypoint[0] == "script")
+    console.info("every host is ready")
+    return 0

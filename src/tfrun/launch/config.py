@@ -11,9 +11,10 @@ directly::
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Literal, Union
 
 from ..cluster import TaskId, Topology
 from ..errors import ConfigError
@@ -25,6 +26,7 @@ KERAS_FLAVOURS = ("3", "2")
 #: auto: tfrun runs ps/worker of a PS cluster as servers itself; script: every task runs the
 #: script, which picks its role from TF_CONFIG (the seed-001 platform convention).
 ROLE_MODES = ("auto", "script")
+_RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,17 @@ class LaunchConfig:
     keras: str = "3"
     devices: int | None = None          # split the CPU into N logical devices
     roles: str = "auto"
-    python: str = sys.executable
+    python: str = sys.executable        # also the Python on other hosts (same path)
+    # ---- several machines (SSH launch, per-node launch)
+    base_port: int = 2222               # deterministic ports for named hosts
+    node_rank: Union[int, str, None] = None  # per-node launch: this node's rank, or "auto"
+    run_id: str | None = None           # run dir name shared by every node
+    rdzv_port: int = 29400              # the per-node hub's port on node rank 0
+    ssh_opts: tuple[str, ...] = ()      # extra ssh arguments (before tfrun's own -o options)
+    remote_dir: str | None = None       # working directory on other hosts (default: cwd)
+    forward_env: tuple[str, ...] = ()   # --env NAME[=VALUE] for tasks on other hosts
+    heartbeat_timeout: float = 10.0     # silence after which a host counts as lost
+    doctor: bool = True                 # preflight checks before an SSH launch
 
     def __post_init__(self) -> None:
         kind, target = self.entrypoint
@@ -65,7 +77,7 @@ class LaunchConfig:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} is negative", expected="0 or more",
                                   fix=f"Pass e.g. {flag} 2", received=getattr(self, name))
-        for name in ("join_timeout", "stop_grace", "evaluator_grace"):
+        for name in ("join_timeout", "stop_grace", "evaluator_grace", "heartbeat_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive",
                                   expected="a number of seconds > 0",
@@ -82,6 +94,25 @@ class LaunchConfig:
         if self.roles not in ROLE_MODES:
             raise ConfigError(f"Unknown role mode {self.roles!r}", expected="auto or script",
                               fix="Pass --roles auto or --roles script", received=self.roles)
+        if self.node_rank is not None and self.node_rank != "auto" and not (
+                isinstance(self.node_rank, int) and not isinstance(self.node_rank, bool)
+                and self.node_rank >= 0):
+            raise ConfigError("--node-rank must be a rank (0, 1, ...) or 'auto'",
+                              expected="this machine's position among the distinct --hosts",
+                              fix="Pass e.g. --node-rank 0 on the first host, or --node-rank auto",
+                              received=repr(self.node_rank))
+        for name, low in (("base_port", 1), ("rdzv_port", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not low <= value <= 65534:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} is not a port", expected="a port number in 1..65534",
+                                  fix=f"Pass e.g. {flag} {2222 if name == 'base_port' else 29400}",
+                                  received=repr(value))
+        if self.run_id is not None and not _RUN_ID.fullmatch(self.run_id):
+            raise ConfigError(f"--run-id {self.run_id!r} is not a plain name",
+                              expected="letters, digits, '.', '_' or '-', not starting with '.' "
+                                       "(it names a directory under runs/)",
+                              fix="Pass e.g. --run-id job-42", received=repr(self.run_id))
         if self.devices is not None and self.devices < 1:
             raise ConfigError("--devices must be at least 1", expected="1, 2, ...",
                               fix="Pass e.g. --devices 2", received=self.devices)

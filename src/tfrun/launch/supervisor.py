@@ -5,9 +5,11 @@ It is the only place in tfrun that starts or kills processes. One run::
     start reaper -> start all tasks -> watch (exits -> FailurePolicy, join timeout,
     signals) -> [gang restart ->] teardown (ps stopped, evaluator grace) -> summary
 
-Guarantees: every task runs in its own process group registered with the reaper, so
-whatever way tfrun ends (success, failure, Ctrl-C, SIGTERM, even SIGKILL) no task
-process is left behind; held ports are released on exit.
+Tasks may run on this machine or on others: each task has a ``Backend`` (local
+processes, an SSH agent, a per-node agent) and the supervisor only uses the backend
+interface. Guarantees: whatever way tfrun ends (success, failure, Ctrl-C, SIGTERM, even
+SIGKILL), every backend makes its tasks' whole process trees die; held ports are
+released on exit.
 """
 
 from __future__ import annotations
@@ -15,23 +17,25 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..cluster import ClusterPlan, TaskId
-from .backends.base import Backend, TaskHandle
+from .backends.base import Backend, TaskHandle, TaskSpec
 from .config import LaunchConfig
 from .logs import ConsoleSink, TaskLogger, last_traceback
-from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState, exit_code_of
+from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
+from .rendezvous import JoinProbe
 
 __all__ = ["Supervisor", "TaskRecord", "RunResult", "JOIN_TIMEOUT_EXIT_CODE"]
 
 #: Exit code when the cluster never formed (the same as timeout(1)).
 JOIN_TIMEOUT_EXIT_CODE = 124
 _POLL_SECONDS = 0.1
+#: After SIGKILL, how long to wait for a (remote) backend to confirm the exit.
+_KILL_CONFIRM_SECONDS = 5.0
 
 
 @dataclass
@@ -49,6 +53,11 @@ class TaskRecord:
     task_restarts: int = 0   # restarts of this task alone
     joined: bool = False
     stopped_by_tfrun: bool = False
+    note: str | None = None  # why it ended when the code alone does not say
+
+    @property
+    def host(self) -> str | None:
+        return self.address.rsplit(":", 1)[0] if self.address else None
 
     @property
     def port(self) -> int | None:
@@ -66,6 +75,8 @@ class TaskRecord:
             "started_at": self.started_at, "ended_at": self.ended_at,
             "restarts": max(self.starts - 1, 0), "task_restarts": self.task_restarts,
             "pid": self.handle.pid if self.handle else None,
+            "host": self.handle.host if self.handle and self.handle.host else self.host,
+            "note": self.note,
             "log": str(self.logger.path),
         }
 
@@ -89,70 +100,18 @@ class _Outcome:
     message: str = ""
 
 
-class _Reaper:
-    """The watchdog process that kills registered groups if tfrun dies (see reaper.py)."""
-
-    def __init__(self, python: str, run_dir: Path) -> None:
-        env = {**os.environ, "TFRUN_REAPER_FOR": str(run_dir)}
-        self.process = subprocess.Popen([python, "-m", "tfrun.launch.reaper"], stdin=subprocess.PIPE,
-                                        start_new_session=True, text=True, env=env)
-
-    def _send(self, line: str) -> None:
-        try:
-            assert self.process.stdin is not None
-            self.process.stdin.write(line + "\n")
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass
-
-    def register(self, pgid: int) -> None:
-        self._send(f"+{pgid}")
-
-    def unregister(self, pgid: int) -> None:
-        self._send(f"-{pgid}")
-
-    def close(self) -> None:
-        self._send("done")
-        try:
-            assert self.process.stdin is not None
-            self.process.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def _listening_ports() -> set[int]:
-    """TCP ports in LISTEN state on this machine (Linux /proc, psutil elsewhere)."""
-    ports: set[int] = set()
-    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
-    if all(t.exists() for t in tables):
-        for table in tables:
-            for line in table.read_text().splitlines()[1:]:
-                fields = line.split()
-                if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-        return ports
-    import psutil  # pragma: no cover - non-Linux
-
-    return {c.laddr.port for c in psutil.net_connections(kind="tcp")  # pragma: no cover
-            if c.status == psutil.CONN_LISTEN}
-
-
 class Supervisor:
-    def __init__(self, config: LaunchConfig, plan: ClusterPlan, run_dir: Path, backend: Backend,
-                 console: ConsoleSink, task_env: Callable[[TaskId, int], dict[str, str]],
-                 argv: list[str]) -> None:
+    def __init__(self, config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
+                 backends: Mapping[TaskId, Backend], console: ConsoleSink,
+                 make_spec: Callable[[TaskId, int], TaskSpec]) -> None:
+        """``backends`` runs each task (every task of ``plan`` has one); ``make_spec(task,
+        restart_count)`` says what to start."""
         self.config = config
         self.plan = plan
         self.run_dir = run_dir
-        self.backend = backend
+        self.backends = dict(backends)
         self.console = console
-        self.task_env = task_env
-        self.argv = argv
+        self.make_spec = make_spec
         self.policy = FailurePolicy(max_restarts=config.max_restarts,
                                     max_task_restarts=config.max_worker_restarts)
         ps_cluster = bool(plan.cluster.ps)
@@ -166,8 +125,18 @@ class Supervisor:
         self.restarts = 0
         self._signal: int | None = None
         self._events = run_dir / "events.jsonl"
-        self._reaper: _Reaper | None = None
+        self._probe: JoinProbe | None = None
         self._start_time = time.time()
+
+    def _backend(self, record: TaskRecord) -> Backend:
+        return self.backends[record.task]
+
+    def _distinct_backends(self) -> list[Backend]:
+        out: list[Backend] = []
+        for backend in self.backends.values():
+            if all(backend is not b for b in out):
+                out.append(backend)
+        return out
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -187,23 +156,33 @@ class Supervisor:
         if self._signal is not None:
             # Second Ctrl-C: stop waiting politely.
             for record in self.records:
-                if record.handle is not None:
-                    self.backend.signal(record.handle, signal.SIGKILL)
+                if record.handle is not None and record.state == TaskState.RUNNING:
+                    self._backend(record).signal(record.handle, signal.SIGKILL)
         self._signal = signum
 
     # ------------------------------------------------------------------ lifecycle
 
     def run(self) -> RunResult:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        self._reaper = _Reaper(self.config.python, self.run_dir)
+        opened: list[Backend] = []
+        result: RunResult | None = None
         try:
-            return self._run()
+            for backend in self._distinct_backends():
+                backend.open(self.run_dir)
+                opened.append(backend)
+            result = self._run()
+            return result
         finally:
             # Whatever happened (even an exception in tfrun itself): nothing survives.
             self._stop(self.records, grace=self.config.stop_grace)
+            if self._probe is not None:
+                self._probe.stop()
+            outcome = (1, "the launcher failed") if result is None else \
+                (result.exit_code, describe_outcome(result))
+            for backend in opened:
+                backend.close(*outcome)
             for record in self.records:
                 record.logger.join()
-            self._reaper.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
@@ -247,16 +226,15 @@ class Supervisor:
             self._start(record, restart_count=self.restarts)
 
     def _start(self, record: TaskRecord, *, restart_count: int) -> None:
-        env = self.task_env(record.task, restart_count)
-        handle, stream = self.backend.start(self.argv, env)
-        assert self._reaper is not None
-        self._reaper.register(handle.pgid)
+        spec = self.make_spec(record.task, restart_count)
+        handle, stream = self._backend(record).start(spec)
         record.handle = handle
         record.exit_code, record.ended_at, record.joined = None, None, False
-        record.stopped_by_tfrun = False
+        record.stopped_by_tfrun, record.note = False, None
         record.started_at = time.time()
         record.starts += 1
-        self._transition(record, TaskState.RUNNING, pid=handle.pid, restart=restart_count)
+        self._transition(record, TaskState.RUNNING, pid=handle.pid, host=handle.host,
+                         restart=restart_count)
         record.logger.pump(stream)
 
     def _needs_join(self) -> bool:
@@ -265,6 +243,10 @@ class Supervisor:
     def _watch(self) -> _Outcome:
         started = time.monotonic()
         joined = not self._needs_join()
+        if self._probe is not None:
+            self._probe.stop()
+        self._probe = None if joined else JoinProbe(
+            {r.task: r.address for r in self.records if r.address is not None})
         while True:
             if self._signal is not None:
                 return _Outcome("signal")
@@ -272,10 +254,10 @@ class Supervisor:
                 if record.state != TaskState.RUNNING:
                     continue
                 assert record.handle is not None
-                returncode = self.backend.poll(record.handle)
-                if returncode is None:
+                code = self._backend(record).poll(record.handle)
+                if code is None:
                     continue
-                decision = self._on_exit(record, exit_code_of(returncode))
+                decision = self._on_exit(record, code)
                 if decision is Decision.FAIL:
                     return _Outcome("fail", record)
                 if decision is Decision.RESTART:
@@ -302,26 +284,29 @@ class Supervisor:
         # An exit never counts as joining: a task that exits 0 before its server came up
         # leaves the others waiting for it forever (the join timeout catches that).
         record.exit_code, record.ended_at = code, time.time()
+        record.note = record.handle.note if record.handle is not None else None
         self._transition(record, TaskState.SUCCEEDED if code == 0 else TaskState.FAILED,
-                         exit_code=code)
+                         exit_code=code, **({"note": record.note} if record.note else {}))
         if record.handle is not None:
             # The main process is gone; make sure nothing it started lingers.
-            self.backend.signal(record.handle, signal.SIGKILL)
-            assert self._reaper is not None
-            self._reaper.unregister(record.handle.pgid)
+            self._backend(record).release(record.handle)
         decision = self.policy.decide(TaskExit(role=record.task.role, exit_code=code,
                                                tracked=record.tracked, restarts=self.restarts,
                                                task_restarts=record.task_restarts))
         self._event("decision", task=str(record.task), exit_code=code, decision=decision.value)
+        if record.note:
+            self.console.info(f"{record.task} ({record.handle.where if record.handle else '?'}): "
+                              f"{record.note}")
         if decision is Decision.IGNORE and code != 0:
             self.console.info(f"{record.task} exited with code {code}; training goes on "
                               f"(an {record.task.role} failure does not stop training)")
         return decision
 
     def _check_joined(self, started: float) -> bool:
-        listening = _listening_ports()
+        assert self._probe is not None
+        joined = self._probe.joined()
         for record in self.records:
-            if record.port is not None and record.port in listening:
+            if record.task in joined:
                 record.joined = True
         waiting = [r for r in self.records if r.address is not None and not r.joined]
         if not waiting:
@@ -340,6 +325,8 @@ class Supervisor:
         if exited:
             parts.append("; already exited: " + ", ".join(
                 f"{r.task} (code {r.exit_code})" for r in exited))
+        for backend in self._distinct_backends():
+            parts.extend(f"; {problem}" for problem in backend.problems())
         parts.append(". A task that exits early or never creates its strategy/server leaves the "
                      "others waiting; check its log, or raise --join-timeout if start-up is slow")
         self._event("join-timeout", waiting=[str(r.task) for r in waiting])
@@ -347,8 +334,8 @@ class Supervisor:
 
     def _finish_untracked(self) -> None:
         """Training is done: stop ps now, give the evaluator its grace period."""
-        (self.run_dir / ".tfrun").mkdir(exist_ok=True)
-        (self.run_dir / ".tfrun" / "training_done").write_text(str(time.time()))
+        for backend in self._distinct_backends():
+            backend.mark_training_done()
         self._event("training-done")
         self._stop([r for r in self.records if r.state == TaskState.RUNNING
                     and r.task.role != "evaluator"], grace=self.config.stop_grace)
@@ -361,38 +348,45 @@ class Supervisor:
                 for record in evaluators:
                     if record.state == TaskState.RUNNING:
                         assert record.handle is not None
-                        returncode = self.backend.poll(record.handle)
-                        if returncode is not None:
-                            self._on_exit(record, exit_code_of(returncode))
+                        code = self._backend(record).poll(record.handle)
+                        if code is not None:
+                            self._on_exit(record, code)
                 if all(r.state != TaskState.RUNNING for r in evaluators):
                     break
                 time.sleep(_POLL_SECONDS)
             self._stop(evaluators, grace=self.config.stop_grace)
 
     def _stop(self, records: list[TaskRecord], *, grace: float) -> None:
-        """SIGTERM each running group, wait up to ``grace``, SIGKILL what is left; reap all.
+        """SIGTERM each running task's tree, wait up to ``grace``, SIGKILL what is left;
+        then release all (nothing of them may remain, on any host).
 
-        Only tasks still RUNNING are signalled: a finished task's group was killed when it
-        exited, and signalling a stale pgid later could hit a reused process group.
+        Only tasks still RUNNING are signalled: a finished task was released when it
+        exited, and signalling it later could hit a reused process group.
         """
         live = [r for r in records if r.handle is not None and r.state == TaskState.RUNNING]
+        codes: dict[int, int | None] = {}
+
+        def poll_all() -> bool:
+            for record in live:
+                if codes.get(id(record)) is None:
+                    codes[id(record)] = self._backend(record).poll(record.handle)  # type: ignore[arg-type]
+            return all(codes.get(id(r)) is not None for r in live)
+
         for record in live:
-            assert record.handle is not None
-            self.backend.signal(record.handle, signal.SIGTERM)
+            self._backend(record).signal(record.handle, signal.SIGTERM)  # type: ignore[arg-type]
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if all(self.backend.poll(r.handle) is not None for r in live if r.handle):
-                break
+        while time.monotonic() < deadline and not poll_all():
+            time.sleep(0.05)
+        for record in live:
+            if codes.get(id(record)) is None:
+                self._backend(record).signal(record.handle, signal.SIGKILL)  # type: ignore[arg-type]
+        deadline = time.monotonic() + _KILL_CONFIRM_SECONDS
+        while time.monotonic() < deadline and not poll_all():
             time.sleep(0.05)
         for record in live:
             assert record.handle is not None
-            # SIGKILL the group even if the leader exited: its children may not have.
-            self.backend.signal(record.handle, signal.SIGKILL)
-            self.backend.reap(record.handle)
-            if self._reaper is not None:
-                self._reaper.unregister(record.handle.pgid)
-            returncode = self.backend.poll(record.handle)
-            record.exit_code = exit_code_of(returncode) if returncode is not None else None
+            self._backend(record).release(record.handle)
+            record.exit_code = codes.get(id(record))
             record.ended_at = time.time()
             record.stopped_by_tfrun = True
             self._transition(record, TaskState.STOPPED, exit_code=record.exit_code)
@@ -433,6 +427,18 @@ class Supervisor:
         return path
 
 
+def describe_outcome(result: RunResult) -> str:
+    """One line: how the run ended (told to per-node agents, which print it)."""
+    if result.status == "succeeded":
+        return "run succeeded"
+    root = result.root_cause
+    if result.status == "failed" and root is not None:
+        where = f" on {root.handle.host}" if root.handle is not None and root.handle.host else ""
+        return f"run failed: {root.task}{where} exited with {_describe_code(root.exit_code)}" + \
+            (f" ({root.note})" if root.note else "") + " (root cause)"
+    return f"run {result.status}: {result.message}"
+
+
 def describe_result(result: RunResult, started: float) -> str:
     """The console summary: root cause first, then its traceback, then every task."""
     seconds = time.time() - started
@@ -443,8 +449,11 @@ def describe_result(result: RunResult, started: float) -> str:
     else:
         root = result.root_cause
         if result.status == "failed" and root is not None:
-            lines.append(f"FAILED: {root.task} exited with "
+            where = f" on {root.handle.host}" if root.handle is not None and root.handle.host else ""
+            lines.append(f"FAILED: {root.task}{where} exited with "
                          f"{_describe_code(root.exit_code)} (root cause)")
+            if root.note:
+                lines.append(f"  {root.note}")
         elif result.status == "join-timeout":
             lines.append(f"FAILED: {result.message}")
         else:
@@ -457,6 +466,8 @@ def describe_result(result: RunResult, started: float) -> str:
     lines.append("tasks:")
     for record in result.tasks:
         note = " (stopped by tfrun)" if record.stopped_by_tfrun else ""
+        if record.note:
+            note += f" ({record.note})"
         code = "" if record.exit_code is None else f" {_describe_code(record.exit_code)}"
         lines.append(f"  {str(record.task):<12} {record.state.value:<9}{code}{note}")
     if result.summary_path:

@@ -1,70 +1,179 @@
-"""Local backend: every task is a child process of tfrun on this machine.
+"""Local backend: every task is a child process on this machine.
 
-Each task is started in its own session (so its own process group, ``pgid == pid``);
-stopping a task signals the whole group, which reaches anything the task started too.
-Output (stdout and stderr merged, so their order is kept) is read by a pump thread.
+Each task is started in its own session (so its own process group); stopping a task
+signals the whole group, which reaches anything the task started too. A small reaper
+process (``tfrun.launch.reaper``) holds the list of live groups and SIGKILLs them if the
+process that owns this backend dies without closing it (SIGKILL, crash). Output
+(stdout and stderr merged, so their order is kept) is returned as a pipe.
+
+The same backend runs a node's tasks inside a remote agent (``tfrun.launch.agent``);
+there it also holds each task's ports (``hold_ports=True``) until the task exits, as the
+launcher does for local runs before it plans the cluster.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
-from dataclasses import dataclass
-from typing import IO, Mapping, Sequence
+import sys
+import time
+from pathlib import Path
+from typing import IO
 
-from .base import Backend, TaskHandle
+from ...errors import ConfigError
+from ..ports import hold_port
+from .base import CONTROLLED_ENV, Backend, TaskHandle, TaskSpec
 
-__all__ = ["LocalBackend", "LocalHandle"]
+__all__ = ["LocalBackend", "training_done_marker"]
 
 
-@dataclass
-class LocalHandle(TaskHandle):
-    process: subprocess.Popen
+def training_done_marker(run_dir: str | Path) -> Path:
+    """The file whose existence ``tfrun.training_done()`` reports."""
+    return Path(run_dir, ".tfrun", "training_done")
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
 
-    @property
-    def pgid(self) -> int:
-        return self.process.pid  # start_new_session: the task leads its own group
+class _Reaper:
+    """The watchdog process that kills registered groups if its owner dies (see reaper.py)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        env = {**os.environ, "TFRUN_REAPER_FOR": str(run_dir)}
+        self.process = subprocess.Popen([sys.executable, "-m", "tfrun.launch.reaper"],
+                                        stdin=subprocess.PIPE, start_new_session=True, text=True,
+                                        env=env)
+
+    def _send(self, line: str) -> None:
+        try:
+            self.process.stdin.write(line + "\n")  # type: ignore[union-attr]
+            self.process.stdin.flush()  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError, ValueError, AttributeError):
+            pass
+
+    def register(self, pgid: int) -> None:
+        self._send(f"+{pgid}")
+
+    def unregister(self, pgid: int) -> None:
+        self._send(f"-{pgid}")
+
+    def close(self) -> None:
+        self._send("done")
+        try:
+            self.process.stdin.close()  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 class LocalBackend(Backend):
     name = "local"
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None
-              ) -> tuple[LocalHandle, IO[bytes]]:
-        process = subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        assert process.stdout is not None  # internal invariant: we asked for a pipe
-        return LocalHandle(process=process), process.stdout
+    def __init__(self, *, hold_ports: bool = False) -> None:
+        self.hold_ports = hold_ports
+        self._processes: dict[int, subprocess.Popen] = {}   # id(handle) -> process
+        self._held: dict[int, list[socket.socket]] = {}
+        self._reaper: _Reaper | None = None
+        self._run_dirs: set[str] = set()
+
+    def open(self, run_dir: Path) -> None:
+        self._reaper = _Reaper(run_dir)
+
+    def close(self, exit_code: int = 1, message: str = "") -> None:
+        for key, process in list(self._processes.items()):
+            if process.poll() is None:
+                self._killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        for key in list(self._held):
+            self._release_ports(key)
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
+
+    def start(self, spec: TaskSpec) -> tuple[TaskHandle, IO[bytes]]:
+        env = {k: v for k, v in os.environ.items() if k not in CONTROLLED_ENV}
+        env.update(spec.env)
+        # The bootstrap dies with its parent (PR_SET_PDEATHSIG): that parent is us.
+        env["TFRUN_SUPERVISOR_PID"] = str(os.getpid())
+        handle = TaskHandle(task=spec.task, host=spec.host)
+        if self.hold_ports:
+            self._hold(id(handle), spec)
+        if spec.run_dir:
+            Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+            self._run_dirs.add(spec.run_dir)
+        try:
+            process = subprocess.Popen(list(spec.argv), env=env, cwd=spec.cwd,
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            self._release_ports(id(handle))
+            raise ConfigError(f"Could not start {spec.task}: {exc.strerror}",
+                              expected="an executable Python and an existing working directory",
+                              fix="Check --python and the working directory",
+                              received=f"{spec.argv[0]} in {spec.cwd or os.getcwd()}") from None
+        if self._reaper is not None:
+            self._reaper.register(process.pid)  # start_new_session: pgid == pid
+        handle.pid = process.pid
+        self._processes[id(handle)] = process
+        return handle, process.stdout  # type: ignore[return-value]
+
+    def _hold(self, key: int, spec: TaskSpec) -> None:
+        held: list[socket.socket] = []
+        try:
+            for port in spec.ports:
+                held.append(hold_port(port))
+        except OSError as exc:
+            for sock in held:
+                sock.close()
+            raise ConfigError(f"Port {port} for {spec.task} is not free on "
+                              f"{spec.host or socket.gethostname()} ({exc.strerror})",
+                              expected="a free port on every host",
+                              fix="Stop what uses it, or pick another --base-port",
+                              received=f"{spec.host}:{port}") from None
+        self._held[key] = held
+
+    def _release_ports(self, key: int) -> None:
+        for sock in self._held.pop(key, []):
+            sock.close()
 
     def poll(self, handle: TaskHandle) -> int | None:
-        assert isinstance(handle, LocalHandle)
-        return handle.process.poll()
+        process = self._processes.get(id(handle))
+        if process is None:
+            return None
+        code = process.poll()
+        if code is None:
+            return None
+        return 128 - code if code < 0 else code
 
     def signal(self, handle: TaskHandle, sig: int) -> None:
-        assert isinstance(handle, LocalHandle)
+        process = self._processes.get(id(handle))
+        if process is not None:
+            self._killpg(process.pid, sig)
+
+    @staticmethod
+    def _killpg(pgid: int, sig: int) -> None:
         try:
-            os.killpg(handle.pgid, sig)
+            os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
-    def group_alive(self, handle: TaskHandle) -> bool:
-        """True while any process of the task's group exists (the task or its children)."""
-        try:
-            os.killpg(handle.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+    def release(self, handle: TaskHandle) -> None:
+        """SIGKILL what is left of the group (the leader's children too), reap, forget."""
+        process = self._processes.pop(id(handle), None)
+        self._release_ports(id(handle))
+        if process is None:
+            return
+        self._killpg(process.pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.wait()
+        if self._reaper is not None:
+            self._reaper.unregister(process.pid)
 
-    def reap(self, handle: TaskHandle) -> None:
-        assert isinstance(handle, LocalHandle)
-        if handle.process.poll() is None:
-            self.signal(handle, signal.SIGKILL)
-            handle.process.wait()
+    def mark_training_done(self) -> None:
+        for run_dir in self._run_dirs:
+            marker = training_done_marker(run_dir)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(str(time.time()))

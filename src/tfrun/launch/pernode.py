@@ -1,0 +1,150 @@
+"""Per-node launch: one tfrun per machine, started by a scheduler, cloud or by hand.
+
+``tfrun --hosts node-1,node-2 --node-rank R train.py`` on every machine. Each node
+computes the same cluster from the same flags (ports are deterministic from
+``--base-port``). Rank 0 is the hub: it supervises every task of the cluster (the
+failure policy, gang restarts, join timeout, teardown and summary all live there, as
+in a local run) and listens on ``--rdzv-port`` for the other nodes. Every other node
+connects to it and runs its own tasks as the hub says (``agent.NodeAgent``), holding
+their ports until TensorFlow binds them, and exits with the run's exit code.
+
+Bounds (documented in the README): a task that dies on any node is seen by the hub
+within ~0.2 s; every node then stops its tasks within ``--stop-grace`` and exits. A node
+that disappears is noticed after ``--heartbeat-timeout`` (default 10 s). A node that
+never starts is a join timeout on the hub naming it; a hub that never starts is a join
+timeout on the other nodes naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import time
+from pathlib import Path
+
+from .. import __version__
+from ..cluster import ClusterPlan, TaskId
+from ..errors import ConfigError
+from .agent import NodeAgent
+from .backends.base import TaskSpec
+from .backends.hub import HubBackend
+from .backends.local import LocalBackend
+from .config import LaunchConfig
+from .logs import ConsoleSink
+from .protocol import Channel, ProtocolError
+from .rendezvous import distinct_hosts
+from .specs import spec_factory, task_hosts
+from .supervisor import JOIN_TIMEOUT_EXIT_CODE
+
+__all__ = ["cluster_digest", "make_hub", "run_node_agent"]
+
+
+def cluster_digest(config: LaunchConfig, plan: ClusterPlan) -> str:
+    """What every node must agree on: the cluster, the program and how it runs."""
+    data = {
+        "tf_configs": {str(t): plan.task_config(t).to_dict() for t in plan.tasks},
+        "entrypoint": list(config.entrypoint), "script_args": list(config.script_args),
+        "keras": config.keras, "strategy": config.strategy, "roles": config.roles,
+        "devices": config.devices, "run_id": config.run_id, "tfrun": __version__,
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def make_hub(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
+             console: ConsoleSink) -> HubBackend:
+    nodes = distinct_hosts(config.hosts or ())
+    digest = cluster_digest(config, plan)
+
+    def check_hello(hello: dict) -> str | None:
+        if hello.get("version") != __version__:
+            return (f"tfrun {hello.get('version')} on that node, {__version__} on the hub: "
+                    "install the same tfrun everywhere")
+        if hello.get("digest") != digest:
+            return ("it computed a different cluster or program (other --hosts, topology, "
+                    "script, arguments, --run-id, --keras/--strategy/--roles/--devices): "
+                    "start every node with the same flags but --node-rank")
+        return None
+
+    return HubBackend(nodes, listen=(_listen_address(nodes[0]), config.rdzv_port),
+                      check_hello=check_hello, welcome={"run_name": run_dir.name},
+                      heartbeat_timeout=config.heartbeat_timeout, console=console)
+
+
+def _listen_address(host: str) -> str:
+    """The hub listens on its own cluster address only (never a wildcard)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise ConfigError(f"Host {host!r} (node rank 0) does not resolve ({exc.strerror})",
+                          expected="a host name or address every node can resolve",
+                          fix="Fix the first --hosts entry", received=host) from None
+    ipv4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
+    return ipv4[0] if ipv4 else infos[0][4][0]
+
+
+def _connect(host: str, port: int, deadline: float) -> socket.socket | None:
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=5)
+        except OSError:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+
+
+def run_node_agent(config: LaunchConfig, plan: ClusterPlan, rank: int,
+                   console: ConsoleSink) -> int:
+    """A non-hub node: join the hub, run this node's tasks as it says, exit with the run's code."""
+    nodes = distinct_hosts(config.hosts or ())
+    hub = (nodes[0], config.rdzv_port)
+    mine = [t for t, h in task_hosts(plan).items() if h == nodes[rank]]
+    console.info(f"node rank {rank} of {len(nodes)} ({nodes[rank]}): tasks "
+                 f"{', '.join(map(str, mine)) or 'none'}; joining the hub at {hub[0]}:{hub[1]}")
+    deadline = time.monotonic() + config.join_timeout
+    sock = _connect(*hub, deadline)
+    if sock is None:
+        console.info(f"FAILED: the hub (node rank 0, {hub[0]}:{hub[1]}) never answered within "
+                     f"--join-timeout {config.join_timeout:g}s. Start tfrun with --node-rank 0 "
+                     f"on {nodes[0]}, with the same --rdzv-port")
+        return JOIN_TIMEOUT_EXIT_CODE
+    channel = Channel.from_socket(sock)
+    channel.send("hello", rank=rank, host=nodes[rank], digest=cluster_digest(config, plan),
+                 version=__version__)
+    try:
+        sock.settimeout(config.join_timeout)
+        reply = channel.receive()
+        sock.settimeout(None)
+    except (ProtocolError, OSError):
+        reply = None
+    if reply is None or reply.get("t") not in ("welcome", "reject"):
+        channel.close()
+        console.info(f"FAILED: {hub[0]}:{hub[1]} is not a tfrun hub (no welcome)")
+        return 1
+    if reply["t"] == "reject":
+        channel.close()
+        console.info(f"FAILED: the hub refused this node: {reply.get('reason')}")
+        return ConfigError.exit_code
+    run_dir = Path(config.run_dir) if config.run_dir else \
+        Path(config.runs_root) / str(reply.get("run_name") or f"node-{rank}")
+    run_dir = run_dir.resolve()
+    console.info(f"joined; run dir {run_dir}")
+    make_spec = spec_factory(config, plan, run_dir, with_tf_config=len(plan.tasks) > 1,
+                             remote=True)
+
+    def spec_for(message: dict) -> TaskSpec:
+        role, _, index = str(message.get("task")).partition(":")
+        task = TaskId(role, int(index)) if index.isdigit() else None
+        if task not in mine:
+            raise ConfigError(f"The hub asked node {rank} to start {message.get('task')!r}, "
+                              "which is not one of its tasks",
+                              expected=", ".join(map(str, mine)),
+                              fix="Start every node with the same flags", received=message)
+        return make_spec(task, int(message.get("restart", 0)))  # type: ignore[arg-type]
+
+    agent = NodeAgent(channel, LocalBackend(hold_ports=True), spec_for, run_dir=run_dir,
+                      heartbeat_timeout=config.heartbeat_timeout, stop_grace=config.stop_grace,
+                      console=console)
+    code, message = agent.serve()
+    console.info(message or f"run ended with exit code {code}")
+    return code

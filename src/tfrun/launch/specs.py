@@ -1,0 +1,103 @@
+"""What each task runs: argv, environment and placement, for every launch mode.
+
+The environment is the launcher <-> script contract: TF_CONFIG plus ``TFRUN_*``
+variables (``TFRUN_RUN_DIR``, ``TFRUN_TASK_TYPE``, ``TFRUN_TASK_INDEX``,
+``TFRUN_RESTART_COUNT``, ...). A task starts from its own host's environment; for
+tasks on other hosts tfrun also forwards the launcher's variables that shape training
+(``FORWARDED_PREFIXES``, plus ``--env NAME[=VALUE]``), never the rest (paths, secrets).
+
+    >>> sorted(forwarded_env({"TF_CPP_MIN_LOG_LEVEL": "2", "HOME": "/root", "TF_CONFIG": "x"}, ()))
+    ['TF_CPP_MIN_LOG_LEVEL']
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from ..cluster import ClusterPlan, TaskId, parse_address
+from .backends.base import CONTROLLED_ENV, TaskSpec
+from .config import LaunchConfig
+from .ports import TF_REUSE_PORT_ENV
+
+__all__ = ["FORWARDED_PREFIXES", "forwarded_env", "task_argv", "spec_factory", "task_hosts"]
+
+#: Launcher variables every remote task gets too (prefix match).
+FORWARDED_PREFIXES = ("TF_", "TFRUN_", "KERAS_", "XLA_", "NCCL_", "OMP_", "MKL_",
+                      "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_VISIBLE_DEVICES")
+#: ... except these, which describe the launcher itself.
+_NOT_FORWARDED = set(CONTROLLED_ENV) | {"TFRUN_RUN_DIR", "TFRUN_REAPER_FOR"}
+
+
+def forwarded_env(environ: Mapping[str, str], extra: Sequence[str]) -> dict[str, str]:
+    """The launcher variables a remote task gets: FORWARDED_PREFIXES plus ``--env`` entries
+    (``NAME`` copies the launcher's value, ``NAME=VALUE`` sets one)."""
+    out = {k: v for k, v in environ.items()
+           if k.startswith(FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
+    for entry in extra:
+        name, sep, value = entry.partition("=")
+        if sep:
+            out[name] = value
+        elif name in environ:
+            out[name] = environ[name]
+    return out
+
+
+def task_argv(config: LaunchConfig) -> tuple[str, ...]:
+    kind, target = config.entrypoint
+    argv = [config.python, "-m", "tfrun.bootstrap"]
+    argv += ["-m", target] if kind == "module" else [target]
+    return tuple(argv + list(config.script_args))
+
+
+def task_hosts(plan: ClusterPlan) -> dict[TaskId, str]:
+    """The host every task runs on: its cluster address's host; the evaluator (which has
+    no address) runs on the first task's host."""
+    addresses = plan.cluster.addresses()
+    hosts = {t: parse_address(a)[0] for t, a in addresses.items()}
+    first = hosts[plan.cluster.tasks()[0]]
+    return {t: hosts.get(t, first) for t in plan.tasks}
+
+
+def spec_factory(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, *, with_tf_config: bool,
+                 remote: bool, environ: Mapping[str, str] | None = None
+                 ) -> Callable[[TaskId, int], TaskSpec]:
+    """``make_spec(task, restart_count) -> TaskSpec`` for the supervisor (or a node agent).
+
+    ``remote``: the task runs on a host named in the plan (SSH, per-node): the spec says
+    which host, which port to hold there, the working directory, and carries the
+    forwarded variables. Local tasks inherit this process's whole environment instead.
+    """
+    environ = os.environ if environ is None else environ
+    base = dict(TF_REUSE_PORT_ENV)
+    if remote:
+        base.update(forwarded_env(environ, config.forward_env))
+    base.update({
+        "PYTHONUNBUFFERED": "1",
+        "TFRUN_RUN_DIR": str(run_dir),
+        "TFRUN_STRATEGY": config.strategy,
+        "TFRUN_KERAS": config.keras,
+        "TFRUN_ROLES": config.roles,
+    })
+    if config.devices:
+        base["TFRUN_DEVICES"] = str(config.devices)
+    if config.keras == "2":
+        base["TF_USE_LEGACY_KERAS"] = "1"
+    argv = task_argv(config)
+    addresses = plan.cluster.addresses()
+    hosts = task_hosts(plan) if remote else {}
+    cwd = (config.remote_dir or os.getcwd()) if remote else None
+
+    def make_spec(task: TaskId, restarts: int) -> TaskSpec:
+        env = dict(base)
+        env.update({"TFRUN_TASK_TYPE": task.role, "TFRUN_TASK_INDEX": str(task.index),
+                    "TFRUN_RESTART_COUNT": str(restarts)})
+        if with_tf_config:
+            env["TF_CONFIG"] = plan.task_config(task).to_json()
+        port = parse_address(addresses[task])[1] if task in addresses else None
+        return TaskSpec(task=task, argv=argv, env=env, host=hosts.get(task), cwd=cwd,
+                        ports=(port,) if remote and port is not None else (),
+                        run_dir=str(run_dir))
+
+    return make_spec
