@@ -130,3 +130,29 @@ def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
     if (run.run_dir / "config.json").exists():
         busy = [p for p in run.ports() if listening(p) or not port_is_free(p)]
         assert not busy, f"ports still held or listening: {busy}"
+
+
+# --------------------------------------------------------------------------- fake hosts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "multihost"))
+
+
+@pytest.fixture(scope="session")
+def fake_hosts(tmp_path_factory):
+    """Three fake hosts node-1..node-3 (network namespaces + sshd), shared by the session.
+
+    Skips with the reason where they cannot be made (not root, no sshd); CI runs as root
+    and installs openssh-server, so there they always run.
+    """
+    import fake_hosts as fh
+
+    reason = fh.available()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the multi-host tests, but: {reason}")
+        pytest.skip(reason)
+    hosts = fh.FakeHosts(3, tmp_path_factory.mktemp("fake-hosts")).up()
+    try:
+        yield hosts
+    finally:
+        hosts.down()

@@ -215,4 +215,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    sys.stderr.flush()
+    # Not sys.exit: the reader thread may still be blocked reading stdin, and CPython
+    # aborts at shutdown when a daemon thread holds stdin's lock. Everything is cleaned up.
+    os._exit(exit_code)

@@ -1,0 +1,356 @@
+"""Tier 5: several machines on one machine. Fake hosts (network namespaces, each with its
+own IP, port space, hostname and sshd), real ssh, real TensorFlow.
+
+SSH launch runs tfrun on one fake host and starts tasks on the others over ssh;
+per-node launch runs one tfrun on each host. Every test ends by checking that no tfrun
+process (launcher, agent, reaper, task) is left on any host.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+pytestmark = [pytest.mark.multihost]
+EXACTNESS = str(ROOT / "tests" / "scripts" / "exactness.py")
+PS_FIT = str(ROOT / "tests" / "scripts" / "ps_fit.py")
+RESUME = str(ROOT / "tests" / "scripts" / "resume.py")
+MAIN_JOB = str(ROOT / "examples" / "mnist_mlp.py")
+FAKE = str(ROOT / "tests" / "fake_task.py")
+TOL = 1e-5
+
+
+def env() -> dict:
+    out = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
+    out["TF_CPP_MIN_LOG_LEVEL"] = "2"  # a TF_* variable: forwarded to every host's tasks
+    return out
+
+
+class HostRun:
+    """``tfrun ARGS`` started on fake host ``i`` (in its namespaces), cwd = the repo."""
+
+    def __init__(self, hosts, i: int, args: list[str]) -> None:
+        self.hosts, self.i = hosts, i
+        sub = args[:1] if args[:1] == ["doctor"] else []  # a subcommand comes first
+        cmd = [sys.executable, "-m", "tfrun", *sub, "--color", "never", *args[len(sub):]]
+        self.proc = hosts.popen(i, cmd, cwd=str(ROOT), env=env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        import threading
+
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"tfrun on node-{self.i} did not finish in {timeout}s:\n"
+                                 f"{self.stdout[-4000:]}")
+        self._reader.join(10)
+        return code
+
+    def wait_for(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.stdout:
+            assert self.proc.poll() is None, f"tfrun ended early:\n{self.stdout[-4000:]}"
+            assert time.monotonic() < deadline, f"{text!r} never appeared:\n{self.stdout[-4000:]}"
+            time.sleep(0.1)
+
+
+def ssh_flags(hosts) -> list[str]:
+    return ["--ssh-opt", f"-F {hosts.ssh_config}"]
+
+
+def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = hosts.tfrun_processes()
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            described = [(p.pid, " ".join(p.cmdline())[:120]) for p in left]
+            for p in left:
+                p.kill()
+            raise AssertionError(f"tfrun processes left on the fake hosts: {described}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Single-process training on the same global batches (no cluster, no strategy)."""
+    out = tmp_path_factory.mktemp("ref") / "ref"
+    done = subprocess.run([sys.executable, "-m", "tfrun.bootstrap", EXACTNESS, "reference",
+                           str(out)], env=env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return dict(np.load(f"{out}-worker-0.npz"))
+
+
+def assert_exact(out_prefix: Path, ref: dict) -> None:
+    files = sorted(out_prefix.parent.glob(out_prefix.name + "-worker-*.npz"))
+    assert len(files) == 2, files
+    results = [dict(np.load(f)) for f in files]
+    for got in results:
+        assert str(got["strategy"]) == "CollectiveAllReduceStrategy"
+        assert int(got["num_replicas"]) == 2
+        assert str(got["keras_version"]).startswith("3.")
+        for i in range(4):
+            np.testing.assert_allclose(got[f"spe1_w{i}"], ref[f"spe1_w{i}"], atol=TOL)
+        np.testing.assert_allclose(got["spe1_eval"], ref["spe1_eval"], atol=TOL)
+    for key in ("spe1_w0", "spe1_w2", "bn_moving_mean"):
+        np.testing.assert_array_equal(results[0][key], results[1][key])
+
+
+# --------------------------------------------------------------------------- SSH launch
+
+
+@pytest.mark.tf
+def test_ssh_launch_mwms_on_two_hosts_same_port_is_exact(fake_hosts, reference, tmp_path):
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--hosts", "node-1,node-2", EXACTNESS, "distributed",
+                                  str(tmp_path / "out")])
+    assert run.wait() == 0, run.stdout[-4000:]
+    assert_exact(tmp_path / "out", reference)
+    out = run.stdout
+    assert "preflight (tfrun doctor)" in out and "mode       : ssh to node-1, node-2" in out
+    assert "worker:0@node-1:2222, worker:1@node-2:2222" in out  # same port on both hosts
+    assert re.search(r"\[worker:1\] exactness: wrote .*worker-1\.npz", out)  # streamed back
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [(t["task"], t["host"], t["state"]) for t in summary["tasks"]] == \
+        [("worker:0", "node-1", "succeeded"), ("worker:1", "node-2", "succeeded")]
+    assert "exactness: wrote" in (tmp_path / "run" / "logs" / "worker-1.log").read_text()
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_ssh_launch_parameter_servers_on_three_hosts_stops_every_ps(fake_hosts, tmp_path):
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--chief", "--workers", "2", "--ps", "1",
+                                  "--hosts", "node-1,node-2,node-3,node-1", PS_FIT, "3"])
+    assert run.wait() == 0, run.stdout[-4000:]
+    line = next(l for l in run.stdout.splitlines() if "FIT_RESULT" in l)
+    assert line.startswith("[chief:0]")
+    result = json.loads(line.split("FIT_RESULT ", 1)[1])
+    assert result["strategy"] == "ParameterServerStrategyV2"
+    assert result["loss"][-1] < result["loss"][0]
+    assert all(d.startswith("/job:ps/") for d in result["devices"])
+    tasks = {t["task"]: t for t in json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]}
+    assert tasks["chief:0"]["state"] == "succeeded" and tasks["chief:0"]["host"] == "node-1"
+    assert tasks["ps:0"]["host"] == "node-1" and tasks["ps:0"]["address"] == "node-1:2223"
+    for name in ("worker:0", "worker:1", "ps:0"):
+        assert tasks[name]["state"] == "stopped" and tasks[name]["stopped_by_tfrun"], tasks[name]
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_ssh_launch_seed_001_uai_layout_on_three_hosts(fake_hosts, tmp_path):
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--layout", "uai", "--hosts", "node-1,node-2,node-3",
+                                  PS_FIT, "2"])
+    assert run.wait() == 0, run.stdout[-4000:]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())["tf_configs"]
+    assert config["chief:0"]["cluster"] == {
+        "chief": ["node-1:2222"], "worker": ["node-2:2222", "node-3:2222"],
+        "ps": ["node-1:2223", "node-2:2223", "node-3:2223"]}
+    assert config["chief:0"]["environment"] == "cloud"
+    result = json.loads(next(l for l in run.stdout.splitlines()
+                             if "FIT_RESULT" in l).split("FIT_RESULT ", 1)[1])
+    assert len({d.split("/task:")[1].split("/")[0] for d in result["devices"]}) == 3
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_ssh_launcher_sigkilled_leaves_nothing_on_any_host(fake_hosts, tmp_path):
+    run = HostRun(fake_hosts, 3, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--hosts", "node-1,node-2", MAIN_JOB, "--epochs", "500"])
+    run.wait_for("cluster formed")
+    time.sleep(2)
+    assert fake_hosts.tfrun_processes(1) and fake_hosts.tfrun_processes(2)
+    run.proc.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    run.wait(30)
+    assert_nothing_left(fake_hosts, timeout=10.0)
+    print(f"all remote tasks gone {time.monotonic() - killed:.1f}s after SIGKILL of the launcher")
+
+
+def test_ssh_network_partition_is_a_failure_not_a_hang(fake_hosts, tmp_path):
+    run = HostRun(fake_hosts, 3, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--heartbeat-timeout", "3", "--stop-grace", "2",
+                                  "--hosts", "node-1,node-2", FAKE, "*=listen,print:up,forever"])
+    run.wait_for("cluster formed")
+    fake_hosts.link(2, up=False)
+    try:
+        cut = time.monotonic()
+        code = run.wait(60)
+        took = time.monotonic() - cut
+        assert code == 255, run.stdout[-3000:]
+        assert "FAILED: worker:1 on node-2 exited with exit code 255" in run.stdout
+        assert "lost contact with node-2: no heartbeat" in run.stdout
+        assert took < 3 + 2 + 10, took
+        # The agent on the cut-off host stopped its task by itself (its heartbeat timeout).
+        deadline = time.monotonic() + 15
+        while fake_hosts.tfrun_processes(2) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not fake_hosts.tfrun_processes(2)
+    finally:
+        fake_hosts.link(2, up=True)
+    assert_nothing_left(fake_hosts)
+
+
+def test_ssh_launch_to_an_unreachable_host_fails_in_preflight(fake_hosts, tmp_path):
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--hosts", "node-1,node-9", FAKE, "*=ok"])
+    assert run.wait(60) == 2, run.stdout
+    assert "node-9" in run.stdout and "unreachable over ssh" in run.stdout
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+    assert_nothing_left(fake_hosts)
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+def test_doctor_names_missing_script_version_mismatch_and_taken_port(fake_hosts, tmp_path):
+    # node-2's Python sees another TensorFlow (a dist-info first on its path) and starts
+    # in a directory without the script; something listens on node-2:2222.
+    fake = tmp_path / "site" / "tensorflow-2.20.0.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow\nVersion: 2.20.0\n")
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nif [ \"$(hostname)\" = node-2 ]; then\n"
+                       f"  export PYTHONPATH={fake.parent}; cd {empty}\nfi\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    listener = fake_hosts.popen(2, [sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                                    "s.bind(('0.0.0.0', 2222)); s.listen(); time.sleep(120)"])
+    try:
+        time.sleep(1.0)
+        run = HostRun(fake_hosts, 1, ["doctor", *ssh_flags(fake_hosts), "--python", str(wrapper),
+                                      "--hosts", "node-1,node-2", "examples/mnist_mlp.py"])
+        assert run.wait(60) == 2, run.stdout
+    finally:
+        listener.kill()
+        listener.wait()
+    out = run.stdout
+    assert "preflight (tfrun doctor):" in out, out
+    table = out.split("preflight (tfrun doctor):", 1)[1]
+    node1 = next(l for l in table.splitlines() if "node-1  " in l)
+    node2 = next(l for l in table.splitlines() if "node-2  " in l)
+    assert node1.rstrip().endswith("ok"), node1
+    assert "tensorflow 2.20.0 (here 2.21" in node2
+    assert "script examples/mnist_mlp.py not found" in node2
+    assert "port 2222 taken (Address already in use)" in node2
+    assert "Preflight found problems on 1 host(s)" in out and "Traceback" not in out
+
+
+def test_doctor_all_good_exits_0(fake_hosts):
+    run = HostRun(fake_hosts, 1, ["doctor", *ssh_flags(fake_hosts), "--hosts", "node-1,node-2,node-3",
+                                  "examples/mnist_mlp.py"])
+    assert run.wait(60) == 0, run.stdout
+    assert "every host is ready" in run.stdout
+
+
+# --------------------------------------------------------------------------- per-node launch
+
+
+def pernode(hosts, tmp_path, extra: list[str], script: list[str], ranks=(1, 2)) -> list[HostRun]:
+    args = ["--run-dir", str(tmp_path / "run"), "--hosts", "node-1,node-2", "--node-rank", "auto",
+            *extra, *script]
+    # The non-hub node first: it waits for the hub, as a scheduler may start it first.
+    return [HostRun(hosts, i, args) for i in sorted(ranks, reverse=True)][::-1]
+
+
+@pytest.mark.tf
+def test_pernode_launch_mwms_is_exact_and_logs_land_side_by_side(fake_hosts, reference, tmp_path):
+    hub, node2 = pernode(fake_hosts, tmp_path, [], [EXACTNESS, "distributed", str(tmp_path / "out")])
+    assert hub.wait() == 0, hub.stdout[-4000:]
+    assert node2.wait() == 0, node2.stdout[-4000:]
+    assert_exact(tmp_path / "out", reference)
+    assert "node rank 1 (node-2) joined" in hub.stdout
+    assert "tfrun: run succeeded" in node2.stdout
+    assert sorted(p.name for p in (tmp_path / "run" / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert {t["task"]: t["host"] for t in summary["tasks"]} == {"worker:0": "node-1", "worker:1": "node-2"}
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_pernode_worker_killed_on_host_2_fails_both_nodes_within_the_bound(fake_hosts, tmp_path):
+    grace = 3
+    hub, node2 = pernode(fake_hosts, tmp_path, ["--stop-grace", str(grace)],
+                         [MAIN_JOB, "--epochs", "500"])
+    hub.wait_for("cluster formed")
+    time.sleep(2)
+    workers = [p for p in fake_hosts.tfrun_processes(2) if "tfrun.bootstrap" in " ".join(p.cmdline())]
+    assert len(workers) == 1
+    workers[0].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    codes = [hub.wait(60), node2.wait(60)]
+    took = time.monotonic() - killed
+    assert codes == [137, 137], hub.stdout[-3000:] + node2.stdout[-3000:]
+    assert took <= grace + 5, f"both nodes exited {took:.1f}s after the kill"
+    assert "FAILED: worker:1 on node-2 exited with signal SIGKILL" in hub.stdout
+    assert "run failed: worker:1 on node-2 exited with signal SIGKILL" in node2.stdout
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_pernode_gang_restart_across_nodes_resumes_and_finishes(fake_hosts, tmp_path):
+    hub, node2 = pernode(fake_hosts, tmp_path, ["--max-restarts", "1"],
+                         [RESUME, str(tmp_path / "out"), "1"])
+    assert hub.wait() == 0, hub.stdout[-4000:]
+    assert node2.wait() == 0, node2.stdout[-4000:]
+    assert "restarting the whole group (restart 1 of 1)" in hub.stdout
+    for i in range(2):
+        got = np.load(tmp_path / f"out-worker-{i}.npz")
+        assert list(got["epochs_run"]) == [2, 3]  # resumed after the backed-up epoch 1
+    assert_nothing_left(fake_hosts)
+
+
+def test_pernode_host_that_never_starts_is_a_join_timeout_naming_it(fake_hosts, tmp_path):
+    (hub,) = pernode(fake_hosts, tmp_path, ["--join-timeout", "6", "--stop-grace", "2"],
+                     [FAKE, "*=listen,forever"], ranks=(1,))
+    assert hub.wait(60) == 124, hub.stdout
+    assert "worker:1 never started a TensorFlow server on node-2:2222" in hub.stdout
+    assert "node rank 1 (node-2) never connected to the hub" in hub.stdout
+    assert_nothing_left(fake_hosts)
+
+
+def test_pernode_hub_that_never_starts_is_a_join_timeout_naming_it(fake_hosts, tmp_path):
+    (node2,) = pernode(fake_hosts, tmp_path, ["--join-timeout", "4"], [FAKE, "*=ok"], ranks=(2,))
+    assert node2.wait(60) == 124, node2.stdout
+    assert "the hub (node rank 0, node-1:29400) never answered" in node2.stdout
+    assert_nothing_left(fake_hosts)
+
+
+def test_pernode_node_with_other_flags_is_refused(fake_hosts, tmp_path):
+    args = ["--run-dir", str(tmp_path / "run"), "--hosts", "node-1,node-2", "--node-rank", "auto",
+            "--join-timeout", "8", "--stop-grace", "2", FAKE]
+    hub = HostRun(fake_hosts, 1, [*args, "*=listen,forever"])
+    node2 = HostRun(fake_hosts, 2, [*args, "*=listen,sleep:1,forever"])  # other script args
+    assert node2.wait(60) == 2, node2.stdout
+    assert "the hub refused this node" in node2.stdout and "different cluster or program" in node2.stdout
+    assert hub.wait(60) == 124, hub.stdout
+    assert "node rank 1 (node-2) was refused" in hub.stdout
+    assert_nothing_left(fake_hosts)

@@ -1,0 +1,126 @@
+"""Tier 2: the node agent as a real process (``python -m tfrun.launch.agent`` over pipes, i.e.
+the SSH transport without ssh), driven by the controller's NodeLink, with fake tasks."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import FAKE_TASK
+from tfrun.cluster import TaskId
+from tfrun.launch.backends._links import NodeLink
+from tfrun.launch.backends.base import TaskSpec
+from tfrun.launch.protocol import Channel
+from tfrun.launch.rendezvous import JoinProbe
+
+
+def start_agent(run_dir: Path, heartbeat: float = 5.0):
+    proc = subprocess.Popen([sys.executable, "-m", "tfrun.launch.agent"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    channel = Channel(proc.stdout, proc.stdin)
+    channel.send("hello", run_dir=str(run_dir), heartbeat_timeout=heartbeat, stop_grace=2)
+    return proc, channel
+
+
+def spec(run_dir: Path, actions: str, index: int = 0, ports=()) -> TaskSpec:
+    env = {"TFRUN_RUN_DIR": str(run_dir), "TFRUN_TASK_TYPE": "worker",
+           "TFRUN_TASK_INDEX": str(index), "PYTHONUNBUFFERED": "1"}
+    return TaskSpec(task=TaskId("worker", index), argv=(sys.executable, str(FAKE_TASK), "*=" + actions),
+                    env=env, host="here", ports=tuple(ports), run_dir=str(run_dir))
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def link_for(channel) -> NodeLink:
+    link = NodeLink("here", heartbeat_timeout=5.0,
+                    encode_start=lambda i, s: {"id": i, "task": str(s.task), "spec": s.to_dict()})
+    link.attach(channel)
+    return link
+
+
+def test_agent_runs_a_task_streams_its_output_and_reports_its_exit(tmp_path):
+    proc, channel = start_agent(tmp_path)
+    link = link_for(channel)
+    handle, stream = link.start(spec(tmp_path, "print:hello from the agent,exit:3"))
+    output = stream.read().decode()
+    assert "hello from the agent" in output
+    wait_until(lambda: link.poll(handle) is not None)
+    assert link.poll(handle) == 3 and handle.pid
+    link.training_done()
+    wait_until(lambda: (tmp_path / ".tfrun" / "training_done").exists())
+    link.end(0, "done")
+    assert proc.wait(10) == 0
+
+
+def test_agent_refuses_a_taken_port_with_exit_2_and_a_note(tmp_path):
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    proc, channel = start_agent(tmp_path)
+    link = link_for(channel)
+    handle, stream = link.start(spec(tmp_path, "ok", ports=[port]))
+    wait_until(lambda: link.poll(handle) is not None)
+    assert link.poll(handle) == 2
+    assert f"Port {port} for worker:0 is not free" in handle.note
+    link.end(2, "")
+    proc.wait(10)
+    taken.close()
+
+
+@pytest.mark.parametrize("how", ["connection closed", "controller silent"])
+def test_agent_stops_every_task_and_grandchild_when_the_controller_is_gone(tmp_path, how):
+    proc, channel = start_agent(tmp_path, heartbeat=2.0)
+    if how == "connection closed":
+        link = link_for(channel)
+        link.start(spec(tmp_path, "grandchild,forever"))
+    else:
+        # Never ping: the agent must give up on us after its heartbeat timeout.
+        channel.send("start", id=1, task="worker:0", spec=spec(tmp_path, "grandchild,forever").to_dict())
+    pid_file = tmp_path / "grandchild-worker-0.pid"
+    wait_until(lambda: pid_file.exists())
+    grandchild = int(pid_file.read_text())
+    task_pids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert grandchild in task_pids
+    gone_at = time.monotonic()
+    if how == "connection closed":
+        proc.stdin.close()  # what happens when the launcher (or ssh) dies
+    proc.wait(15)
+    wait_until(lambda: not any(alive(p) for p in task_pids), timeout=5)
+    took = time.monotonic() - gone_at
+    assert took < (2.0 + 2.0 + 3.0 if how == "controller silent" else 5.0), took
+    assert b"lost the controller" in proc.stderr.read()
+
+
+def test_join_probe_sees_a_listener_and_not_a_held_port():
+    from tfrun.launch.ports import PortReservation
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    with PortReservation.reserve(1) as held:  # bound, not listening: not joined
+        probe = JoinProbe({TaskId("worker", 0): f"localhost:{listener.getsockname()[1]}",
+                           TaskId("worker", 1): f"localhost:{held.ports[0]}"}, interval=0.05)
+        wait_until(lambda: TaskId("worker", 0) in probe.joined())
+        time.sleep(0.3)
+        assert probe.joined() == {TaskId("worker", 0)}
+        probe.stop()
+    listener.close()
