@@ -38,11 +38,12 @@ def env() -> dict:
 class HostRun:
     """``tfrun ARGS`` started on fake host ``i`` (in its namespaces), cwd = the repo."""
 
-    def __init__(self, hosts, i: int, args: list[str]) -> None:
+    def __init__(self, hosts, i: int, args: list[str], extra_env: dict | None = None) -> None:
         self.hosts, self.i = hosts, i
         sub = args[:1] if args[:1] == ["doctor"] else []  # a subcommand comes first
         cmd = [sys.executable, "-m", "tfrun", *sub, "--color", "never", *args[len(sub):]]
-        self.proc = hosts.popen(i, cmd, cwd=str(ROOT), env=env(), stdout=subprocess.PIPE,
+        self.proc = hosts.popen(i, cmd, cwd=str(ROOT), env={**env(), **(extra_env or {})},
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         import threading
@@ -353,4 +354,38 @@ def test_pernode_node_with_other_flags_is_refused(fake_hosts, tmp_path):
     assert "the hub refused this node" in node2.stdout and "different cluster or program" in node2.stdout
     assert hub.wait(60) == 124, hub.stdout
     assert "node rank 1 (node-2) was refused" in hub.stdout
+    assert_nothing_left(fake_hosts)
+
+
+# --------------------------------------------------------------------------- the README
+
+
+README_COMMANDS = [
+    "tfrun doctor --hosts node-1,node-2 examples/seed000_multiworker_mobilenet.py",
+    "tfrun --hosts node-1,node-2 examples/seed000_multiworker_mobilenet.py",
+    "tfrun --hosts node-1,node-2 --node-rank auto examples/seed000_multiworker_mobilenet.py",
+]
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_readme_several_machines_commands_run_as_written(fake_hosts, tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    for command in README_COMMANDS:
+        assert command in readme, command
+    # The fake hosts' ssh settings and the run dir come from the environment (TFRUN_<FLAG>),
+    # so the command lines are exactly the README's.
+    def run_on(i, command, name):
+        return HostRun(fake_hosts, i, command.split()[1:], extra_env={
+            "TFRUN_SSH_OPT": f"-F {fake_hosts.ssh_config}", "TFRUN_RUN_DIR": str(tmp_path / name)})
+
+    doctor = run_on(1, README_COMMANDS[0], "doctor")
+    assert doctor.wait(60) == 0, doctor.stdout
+    ssh = run_on(1, README_COMMANDS[1], "ssh")
+    assert ssh.wait() == 0, ssh.stdout[-4000:]
+    assert len(re.findall(r"\[worker:[01]\] final loss: [0-9.]+", ssh.stdout)) == 2
+    nodes = [run_on(i, README_COMMANDS[2], "pernode") for i in (1, 2)]
+    assert [n.wait() for n in nodes] == [0, 0], nodes[0].stdout[-3000:] + nodes[1].stdout[-3000:]
+    assert re.search(r"\[worker:0\] final loss: [0-9.]+", nodes[0].stdout)
+    assert re.search(r"\[worker:1\] final loss: [0-9.]+", nodes[1].stdout)
     assert_nothing_left(fake_hosts)
