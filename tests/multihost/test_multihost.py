@@ -244,9 +244,10 @@ def test_doctor_names_missing_script_version_mismatch_and_taken_port(fake_hosts,
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
     listener = fake_hosts.popen(2, [sys.executable, "-c", "import socket, time; s = socket.socket(); "
-                                    "s.bind(('0.0.0.0', 2222)); s.listen(); time.sleep(120)"])
+                                    "s.bind(('0.0.0.0', 2222)); s.listen(); print('listening', "
+                                    "flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        assert listener.stdout.readline().strip() == "listening"  # bound before the doctor runs
         run = HostRun(fake_hosts, 1, ["doctor", *ssh_flags(fake_hosts), "--python", str(wrapper),
                                       "--hosts", "node-1,node-2", "examples/mnist_mlp.py"])
         assert run.wait(60) == 2, run.stdout
@@ -326,6 +327,25 @@ def test_pernode_gang_restart_across_nodes_resumes_and_finishes(fake_hosts, tmp_
     for i in range(2):
         got = np.load(tmp_path / f"out-worker-{i}.npz")
         assert list(got["epochs_run"]) == [2, 3]  # resumed after the backed-up epoch 1
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_pernode_parameter_servers_every_server_only_node_exits_0(fake_hosts, tmp_path):
+    """node-2 runs only a worker server, node-3 only a ps: both are stopped and exit 0
+    when the chief (on the hub) finishes."""
+    args = ["--run-dir", str(tmp_path / "run"), "--hosts", "node-1,node-2,node-3",
+            "--node-rank", "auto", "--chief", "--workers", "1", "--ps", "1", PS_FIT, "2"]
+    nodes = [HostRun(fake_hosts, i, args) for i in (3, 2, 1)]
+    codes = [n.wait() for n in nodes]
+    assert codes == [0, 0, 0], "".join(n.stdout[-2000:] for n in nodes)
+    hub = nodes[2]
+    assert re.search(r"\[chief:0\] FIT_RESULT", hub.stdout)
+    assert "serving as a tf.distribute.Server" in (tmp_path / "run" / "logs" / "ps-0.log").read_text()
+    tasks = {t["task"]: t for t in json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]}
+    assert (tasks["worker:0"]["host"], tasks["ps:0"]["host"]) == ("node-2", "node-3")
+    assert tasks["worker:0"]["stopped_by_tfrun"] and tasks["ps:0"]["stopped_by_tfrun"]
+    assert "tfrun: run succeeded" in nodes[0].stdout and "tfrun: run succeeded" in nodes[1].stdout
     assert_nothing_left(fake_hosts)
 
 
