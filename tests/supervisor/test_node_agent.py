@@ -1,8 +1,6 @@
 """Tier 2: the node agent as a real process (``python -m tfrun.launch.agent`` over pipes, i.e.
 the SSH transport without ssh), driven by the controller's NodeLink, with fake tasks."""
 
-import json
-import os
 import socket
 import subprocess
 import sys

@@ -35,9 +35,6 @@ from .supervisor import RunResult, Supervisor, describe_result
 
 __all__ = ["LaunchConfig", "launch", "launch_and_report", "launch_mode", "Topology"]
 
-MODES = ("local", "ssh", "pernode")
-
-
 def launch_mode(config: LaunchConfig) -> str:
     """``local``, ``ssh`` or ``pernode`` (see the module docstring).
 
@@ -177,9 +174,14 @@ def launch_and_report(config: LaunchConfig, console: ConsoleSink | None = None) 
 
     Not for a non-hub node of a per-node launch (it has no supervisor): use ``launch``.
     """
-    started = time.time()
-    console = console or _console(config)
     mode = launch_mode(config)
+    rank = resolve_node_rank(config.hosts or (), _rank_arg(config)) if mode == "pernode" else 0
+    return _launch_and_report(config, console or _console(config), mode, rank)
+
+
+def _launch_and_report(config: LaunchConfig, console: ConsoleSink, mode: str,
+                       rank: int) -> RunResult:
+    started = time.time()
     if mode != "ssh":  # over SSH the script must exist on the hosts: the preflight checks
         _check_entrypoint(config)
     plan = _plan(config)
@@ -189,7 +191,6 @@ def launch_and_report(config: LaunchConfig, console: ConsoleSink | None = None) 
         return _run_local(config, plan, multi, console, started)
     if mode == "ssh":
         return _run_ssh(config, plan, console, started)
-    rank = resolve_node_rank(config.hosts or (), _rank_arg(config))
     if rank != 0:
         raise ConfigError("launch_and_report runs a hub or a single launcher",
                           expected="node rank 0", fix="Call launch(config) on the other nodes",
@@ -284,15 +285,15 @@ def _run_hub(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: Cons
 
 def launch(config: LaunchConfig) -> int:
     """Run ``config``; return tfrun's exit code (0, the root-cause task's code, 124, 128+n)."""
-    if launch_mode(config) == "pernode":
-        rank = resolve_node_rank(config.hosts or (), _rank_arg(config))
-        if rank != 0:
-            from .pernode import run_node_agent
+    mode = launch_mode(config)
+    rank = resolve_node_rank(config.hosts or (), _rank_arg(config)) if mode == "pernode" else 0
+    console = _console(config)
+    if rank != 0:
+        from .pernode import run_node_agent
 
-            console = _console(config)
-            _check_entrypoint(config)
-            plan = _plan(config)
-            console.info(_resolved_block(config, plan, Path("(from the hub)"), len(plan.tasks) > 1,
-                                         mode=f"per-node, rank {rank}"))
-            return run_node_agent(config, plan, rank, console)
-    return launch_and_report(config).exit_code
+        _check_entrypoint(config)
+        plan = _plan(config)
+        console.info(_resolved_block(config, plan, Path("(from the hub)"), len(plan.tasks) > 1,
+                                     mode=f"per-node, rank {rank}"))
+        return run_node_agent(config, plan, rank, console)
+    return _launch_and_report(config, console, mode, rank).exit_code

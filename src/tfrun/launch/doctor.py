@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -96,7 +97,7 @@ def _probe_host(host: str, config: LaunchConfig, script: str | None, ports: list
                 packages: tuple[str, ...], timeout: float) -> HostReport:
     report = HostReport(host)
     request = json.dumps({"packages": list(packages), "script": script, "ports": ports})
-    remote_dir = config.remote_dir or _cwd()
+    remote_dir = config.remote_dir or os.getcwd()
     probe = f"{shlex.quote(config.python)} -c {shlex.quote(_PROBE)} {shlex.quote(request)}"
     if host in LOOPBACK_NAMES:
         command = ["sh", "-c", f"cd {shlex.quote(remote_dir)} && exec {probe}"]
@@ -125,12 +126,6 @@ def _probe_host(host: str, config: LaunchConfig, script: str | None, ports: list
         return report
     report.facts = json.loads(lines[-1][len(_MARK):])
     return report
-
-
-def _cwd() -> str:
-    import os
-
-    return os.getcwd()
 
 
 def check_hosts(config: LaunchConfig, plan: ClusterPlan, *, check_script: bool = True,

@@ -2,7 +2,7 @@
 
 It is the only place in tfrun that starts or kills processes. One run::
 
-    start reaper -> start all tasks -> watch (exits -> FailurePolicy, join timeout,
+    open backends -> start all tasks -> watch (exits -> FailurePolicy, join timeout,
     signals) -> [gang restart ->] teardown (ps stopped, evaluator grace) -> summary
 
 Tasks may run on this machine or on others: each task has a ``Backend`` (local
@@ -58,10 +58,6 @@ class TaskRecord:
     @property
     def host(self) -> str | None:
         return self.address.rsplit(":", 1)[0] if self.address else None
-
-    @property
-    def port(self) -> int | None:
-        return int(self.address.rsplit(":", 1)[1]) if self.address else None
 
     def to_dict(self) -> dict:
         code = self.exit_code

@@ -16,10 +16,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Callable
 
-from ..logs import ConsoleSink
 from ..protocol import HEARTBEAT_INTERVAL, LOST_EXIT_CODE, Channel, ProtocolError
 from .base import Backend, TaskHandle, TaskSpec
 
@@ -37,15 +35,14 @@ class NodeLink:
     """One host's agent, seen from the controller."""
 
     def __init__(self, host: str, *, heartbeat_timeout: float,
-                 encode_start: Callable[[int, TaskSpec], dict],
-                 console: ConsoleSink | None = None) -> None:
+                 encode_start: Callable[[int, TaskSpec], dict]) -> None:
         self.host = host
         self.heartbeat_timeout = heartbeat_timeout
         self.encode_start = encode_start
-        self.console = console
         self.channel: Channel | None = None
         self.lost_reason: str | None = None
-        self._tasks: dict[int, _RemoteTask] = {}
+        self._tasks: dict[int, _RemoteTask] = {}   # message id -> task
+        self._ids: dict[int, int] = {}               # id(handle) -> message id
         self._queued: list[dict] = []
         self._next_id = 1
         self._lock = threading.RLock()
@@ -55,10 +52,6 @@ class NodeLink:
         self.describe_loss: Callable[[], str] = lambda: ""
 
     # ------------------------------------------------------------------ connection
-
-    @property
-    def connected(self) -> bool:
-        return self.channel is not None and self.lost_reason is None
 
     def attach(self, channel: Channel) -> None:
         """The agent is there: flush queued messages, start reading and pinging."""
@@ -167,17 +160,17 @@ class NodeLink:
             self._next_id += 1
             entry = _RemoteTask(handle=handle, pipe=write_end)
             self._tasks[task_id] = entry
+            self._ids[id(handle)] = task_id
             if self.lost_reason is not None:
                 entry.code = LOST_EXIT_CODE
                 handle.note = f"lost contact with {self.host}: {self.lost_reason}"
                 self._close_pipe(entry)
             else:
                 self._send("start", **self.encode_start(task_id, spec))
-        handle._link_id = task_id  # type: ignore[attr-defined]
         return handle, os.fdopen(read_end, "rb")
 
     def _entry(self, handle: TaskHandle) -> _RemoteTask | None:
-        return self._tasks.get(getattr(handle, "_link_id", -1))
+        return self._tasks.get(self._ids.get(id(handle), -1))
 
     def poll(self, handle: TaskHandle) -> int | None:
         with self._lock:
@@ -191,16 +184,16 @@ class NodeLink:
                 return
             if self.channel is None:
                 # Never reached the agent: drop the start from the queue, it is over.
-                self._queued = [m for m in self._queued if m.get("id") != handle._link_id]  # type: ignore[attr-defined]
+                self._queued = [m for m in self._queued if m.get("id") != self._ids[id(handle)]]
                 entry.code = 128 + sig
                 handle.note = f"never started: {self.host} did not connect"
                 self._close_pipe(entry)
                 return
-            self._send("signal", id=handle._link_id, sig=int(sig))  # type: ignore[attr-defined]
+            self._send("signal", id=self._ids[id(handle)], sig=int(sig))
 
     def release(self, handle: TaskHandle) -> None:
         with self._lock:
-            entry = self._tasks.pop(getattr(handle, "_link_id", -1), None)
+            entry = self._tasks.pop(self._ids.pop(id(handle), -1), None)
             if entry is not None:
                 self._close_pipe(entry)
 
@@ -266,6 +259,3 @@ class RemoteBackend(Backend):
     def end_all(self, exit_code: int, message: str) -> None:
         for link in self.links.values():
             link.end(exit_code, message)
-
-    def open(self, run_dir: Path) -> None:  # subclasses connect
-        pass

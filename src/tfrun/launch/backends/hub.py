@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ...errors import ConfigError
 from ..logs import ConsoleSink
 from ..protocol import Channel, ProtocolError
 from ._links import NodeLink, RemoteBackend
@@ -49,7 +50,7 @@ class HubBackend(RemoteBackend):
         self._lock = threading.Lock()
         for host in self.nodes[1:]:
             self.links[host] = NodeLink(
-                host, heartbeat_timeout=heartbeat_timeout, console=console,
+                host, heartbeat_timeout=heartbeat_timeout,
                 encode_start=lambda task_id, spec: {
                     "id": task_id, "task": str(spec.task),
                     "restart": int(spec.env.get("TFRUN_RESTART_COUNT", "0"))})
@@ -63,8 +64,6 @@ class HubBackend(RemoteBackend):
             server.bind((host, port))
         except OSError as exc:
             server.close()
-            from ...errors import ConfigError
-
             raise ConfigError(f"The hub cannot listen on {host}:{port} ({exc.strerror})",
                               expected="a free rendezvous port on node rank 0",
                               fix="Pick another --rdzv-port (the same on every node)",

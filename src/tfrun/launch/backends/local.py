@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from ...errors import ConfigError
+from ..policy import exit_code_of
 from ..ports import hold_port
 from .base import CONTROLLED_ENV, Backend, TaskHandle, TaskSpec
 
@@ -83,7 +84,7 @@ class LocalBackend(Backend):
         self._reaper = _Reaper(run_dir)
 
     def close(self, exit_code: int = 1, message: str = "") -> None:
-        for key, process in list(self._processes.items()):
+        for process in list(self._processes.values()):
             if process.poll() is None:
                 self._killpg(process.pid, signal.SIGKILL)
                 process.wait()
@@ -144,9 +145,7 @@ class LocalBackend(Backend):
         if process is None:
             return None
         code = process.poll()
-        if code is None:
-            return None
-        return 128 - code if code < 0 else code
+        return None if code is None else exit_code_of(code)
 
     def signal(self, handle: TaskHandle, sig: int) -> None:
         process = self._processes.get(id(handle))

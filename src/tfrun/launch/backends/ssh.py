@@ -87,8 +87,7 @@ class SshBackend(RemoteBackend):
                      stop_grace=self.stop_grace)
         link = NodeLink(host, heartbeat_timeout=self.heartbeat_timeout,
                         encode_start=lambda task_id, spec: {"id": task_id, "task": str(spec.task),
-                                                            "spec": spec.to_dict()},
-                        console=self.console)
+                                                            "spec": spec.to_dict()})
         link.describe_loss = lambda: self._loss_details(process, errors)
         link.attach(channel)
         return link
