@@ -243,7 +243,9 @@ def test_doctor_names_missing_script_version_mismatch_and_taken_port(fake_hosts,
                        f"  export PYTHONPATH={fake.parent}; cd {empty}\nfi\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
+    # SO_REUSEADDR like any real server: earlier tests leave node-2:2222 in TIME_WAIT.
     listener = fake_hosts.popen(2, [sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                                    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
                                     "s.bind(('0.0.0.0', 2222)); s.listen(); print('listening', "
                                     "flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
     try:
