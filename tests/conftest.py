@@ -12,14 +12,16 @@ ROOT = Path(__file__).resolve().parent.parent
 FAKE_TASK = Path(__file__).resolve().parent / "fake_task.py"
 
 
-def processes_of_run(run_dir) -> list[psutil.Process]:
-    """Live processes whose environment says they belong to ``run_dir``."""
+def processes_of_run(run_dir, launcher_pid: int | None = None) -> list[psutil.Process]:
+    """Live processes whose environment says they belong to ``run_dir`` (tasks, reaper) or
+    to the tfrun process ``launcher_pid`` (its private network's holder and slirp4netns)."""
     run_dir = str(run_dir)
     found = []
     for proc in psutil.process_iter():
         try:
             env = proc.environ()
-            mine = run_dir in (env.get("TFRUN_RUN_DIR"), env.get("TFRUN_REAPER_FOR"))
+            mine = run_dir in (env.get("TFRUN_RUN_DIR"), env.get("TFRUN_REAPER_FOR")) or (
+                launcher_pid is not None and env.get("TFRUN_NETWORK_OF") == str(launcher_pid))
             if mine and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -119,7 +121,7 @@ def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
     """No process of the run is alive and none of its ports is held or listening."""
     deadline = time.monotonic() + timeout
     while True:
-        alive = processes_of_run(run.run_dir)
+        alive = processes_of_run(run.run_dir, run.proc.pid if run.proc else None)
         if not alive:
             break
         if time.monotonic() > deadline:

@@ -2,7 +2,8 @@
 
 In order, before the user's code:
 
-1. die with the supervisor (``PR_SET_PDEATHSIG``), so a SIGKILLed tfrun leaves no task;
+1. die with the supervisor (``PR_SET_PDEATHSIG``), so a SIGKILLed tfrun leaves no task,
+   and join the run's private network (``TFRUN_NETNS``, see ``tfrun.launch.netns``);
 2. split the CPU into logical devices when ``TFRUN_DEVICES`` is set;
 3. install the Keras compatibility fixes (applied when Keras is first imported, so a
    script that never imports Keras pays nothing);
@@ -40,6 +41,20 @@ def _die_with_supervisor() -> None:
         os._exit(128 + signal.SIGKILL)
 
 
+def _join_private_network() -> None:
+    if not os.environ.get("TFRUN_NETNS"):
+        return
+    from .launch.netns import join_from_env
+
+    try:
+        join_from_env()
+    except OSError as exc:
+        # Never run the task outside the network it was promised: its server would be open.
+        print(f"tfrun: this task could not join the run's private network ({exc}); "
+              "rerun with --network host to run without one", file=sys.stderr)
+        os._exit(1)
+
+
 def _run_user_code(argv: list[str]) -> None:
     if not argv:
         print("usage: python -m tfrun.bootstrap (script.py | -m module) [args]", file=sys.stderr)
@@ -61,6 +76,7 @@ def _run_user_code(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     _die_with_supervisor()
+    _join_private_network()
     from . import _task_setup
 
     _task_setup.prepare()

@@ -28,12 +28,13 @@ from .backends.base import Backend
 from .backends.local import LocalBackend
 from .config import LaunchConfig
 from .logs import ConsoleSink, parse_task_filter
+from .netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from .ports import PortReservation, hold_port
 from .rendezvous import LOOPBACK_NAMES, distinct_hosts, resolve_node_rank
 from .specs import spec_factory, task_hosts
 from .supervisor import RunResult, Supervisor, describe_result
 
-__all__ = ["LaunchConfig", "launch", "launch_and_report", "launch_mode", "Topology"]
+__all__ = ["LaunchConfig", "Topology", "launch", "launch_and_report", "launch_mode"]
 
 def launch_mode(config: LaunchConfig) -> str:
     """``local``, ``ssh`` or ``pernode`` (see the module docstring).
@@ -107,6 +108,45 @@ def _reserve(plan: ClusterPlan, explicit: set[TaskId]) -> tuple[ClusterPlan, lis
         raise
 
 
+def _namespace_ports(plan: ClusterPlan, explicit: set[TaskId], base_port: int) -> ClusterPlan:
+    """Ports inside a private network: nothing else lives there, so ``base_port``, +1, ...
+    (the ports the tutorials use) are free; explicit ``localhost:PORT`` entries stay."""
+    taken = {parse_address(plan.cluster.addresses()[t])[1] for t in explicit}
+    ports: dict[TaskId, int] = {}
+    candidate = base_port
+    for task in plan.cluster.tasks():
+        if task in explicit:
+            continue
+        while candidate in taken:
+            candidate += 1
+        ports[task] = candidate
+        taken.add(candidate)
+    return plan.with_ports(ports)
+
+
+def _open_network(config: LaunchConfig, console: ConsoleSink) -> PrivateNetwork | None:
+    """The private network for a local cluster, or None (opted out, or impossible: warned)."""
+    if config.network == "host":
+        return None
+    try:
+        return PrivateNetwork.create()
+    except NetworkUnavailable as exc:
+        why = str(exc)
+    if config.network == "private":
+        raise ConfigError(f"--network private: cannot make a private network here: {why}",
+                          expected="network namespaces allowed and slirp4netns installed",
+                          fix="Install slirp4netns (apt-get install slirp4netns) and allow "
+                              "namespaces, or pass --network host to run without one",
+                          received=why)
+    console.info("WARNING: " + "\n".join([
+        f"no private network for this run ({why}).",
+        "Its TensorFlow servers listen on every interface of this machine, unauthenticated:",
+        "anyone who can reach this machine can run TensorFlow operations in its tasks.",
+        "Fix: install slirp4netns (apt-get install slirp4netns); pass --network host to accept",
+        "this and silence the warning."]))
+    return None
+
+
 def _release(held: list) -> None:
     for item in held:
         item.close()
@@ -145,7 +185,7 @@ def _strategy_description(config: LaunchConfig, plan: ClusterPlan) -> str:
 
 
 def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool,
-                    mode: str = "local") -> str:
+                    mode: str = "local", network: str | None = None) -> str:
     kind, target = config.entrypoint
     addresses = plan.cluster.addresses() if multi else {}
     ps_cluster = bool(plan.cluster.ps)
@@ -165,6 +205,7 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
         f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
         f"stop grace {config.stop_grace:g}s"
         + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if mode != "local" else ""),
+        *([f"  network    : {network}"] if network else []),
         f"  run dir    : {run_dir}",
     ])
 
@@ -230,18 +271,28 @@ def _run_local(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: Co
         explicit = {t for t, h in zip(plan.cluster.tasks(), config.hosts)
                     if parse_address(h)[1] is not None}
     held: list = []
-    if multi:
-        plan, held = _reserve(plan, explicit)
+    network = _open_network(config, console) if multi else None
     try:
+        if network is not None:
+            plan = _namespace_ports(plan, explicit, config.base_port)
+            where = (f"private (tasks see only each other; this machine's 127.0.0.1 is "
+                     f"{HOST_LOOPBACK} to them)")
+        elif multi:
+            plan, held = _reserve(plan, explicit)
+            where = "host (TensorFlow servers reachable on every interface)"
+        else:
+            where = "host (single task: no TensorFlow server)"
         run_dir = _new_run_dir(config)
         _write_config(config, plan, run_dir, multi)
-        console.info(_resolved_block(config, plan, run_dir, multi))
-        backend = LocalBackend()
+        console.info(_resolved_block(config, plan, run_dir, multi, network=where))
+        backend = LocalBackend(network=network)
         make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=False)
         return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
                           console, started)
     finally:
         _release(held)
+        if network is not None:
+            network.close()
 
 
 def _run_ssh(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,

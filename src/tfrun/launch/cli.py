@@ -10,13 +10,18 @@ import argparse
 import os
 import shlex
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from ..cli import _add_topology_flags, _non_negative_int, _positive_float, _topology_from
+from ..cli import (
+    _add_topology_flags,
+    _non_negative_int,
+    _positive_float,
+    _topology_from,
+)
 from ..errors import ConfigError
-from .config import KERAS_FLAVOURS, ROLE_MODES, STRATEGIES, LaunchConfig
+from .config import KERAS_FLAVOURS, NETWORK_MODES, ROLE_MODES, STRATEGIES, LaunchConfig
 
-__all__ = ["build_launch_parser", "config_from_args", "run_launch", "run_doctor"]
+__all__ = ["build_launch_parser", "config_from_args", "run_doctor", "run_launch"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -79,6 +84,10 @@ def build_launch_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", default=None,
                      help="run directory (default runs/<time>-<name>)")
     run.add_argument("--name", default=None, help="run name (default: the script's name)")
+    run.add_argument("--network", choices=NETWORK_MODES, default="auto",
+                     help="local clusters: auto (default) runs the tasks in a private network "
+                          "namespace, unreachable from other machines, when possible (needs "
+                          "slirp4netns), else warns; private: require it; host: opt out")
     hosts = parser.add_argument_group(
         "several machines", "with --hosts naming other machines, tfrun starts each host's tasks "
         "over ssh; with --node-rank, run tfrun on every machine and it starts that machine's")
@@ -207,7 +216,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         base_port=args.base_port, node_rank=args.node_rank, run_id=run_id,
         rdzv_port=args.rdzv_port, ssh_opts=tuple(ssh_opts), remote_dir=args.remote_dir,
         python=args.python, forward_env=tuple(args.forward_env or ()),
-        heartbeat_timeout=args.heartbeat_timeout, doctor=args.doctor,
+        heartbeat_timeout=args.heartbeat_timeout, doctor=args.doctor, network=args.network,
         entrypoint=entrypoint, script_args=tuple(script_args), topology=_topology_from(args),
         hosts=tuple(args.hosts) if args.hosts else None, layout=args.layout,
         run_dir=args.run_dir, name=args.name, max_restarts=args.max_restarts,

@@ -14,18 +14,21 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
 from ..cluster import TaskId, Topology
 from ..errors import ConfigError
 
-__all__ = ["LaunchConfig", "STRATEGIES", "KERAS_FLAVOURS", "ROLE_MODES"]
+__all__ = ["KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "STRATEGIES", "LaunchConfig"]
 
 STRATEGIES = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
 KERAS_FLAVOURS = ("3", "2")
 #: auto: tfrun runs ps/worker of a PS cluster as servers itself; script: every task runs the
 #: script, which picks its role from TF_CONFIG (the seed-001 platform convention).
 ROLE_MODES = ("auto", "script")
+#: auto: a local cluster's tasks get a private network when possible (else the host's, with a
+#: warning); private: required; host: opt out (servers reachable on every interface).
+NETWORK_MODES = ("auto", "private", "host")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
@@ -58,7 +61,7 @@ class LaunchConfig:
     python: str = sys.executable        # also the Python on other hosts (same path)
     # ---- several machines (SSH launch, per-node launch)
     base_port: int = 2222               # deterministic ports for named hosts
-    node_rank: Union[int, str, None] = None  # per-node launch: this node's rank, or "auto"
+    node_rank: int | str | None = None  # per-node launch: this node's rank, or "auto"
     run_id: str | None = None           # run dir name shared by every node
     rdzv_port: int = 29400              # the per-node hub's port on node rank 0
     ssh_opts: tuple[str, ...] = ()      # extra ssh arguments (before tfrun's own -o options)
@@ -66,6 +69,8 @@ class LaunchConfig:
     forward_env: tuple[str, ...] = ()   # --env NAME[=VALUE] for tasks on other hosts
     heartbeat_timeout: float = 10.0     # silence after which a host counts as lost
     doctor: bool = True                 # preflight checks before an SSH launch
+    # ---- local runs: auto/private put the tasks in a private network (see netns.py)
+    network: str = "auto"
 
     def __post_init__(self) -> None:
         kind, target = self.entrypoint
@@ -91,6 +96,11 @@ class LaunchConfig:
             raise ConfigError(f"Unknown Keras flavour {self.keras!r}", expected="3 or 2",
                               fix="Pass --keras 3 (Keras 3) or --keras 2 (tf_keras)",
                               received=self.keras)
+        if self.network not in NETWORK_MODES:
+            raise ConfigError(f"Unknown network mode {self.network!r}",
+                              expected=f"one of {', '.join(NETWORK_MODES)}",
+                              fix="Pass --network auto (private when possible), private or host",
+                              received=repr(self.network))
         if self.roles not in ROLE_MODES:
             raise ConfigError(f"Unknown role mode {self.roles!r}", expected="auto or script",
                               fix="Pass --roles auto or --roles script", received=self.roles)

@@ -18,9 +18,9 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 from ..cluster import ClusterPlan, TaskId
 from .backends.base import Backend, TaskHandle, TaskSpec
@@ -29,7 +29,7 @@ from .logs import ConsoleSink, TaskLogger, last_traceback
 from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
 from .rendezvous import JoinProbe
 
-__all__ = ["Supervisor", "TaskRecord", "RunResult", "JOIN_TIMEOUT_EXIT_CODE"]
+__all__ = ["JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Supervisor", "TaskRecord"]
 
 #: Exit code when the cluster never formed (the same as timeout(1)).
 JOIN_TIMEOUT_EXIT_CODE = 124
@@ -241,8 +241,14 @@ class Supervisor:
         joined = not self._needs_join()
         if self._probe is not None:
             self._probe.stop()
-        self._probe = None if joined else JoinProbe(
-            {r.task: r.address for r in self.records if r.address is not None})
+        self._probe = None
+        if not joined:
+            # Each address is probed by its task's backend: from where the task is reachable
+            # (inside a private network, over this machine's network otherwise).
+            backend_of = {r.address: self._backend(r) for r in self.records if r.address}
+            self._probe = JoinProbe(
+                {r.task: r.address for r in self.records if r.address is not None},
+                probe=lambda address, timeout: backend_of[address].probe(address, timeout))
         while True:
             if self._signal is not None:
                 return _Outcome("signal")
@@ -465,7 +471,7 @@ def describe_result(result: RunResult, started: float) -> str:
         if record.note:
             note += f" ({record.note})"
         code = "" if record.exit_code is None else f" {_describe_code(record.exit_code)}"
-        lines.append(f"  {str(record.task):<12} {record.state.value:<9}{code}{note}")
+        lines.append(f"  {record.task!s:<12} {record.state.value:<9}{code}{note}")
     if result.summary_path:
         lines.append(f"summary: {result.summary_path}")
     return "\n".join(lines)

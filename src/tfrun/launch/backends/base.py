@@ -15,17 +15,19 @@ a reaper here, an agent over SSH or TCP elsewhere) is its own business.
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Mapping
+from typing import IO
 
 from ...cluster import TaskId
 
-__all__ = ["Backend", "TaskHandle", "TaskSpec", "CONTROLLED_ENV"]
+__all__ = ["CONTROLLED_ENV", "Backend", "TaskHandle", "TaskSpec"]
 
 #: Variables tfrun decides for every task: a backend removes them from the environment it
 #: starts from, then sets those the spec gives (so e.g. a stale TF_CONFIG never leaks in).
-CONTROLLED_ENV = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "TFRUN_DEVICES", "TFRUN_SUPERVISOR_PID")
+CONTROLLED_ENV = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "TFRUN_DEVICES", "TFRUN_SUPERVISOR_PID",
+                  "TFRUN_NETNS", "TFRUN_USERNS", "TFRUN_HOST_LOOPBACK")
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class TaskSpec:
                 "run_dir": self.run_dir}
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "TaskSpec":
+    def from_dict(cls, data: Mapping) -> TaskSpec:
         role, index = str(data["task"]).split(":")
         return cls(task=TaskId(role, int(index)), argv=tuple(data["argv"]), env=dict(data["env"]),
                    host=data.get("host"), cwd=data.get("cwd"), ports=tuple(data.get("ports", ())),
@@ -104,6 +106,13 @@ class Backend(abc.ABC):
 
     def mark_training_done(self) -> None:
         """Tell every task's host that training is done (``tfrun.training_done()``)."""
+
+    def probe(self, address: str, timeout: float = 1.0) -> bool:
+        """Whether a task's server accepts connections at ``address`` yet (join detection),
+        seen from where this backend's tasks can be reached. Default: connect from here."""
+        from ..rendezvous import probe_address
+
+        return probe_address(address, timeout)
 
     def problems(self) -> list[str]:
         """Why tasks may not have started (e.g. a node that never connected), for messages."""

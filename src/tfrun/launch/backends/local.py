@@ -20,12 +20,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from ...errors import ConfigError
 from ..policy import exit_code_of
 from ..ports import hold_port
 from .base import CONTROLLED_ENV, Backend, TaskHandle, TaskSpec
+
+if TYPE_CHECKING:
+    from ..netns import PrivateNetwork
 
 __all__ = ["LocalBackend", "training_done_marker"]
 
@@ -73,8 +76,11 @@ class _Reaper:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, *, hold_ports: bool = False) -> None:
+    def __init__(self, *, hold_ports: bool = False, network: PrivateNetwork | None = None
+                 ) -> None:
+        """``network``: run every task in this private network (its owner closes it)."""
         self.hold_ports = hold_ports
+        self.network = network
         self._processes: dict[int, subprocess.Popen] = {}   # id(handle) -> process
         self._held: dict[int, list[socket.socket]] = {}
         self._reaper: _Reaper | None = None
@@ -97,6 +103,10 @@ class LocalBackend(Backend):
     def start(self, spec: TaskSpec) -> tuple[TaskHandle, IO[bytes]]:
         env = {k: v for k, v in os.environ.items() if k not in CONTROLLED_ENV}
         env.update(spec.env)
+        if self.network is not None:
+            env.update(self.network.task_env())  # the bootstrap joins it first thing
+        else:
+            env["TFRUN_HOST_LOOPBACK"] = "127.0.0.1"  # the same variable either way
         # The bootstrap dies with its parent (PR_SET_PDEATHSIG): that parent is us.
         env["TFRUN_SUPERVISOR_PID"] = str(os.getpid())
         handle = TaskHandle(task=spec.task, host=spec.host)
@@ -170,6 +180,11 @@ class LocalBackend(Backend):
             process.wait()
         if self._reaper is not None:
             self._reaper.unregister(process.pid)
+
+    def probe(self, address: str, timeout: float = 1.0) -> bool:
+        if self.network is not None:
+            return self.network.probe(address, timeout)
+        return super().probe(address, timeout)
 
     def mark_training_done(self) -> None:
         for run_dir in self._run_dirs:

@@ -1,0 +1,176 @@
+"""Issue 14.1: a local cluster's TensorFlow servers are unreachable from other machines.
+
+The tasks run in a private network namespace: in the host's namespace nothing listens on
+their ports (``ss -ltn``), inside theirs the servers listen as usual, and the script still
+reaches a server on the host's loopback (outbound access through slirp4netns). Where a
+private network cannot be made, ``auto`` warns loudly and ``private`` refuses to start.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from conftest import ROOT, Run, assert_nothing_left
+
+SCRIPT = ROOT / "tests" / "scripts" / "network_probe.py"
+
+
+def _require_private_network() -> None:
+    reason = None
+    if shutil.which("slirp4netns") is None:
+        reason = "slirp4netns is not installed (apt-get install slirp4netns)"
+    elif shutil.which("ss") is None or shutil.which("nsenter") is None:
+        reason = "ss/nsenter are not installed (iproute2, util-linux)"
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must test the private network, but: {reason}")
+        pytest.skip(reason)
+
+
+class LoopbackServer:
+    """Accepts connections on the host's 127.0.0.1; records what each client says."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.heard: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self.heard.append(conn.makefile().readline().strip())
+                conn.sendall(b"welcome\n")
+
+    def wait_for(self, count: int, run: Run, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.heard) < count:
+            assert run.proc.poll() is None, run.proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, f"only heard {self.heard}"
+            time.sleep(0.1)
+
+
+def _listeners(ports: list[int], netns_of: int | None = None) -> list[str]:
+    """``ss -ltn`` lines for ``ports``: in this namespace, or in the one of pid ``netns_of``."""
+    command = ["ss", "-ltnH"]
+    if netns_of is not None:
+        command = ["nsenter", f"--net=/proc/{netns_of}/ns/net", *command]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    # Columns: State Recv-Q Send-Q Local-Address:Port Peer-Address:Port
+    return [line for line in out.splitlines()
+            if int(line.split()[3].rsplit(":", 1)[1]) in set(ports)]
+
+
+def _task_pids(run: Run) -> dict[str, int]:
+    return {e["task"]: e["pid"] for e in run.events()
+            if e["event"] == "state" and e["new"] == "running"}
+
+
+def _live_cluster(tmp_path, flags, name, env=None):
+    server = LoopbackServer()
+    go = tmp_path / f"{name}-go"
+    run = Run(tmp_path, ["--workers", "2", *flags, str(SCRIPT), str(server.port), str(go)],
+              env=env, name=name).start()
+    server.wait_for(2, run)
+    return run, server, go
+
+
+@pytest.mark.tf
+def test_local_cluster_listens_only_inside_its_private_network(tmp_path):
+    _require_private_network()
+    run, server, go = _live_cluster(tmp_path, [], "private")
+    try:
+        ports = run.ports()
+        # Outbound access works: every task reached the host's loopback server.
+        assert sorted(server.heard) == ["worker:0", "worker:1"]
+        # Host namespace: nothing listens on the task ports, on any address.
+        assert _listeners(ports) == []
+        # The task's namespace: its servers do listen there (so the check above can fail).
+        pid = _task_pids(run)["worker:0"]
+        inside = _listeners(ports, netns_of=pid)
+        assert len(inside) >= 2, inside
+        assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    finally:
+        go.touch()
+    assert run.wait(timeout=120) == 0, run.stdout[-3000:]
+    assert "network    : private" in run.stdout
+    assert "host loopback answered: welcome" in run.stdout
+    assert "WARNING" not in run.stdout
+    assert_nothing_left(run)
+
+
+def _path_without_slirp(tmp_path) -> str:
+    """A PATH with the tools the tasks need but no slirp4netns."""
+    bin_dir = tmp_path / "bin-without-slirp"
+    bin_dir.mkdir()
+    for tool in ("ss", "nsenter"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    return str(bin_dir)
+
+
+@pytest.mark.tf
+def test_without_slirp4netns_auto_warns_and_the_servers_are_open(tmp_path):
+    """The fallback, and the control for the test above: on the host's network the same
+    cluster's servers listen on a wildcard address of this namespace."""
+    _require_private_network()
+    run, server, go = _live_cluster(tmp_path, [], "fallback",
+                                    env={"PATH": _path_without_slirp(tmp_path)})
+    try:
+        open_ = _listeners(run.ports())
+        assert open_ and all(line.split()[3].startswith(("*:", "0.0.0.0:", "[::]:"))
+                             for line in open_), open_
+    finally:
+        go.touch()
+    assert run.wait(timeout=120) == 0, run.stdout[-3000:]
+    assert "WARNING: no private network for this run (slirp4netns is not installed" in run.stdout
+    assert "--network host" in run.stdout
+    assert "network    : host (TensorFlow servers reachable on every interface)" in run.stdout
+    assert_nothing_left(run)
+
+
+def test_network_private_refuses_to_start_without_slirp4netns(tmp_path):
+    run = Run(tmp_path, ["--workers", "2", "--network", "private", str(SCRIPT), "1", "x"],
+              env={"PATH": _path_without_slirp(tmp_path)}, name="refused")
+    assert run.run(timeout=60) == 2
+    assert "--network private: cannot make a private network here" in run.stdout
+    assert "apt-get install slirp4netns" in run.stdout and "--network host" in run.stdout
+    assert "Traceback" not in run.stdout
+    assert not run.run_dir.exists()
+    assert_nothing_left(run)
+
+
+def test_network_host_opts_out_without_a_warning(tmp_path):
+    """A quick non-TF check of the opt-out: the resolved configuration says so, no warning,
+    and no holder or slirp4netns process is started."""
+    run = Run(tmp_path, ["--workers", "2", "--network", "host", "--join-timeout", "3",
+                         str(ROOT / "tests" / "fake_task.py"), "*=exit:0"], name="hostnet")
+    run.start()
+    seen: set[str] = set()
+    while run.proc.poll() is None:
+        for proc in psutil.Process(run.proc.pid).children(recursive=True):
+            try:
+                seen.add(" ".join(proc.cmdline()))
+            except psutil.Error:
+                pass
+        time.sleep(0.05)
+    run.wait()
+    assert "network    : host (TensorFlow servers reachable on every interface)" in run.stdout
+    assert "WARNING" not in run.stdout
+    assert not [c for c in seen if "_netns_holder" in c or "slirp4netns" in c], seen
