@@ -54,3 +54,79 @@ def test_worker_crash_restart_resumes_exactly_and_saves_once(tmp_path, flavour):
                             env={**os.environ, **env, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert loaded.returncode == 0 and "(1, 2)" in loaded.stdout, loaded.stderr[-2000:]
     assert_nothing_left(crashed)
+
+
+KILL_SCRIPT = str(ROOT / "tests" / "scripts" / "backup_kill.py")
+
+
+def _latest_backup(run, task: str) -> int:
+    from tfrun.callbacks import complete_epochs
+
+    return max(complete_epochs(str(run.run_dir / "backup" / task)), default=0)
+
+
+def _running_pid(run, task: str) -> int:
+    starts = [e for e in run.events() if e["event"] == "state" and e["task"] == task
+              and e["new"] == "running"]
+    return starts[-1]["pid"]
+
+
+def _restarts(run) -> int:
+    return sum(1 for e in run.events() if e["event"] == "restart")
+
+
+@pytest.mark.slow
+def test_ten_random_kills_resume_exactly_from_the_last_complete_backup(tmp_path):
+    """Issue 14.2: SIGKILL a worker 10 times (half of the kills aimed just after worker:0's
+    epoch-end backup, while worker:1's is still pending); every resume is consistent and
+    the final weights equal an uninterrupted run's (Keras 3, Adam: optimizer state too)."""
+    import random
+    import signal
+    import time
+
+    epochs, slow = "40", "0.6"
+    clean = Run(tmp_path, ["--workers", "2", "--quiet-tasks", KILL_SCRIPT,
+                           str(tmp_path / "clean"), epochs, slow], name="clean")
+    assert clean.run(600) == 0, clean.stdout[-3000:]
+
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    run = Run(tmp_path, ["--workers", "2", "--max-restarts", "10", "--stop-grace", "2",
+                         "--quiet-tasks", KILL_SCRIPT, str(tmp_path / "killed"), epochs, slow],
+              name="killed").start()
+    trials, seen = [], 0
+    for trial in range(10):
+        deadline = time.monotonic() + 120
+        while _latest_backup(run, "worker-0") <= seen:  # training resumed and moved on
+            assert run.proc.poll() is None, f"seed {seed}: run ended after {trials}: " \
+                                             f"{run.proc.communicate()[0][-3000:]}"
+            assert time.monotonic() < deadline, f"seed {seed}: no progress after {trials}"
+            time.sleep(0.02)
+        if trial % 2 == 0:   # aimed: inside the 0.6 s between the two workers' backups
+            time.sleep(rng.uniform(0.0, 0.4))
+            victim = "worker:1"
+        else:                # anywhere
+            time.sleep(rng.uniform(0.0, 1.5))
+            victim = rng.choice(["worker:0", "worker:1"])
+        os.kill(_running_pid(run, victim), signal.SIGKILL)
+        backed_up = (_latest_backup(run, "worker-0"), _latest_backup(run, "worker-1"))
+        trials.append((victim, backed_up))
+        seen = max(backed_up)
+        deadline = time.monotonic() + 60
+        while _restarts(run) < trial + 1:
+            assert time.monotonic() < deadline, f"seed {seed}: no restart after kill {trial}"
+            time.sleep(0.05)
+    assert run.wait(600) == 0, f"seed {seed}, trials {trials}: {run.stdout[-3000:]}"
+    in_window = [t for t in trials if t[1][0] != t[1][1]]
+    assert len(in_window) >= 3, f"seed {seed}: only {len(in_window)} kills in the window: {trials}"
+    assert run.summary["restarts"] == 10
+
+    want, _ = weights(tmp_path / "clean-worker-0.npz")
+    for i in range(2):
+        got, _ = weights(tmp_path / f"killed-worker-{i}.npz")
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w, err_msg=f"seed {seed}, trials {trials}")
+    for i in range(2):
+        log = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
+        assert "(complete on every worker)" in log
+    assert_nothing_left(run)
