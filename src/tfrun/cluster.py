@@ -57,6 +57,19 @@ DEFAULT_BASE_PORT = 2222
 # --------------------------------------------------------------------------- addresses
 
 
+#: Listen-on-all addresses: where a server binds, never where a task connects.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+_LOOPBACK_ALIASES = frozenset({"localhost", "ip6-localhost", "ip6-loopback", "::1"})
+
+
+def _machine_key(host: str) -> str:
+    """The same string for every name of this machine's loopback (localhost, 127.x, ::1)."""
+    host = host.lower().rstrip(".")
+    if host in _LOOPBACK_ALIASES or host.startswith("127."):
+        return "<loopback>"
+    return host
+
+
 def parse_address(text: str, *, default_port: int | None = None) -> tuple[str, int | None]:
     """Split ``host[:port]`` (or ``[v6]:port``) and validate the port.
 
@@ -165,7 +178,7 @@ class ClusterSpec:
                               expected="at least one chief or worker next to 'ps'",
                               fix="Add a 'chief' (the coordinator) and 'worker' tasks",
                               received=self.as_dict())
-        seen: dict[tuple[str, int | None], str] = {}
+        seen: dict[tuple[str, int | None], tuple[str, str]] = {}
         for task, address in self.addresses().items():
             host, port = parse_address(address)
             if port is None:
@@ -173,13 +186,24 @@ class ClusterSpec:
                                   expected="'host:port'",
                                   fix=f"Write it as '{address}:{DEFAULT_BASE_PORT}'",
                                   received=repr(address))
-            key = (host, port)
+            if host in WILDCARD_HOSTS:
+                raise ConfigError(f"Address {address!r} of {task} is a wildcard (listen on every "
+                                  "interface), not an address other tasks can connect to",
+                                  expected="a host name or address, e.g. 'localhost:2222'",
+                                  fix=f"Write it as 'localhost:{port}' (this machine) or use "
+                                      "the machine's name", received=repr(address))
+            key = (_machine_key(host), port)
             if key in seen:
-                raise ConfigError(f"Duplicate address {address!r} used by {seen[key]} and {task}",
+                other_task, other = seen[key]
+                same = "Duplicate address" if other == address else \
+                    f"Addresses {other!r} and {address!r} name the same machine and port:"
+                raise ConfigError(f"{same} {address!r} used by {other_task} and {task}"
+                                  if other == address else
+                                  f"{same} {other_task} and {task} would both use it",
                                   expected="a distinct host:port for every task",
                                   fix="Give tasks that share a host different ports",
                                   received=self.as_dict())
-            seen[key] = str(task)
+            seen[key] = (str(task), address)
 
     def jobs(self) -> dict[str, tuple[str, ...]]:
         """Non-empty roles in canonical order."""
@@ -420,10 +444,10 @@ class _PortAllocator:
     used: dict[str, set[int]] = field(default_factory=dict)
 
     def claim(self, host: str, port: int) -> None:
-        self.used.setdefault(host, set()).add(port)
+        self.used.setdefault(_machine_key(host), set()).add(port)
 
     def next_free(self, host: str, preferred: int) -> int:
-        taken = self.used.setdefault(host, set())
+        taken = self.used.setdefault(_machine_key(host), set())
         port = preferred
         while port in taken:
             port += 1

@@ -279,3 +279,20 @@ def test_cluster_plan_and_spec_are_frozen():
     with pytest.raises(AttributeError):
         plan.cluster.worker = ()  # type: ignore[misc]
     assert TaskConfig(plan.cluster, TaskId("worker", 0)).address == "a:1"
+
+
+@pytest.mark.parametrize("addresses, said", [
+    (["localhost:2222", "127.0.0.1:2222"], "name the same machine and port"),
+    (["127.0.0.1:2222", "127.0.1.1:2222"], "name the same machine and port"),
+    (["[::1]:2222", "LOCALHOST:2222"], "name the same machine and port"),
+    (["0.0.0.0:2222"], "is a wildcard"),
+    (["localhost:2222", "[::]:2223"], "is a wildcard"),
+])
+def test_aliases_of_one_machine_and_port_and_wildcards_are_rejected(addresses, said):
+    """Issue 14.7: these used to be accepted, then the cluster hung."""
+    with pytest.raises(ConfigError, match=said):
+        ClusterSpec(worker=tuple(addresses))
+
+
+def test_distinct_ports_on_loopback_aliases_are_fine():
+    assert ClusterSpec(worker=("localhost:2222", "127.0.0.1:2223")).size("worker") == 2
