@@ -126,7 +126,9 @@ def test_tfrun_sigkilled_leaves_no_task_or_grandchild(fake_run):
 
 
 def test_ports_are_held_against_other_processes_and_released_at_exit(fake_run):
-    run = fake_run(["--workers", "2", *FAST], "*=print:started,forever").start()
+    # On the host network (in a private one, nothing else can bind the tasks' ports at all).
+    run = fake_run(["--workers", "2", "--network", "host", *FAST],
+                   "*=print:started,forever").start()
     run.wait_for_file(run.run_dir / "config.json")
     ports = run.ports()
     # Race another process for the reserved ports while the run is alive: it must lose.

@@ -18,8 +18,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 from ..cluster import ClusterPlan, TaskId, Topology, parse_address, plan_cluster
@@ -30,6 +30,8 @@ from .config import LaunchConfig
 from .logs import ConsoleSink, parse_task_filter
 from .netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from .ports import PortReservation, hold_port
+from .redact import redact_args
+from .rundir import run_dir_for
 from .rendezvous import LOOPBACK_NAMES, distinct_hosts, resolve_node_rank
 from .specs import spec_factory, task_hosts
 from .supervisor import RunResult, Supervisor, describe_result
@@ -64,20 +66,79 @@ def launch_mode(config: LaunchConfig) -> str:
 
 
 def _check_entrypoint(config: LaunchConfig) -> None:
+    """Refuse, before anything starts, what no restart can fix: a missing, unreadable or
+    uncompilable script, a module that does not exist (exit 2 instead of burning restarts)."""
     kind, target = config.entrypoint
-    if kind == "script" and not Path(target).is_file():
-        raise ConfigError(f"Script {target!r} not found", expected="a path to a Python file",
-                          fix="Check the path (relative to the current directory "
-                              f"{os.getcwd()}) or use -m module",
-                          received=repr(target))
-    if kind == "module" and importlib.util.find_spec(target.split(".")[0]) is None:
-        raise ConfigError(f"Module {target!r} not found", expected="an importable module",
-                          fix="Install it, or run from the directory that contains it",
-                          received=repr(target))
+    if kind == "script":
+        if not Path(target).is_file():
+            raise ConfigError(f"Script {target!r} not found", expected="a path to a Python file",
+                              fix="Check the path (relative to the current directory "
+                                  f"{os.getcwd()}) or use -m module",
+                              received=repr(target))
+        _check_compiles(config, target)
+    else:
+        origin = _find_module(target)
+        if origin is None:
+            raise ConfigError(f"Module {target!r} not found", expected="an importable module",
+                              fix="Install it, or run from the directory that contains it",
+                              received=repr(target))
+        if origin == "":
+            raise ConfigError(f"{target!r} is a package without __main__.py, so it cannot be "
+                              "run with -m", expected="a module, or a package with __main__.py",
+                              fix=f"Run the module inside it, e.g. -m {target}.train",
+                              received=repr(target))
+        if origin.endswith(".py"):
+            _check_compiles(config, origin)
     if config.keras == "2" and importlib.util.find_spec("tf_keras") is None:
         raise ConfigError("--keras 2 needs the tf_keras package, which is not installed",
                           expected="tf_keras importable", fix="pip install 'tfrun[keras2]'",
                           received="no module named tf_keras")
+
+
+def _find_module(name: str) -> str | None:
+    """Where ``python -m name`` would find its code (a package's ``__main__``), without
+    importing anything (a package's ``__init__`` may import TensorFlow); None if nowhere,
+    "" for a package without ``__main__``."""
+    from importlib.machinery import PathFinder
+
+    search: list[str] | None = [os.getcwd(), *sys.path]  # the task runs from the cwd
+    parts = name.split(".")
+    spec = None
+    for i in range(len(parts)):
+        if search is None:  # a plain module has no submodules
+            return None
+        spec = PathFinder.find_spec(".".join(parts[:i + 1]), search)
+        if spec is None:
+            spec = importlib.util.find_spec(parts[0]) if i == 0 else None  # builtins, zipimport
+            if spec is None:
+                return None
+        search = list(spec.submodule_search_locations) if spec.submodule_search_locations \
+            is not None else None
+    if spec is not None and spec.submodule_search_locations is not None:  # a package
+        main = PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations))
+        return main.origin if main is not None and main.origin else ""
+    return (spec.origin or name) if spec is not None else None
+
+
+def _check_compiles(config: LaunchConfig, path: str) -> None:
+    try:
+        source = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"Cannot read {path!r}: {exc.strerror}", expected="a readable file",
+                          fix="Check the file's permissions", received=repr(path)) from None
+    if config.python != sys.executable:
+        return  # another interpreter may accept other syntax: let it judge
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        line = (exc.text or "").strip()
+        raise ConfigError(f"{path} does not compile: {exc.msg} (line {exc.lineno})",
+                          expected="a Python file without syntax errors",
+                          fix=f"Fix line {exc.lineno} of {path}",
+                          received=f"{path}:{exc.lineno}: {line}") from None
+    except ValueError as exc:  # e.g. null bytes
+        raise ConfigError(f"{path} is not Python source: {exc}", expected="a Python file",
+                          fix="Point tfrun at the script itself", received=repr(path)) from None
 
 
 def _plan(config: LaunchConfig) -> ClusterPlan:
@@ -152,25 +213,6 @@ def _release(held: list) -> None:
         item.close()
 
 
-def _new_run_dir(config: LaunchConfig) -> Path:
-    if config.run_dir or config.run_id:
-        run_dir = Path(config.run_dir) if config.run_dir else Path(config.runs_root) / config.run_id
-        if (run_dir / "summary.json").exists():
-            raise ConfigError(f"Run directory {run_dir} already holds a finished run",
-                              expected="a new or empty directory",
-                              fix="Pick another --run-dir/--run-id, or omit it for "
-                                  "runs/<time>-<name>",
-                              received=str(run_dir))
-    else:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        base = Path(config.runs_root) / f"{stamp}-{config.display_name}"
-        run_dir, n = base, 1
-        while run_dir.exists():
-            run_dir, n = Path(f"{base}-{n}"), n + 1
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    return run_dir.resolve()
-
-
 def _strategy_description(config: LaunchConfig, plan: ClusterPlan) -> str:
     if config.strategy != "auto":
         return config.strategy
@@ -195,7 +237,7 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
     entry = f"python -m {target}" if kind == "module" else target
     return "\n".join([
         "launch configuration",
-        f"  entrypoint : {entry} {' '.join(config.script_args)}".rstrip(),
+        f"  entrypoint : {entry} {' '.join(redact_args(config.script_args))}".rstrip(),
         f"  mode       : {mode}",
         f"  tasks      : {tasks}" + ("" if multi else " (single task: no TF_CONFIG, no ports)"),
         f"  tracked    : {tracked}",
@@ -249,10 +291,17 @@ def _rank_arg(config: LaunchConfig) -> int | None:
 
 
 def _write_config(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool) -> None:
-    (run_dir / "config.json").write_text(json.dumps({
-        "launch": config.to_dict(),
+    launch = config.to_dict()
+    # Secrets on the command line (--token X) stay out of the run directory.
+    launch["script_args"] = redact_args(config.script_args)
+    launch["forward_env"] = redact_args(config.forward_env)
+    text = json.dumps({
+        "launch": launch,
         "tf_configs": {str(t): plan.task_config(t).to_dict() for t in plan.tasks} if multi else {},
-    }, indent=2) + "\n")
+    }, indent=2) + "\n"
+    fd = os.open(run_dir / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
@@ -282,13 +331,14 @@ def _run_local(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: Co
             where = "host (TensorFlow servers reachable on every interface)"
         else:
             where = "host (single task: no TensorFlow server)"
-        run_dir = _new_run_dir(config)
-        _write_config(config, plan, run_dir, multi)
-        console.info(_resolved_block(config, plan, run_dir, multi, network=where))
-        backend = LocalBackend(network=network)
-        make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=False)
-        return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
-                          console, started)
+        with run_dir_for(config) as locked:
+            run_dir = locked.path
+            _write_config(config, plan, run_dir, multi)
+            console.info(_resolved_block(config, plan, run_dir, multi, network=where))
+            backend = LocalBackend(network=network)
+            make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=False)
+            return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks},
+                              make_spec, console, started)
     finally:
         _release(held)
         if network is not None:
@@ -304,15 +354,18 @@ def _run_ssh(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
     nodes = distinct_hosts(hosts.values())
     if config.doctor:
         preflight(config, plan, console)
-    run_dir = _new_run_dir(config)
-    _write_config(config, plan, run_dir, True)
-    console.info(_resolved_block(config, plan, run_dir, True, mode=f"ssh to {', '.join(nodes)}"))
-    backend = SshBackend(nodes, python=config.python, remote_dir=config.remote_dir or os.getcwd(),
-                         ssh_opts=config.ssh_opts, heartbeat_timeout=config.heartbeat_timeout,
-                         stop_grace=config.stop_grace, console=console)
-    make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
-    return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
-                      console, started)
+    with run_dir_for(config) as locked:
+        run_dir = locked.path
+        _write_config(config, plan, run_dir, True)
+        console.info(_resolved_block(config, plan, run_dir, True,
+                                     mode=f"ssh to {', '.join(nodes)}"))
+        backend = SshBackend(nodes, python=config.python,
+                             remote_dir=config.remote_dir or os.getcwd(), ssh_opts=config.ssh_opts,
+                             heartbeat_timeout=config.heartbeat_timeout,
+                             stop_grace=config.stop_grace, console=console)
+        make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
+        return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
+                          console, started)
 
 
 def _run_hub(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: ConsoleSink,
@@ -321,17 +374,18 @@ def _run_hub(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: Cons
 
     nodes = distinct_hosts(config.hosts or ())
     hosts = task_hosts(plan)
-    run_dir = _new_run_dir(config)
-    _write_config(config, plan, run_dir, multi)
-    console.info(_resolved_block(config, plan, run_dir, multi,
-                                 mode=f"per-node, hub (rank 0 of {len(nodes)}: {nodes[0]}), "
-                                      f"rendezvous {nodes[0]}:{config.rdzv_port}"))
-    hub = make_hub(config, plan, run_dir, console)
-    local = LocalBackend(hold_ports=True)
-    backends: dict[TaskId, Backend] = {t: local if hosts[t] == nodes[0] else hub
-                                       for t in plan.tasks}
-    make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=True)
-    return _supervise(config, plan, run_dir, backends, make_spec, console, started)
+    with run_dir_for(config) as locked:
+        run_dir = locked.path
+        _write_config(config, plan, run_dir, multi)
+        console.info(_resolved_block(config, plan, run_dir, multi,
+                                     mode=f"per-node, hub (rank 0 of {len(nodes)}: {nodes[0]}), "
+                                          f"rendezvous {nodes[0]}:{config.rdzv_port}"))
+        hub = make_hub(config, plan, run_dir, console)
+        local = LocalBackend(hold_ports=True)
+        backends: dict[TaskId, Backend] = {t: local if hosts[t] == nodes[0] else hub
+                                           for t in plan.tasks}
+        make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=True)
+        return _supervise(config, plan, run_dir, backends, make_spec, console, started)
 
 
 def launch(config: LaunchConfig) -> int:

@@ -1,0 +1,112 @@
+"""The run directory: created atomically, private, and locked for the run's lifetime.
+
+* ``runs/<time>-<name>``: created with ``mkdir`` (no exists-then-create race); a name
+  taken by a concurrent run gets the next suffix ``-1``, ``-2``, ...;
+* an explicit ``--run-dir``/``--run-id`` may exist (a restart of a failed run resumes
+  there) but not hold a finished run, nor be in use: an exclusive ``flock`` on
+  ``.tfrun/lock`` is held until the launch ends, so the same directory twice at once is
+  refused, naming the other launcher's pid;
+* directories tfrun creates are ``0700``: logs and ``config.json`` hold the script's
+  output and arguments.
+
+Every failure (a file in the way, a read-only or full disk, ``/proc``) is a ConfigError.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> with RunDir.create(root / "r1") as run_dir:
+    ...     oct(run_dir.path.stat().st_mode & 0o777)
+    '0o700'
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from datetime import datetime
+from pathlib import Path
+
+from ..errors import ConfigError
+from .config import LaunchConfig
+
+__all__ = ["RunDir", "run_dir_for"]
+
+
+class RunDir:
+    """A created, locked run directory; ``close()`` releases the lock (idempotent)."""
+
+    def __init__(self, path: Path, lock_fd: int) -> None:
+        self.path = path
+        self._lock_fd: int | None = lock_fd
+
+    @classmethod
+    def create(cls, path: Path, *, exclusive: bool = False) -> RunDir:
+        """Create (``exclusive``: must not exist yet) and lock ``path``."""
+        path = Path(path)
+        try:
+            if path.exists() and not path.is_dir():
+                raise ConfigError(f"Run directory {path} is a file", expected="a directory path",
+                                  fix="Pick another --run-dir", received=str(path))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, exist_ok=not exclusive)  # atomic: one creator wins
+            if (path / "summary.json").exists():
+                raise ConfigError(f"Run directory {path} already holds a finished run",
+                                  expected="a new or empty directory",
+                                  fix="Pick another --run-dir/--run-id, or omit it for "
+                                      "runs/<time>-<name>", received=str(path))
+            (path / ".tfrun").mkdir(mode=0o700, exist_ok=True)
+            (path / "logs").mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(path / ".tfrun" / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except FileExistsError:
+            if exclusive:
+                raise  # the caller tries the next name
+            raise _unusable(path, FileExistsError(errno.EEXIST, "a file is in the way")) from None
+        except OSError as exc:
+            raise _unusable(path, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(f"Run directory {path} is in use by another tfrun (pid {other})",
+                              expected="a run directory no other launch is using",
+                              fix="Wait for that run to end, or pick another --run-dir/--run-id",
+                              received=str(path)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return cls(path.resolve(), fd)
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _unusable(path: Path, exc: OSError) -> ConfigError:
+    why = "the disk is full" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
+    return ConfigError(f"Cannot create run directory {path}: {why}",
+                       expected="a writable directory with free space",
+                       fix="Pick another --run-dir, or free some space",
+                       received=f"{path} ({exc.filename or path}: {why})")
+
+
+def run_dir_for(config: LaunchConfig) -> RunDir:
+    """The run directory ``config`` asks for (see the module docstring), created and locked."""
+    if config.run_dir or config.run_id:
+        path = Path(config.run_dir) if config.run_dir else Path(config.runs_root) / config.run_id
+        return RunDir.create(path)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(config.runs_root) / f"{stamp}-{config.display_name}"
+    for n in range(10_000):
+        try:
+            return RunDir.create(base if n == 0 else Path(f"{base}-{n}"), exclusive=True)
+        except FileExistsError:
+            continue
+    raise ConfigError(f"Too many runs named {base}", expected="fewer than 10000 runs a second",
+                      fix="Pass --name or --run-dir", received=str(base))
