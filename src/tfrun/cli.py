@@ -13,6 +13,7 @@ This module never imports TensorFlow, so the CLI starts in well under a second.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Sequence
@@ -32,6 +33,9 @@ def _split_hosts(text: str) -> list[str]:
 
 
 def _non_negative_int(text: str) -> int:
+    if len(text.strip()) > 12:  # also keeps int() away from its 4300-digit limit
+        raise argparse.ArgumentTypeError(f"expected a whole number, received {text[:20]!r}... "
+                                         f"({len(text)} characters)")
     try:
         value = int(text)
     except ValueError:
@@ -46,6 +50,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, received {text!r}") from None
+    if not math.isfinite(value):  # nan compares false with everything; inf waits forever
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, received {text!r}")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, received {text!r}")
     return value

@@ -70,6 +70,14 @@ def _machine_key(host: str) -> str:
     return host
 
 
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # lone surrogates: undecodable bytes on the command line
+        return False
+
+
 def parse_address(text: str, *, default_port: int | None = None) -> tuple[str, int | None]:
     """Split ``host[:port]`` (or ``[v6]:port``) and validate the port.
 
@@ -84,6 +92,11 @@ def parse_address(text: str, *, default_port: int | None = None) -> tuple[str, i
         raise ConfigError("Empty or non-string address", expected="'host:port'",
                           fix="Give every task an address like 'host0:2222'", received=repr(text))
     text = text.strip()
+    if not text.isprintable() or not _encodes(text):
+        raise ConfigError(f"Address {text!r} has characters that are not printable text",
+                          expected="a host name or IP address, optionally with :port",
+                          fix="Retype the host list (it may have come from a binary file or a "
+                              "wrong encoding)", received=ascii(text))
     host, port_text = text, None
     if text.startswith("["):
         end = text.find("]")
@@ -331,7 +344,15 @@ def parse_tf_config(source: str | Mapping) -> TaskConfig:
     if isinstance(source, str):
         try:
             data = json.loads(source)
-        except json.JSONDecodeError as exc:
+        except (RecursionError, ValueError) as exc:
+            if not isinstance(exc, json.JSONDecodeError):
+                # Nesting deeper than Python's recursion limit, a number over 4300 digits.
+                reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                raise ConfigError(f"TF_CONFIG cannot be read: {reason}",
+                                  expected="a JSON object with 'cluster' and 'task'",
+                                  fix="Check where TF_CONFIG comes from (print it)",
+                                  received=source[:200] + ("..." if len(source) > 200 else ""))\
+                    from None
             snippet = source if len(source) <= 200 else source[:200] + "..."
             raise ConfigError(f"TF_CONFIG is not valid JSON ({exc.msg} at line {exc.lineno} "
                               f"column {exc.colno})",
@@ -375,6 +396,10 @@ def parse_tf_config(source: str | Mapping) -> TaskConfig:
 # --------------------------------------------------------------------------- topology and layouts
 
 
+#: More tasks than this is a typo (and would take minutes to plan and start).
+MAX_TASKS = 4096
+
+
 @dataclass(frozen=True)
 class Topology:
     """How many tasks of each role. ``chief`` and ``evaluator`` are 0 or 1."""
@@ -390,6 +415,11 @@ class Topology:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"--{name} must be a non-negative integer", expected="0, 1, 2, ...",
                                   fix=f"Pass e.g. --{name} 2", received=repr(value))
+        total = self.workers + self.ps + int(bool(self.chief)) + int(bool(self.evaluator))
+        if total > MAX_TASKS:
+            raise ConfigError(f"The topology has {total} tasks", expected=f"at most {MAX_TASKS}",
+                              fix="Use fewer --workers/--ps (or several tfrun launches)",
+                              received=self)
         if self.workers == 0 and not self.chief:
             raise ConfigError("The topology has no chief and no worker",
                               expected="--workers >= 1 or --chief",
@@ -442,15 +472,19 @@ class _PortAllocator:
     """Deterministic ports: explicit ones as given, the rest the first free from a preference."""
 
     used: dict[str, set[int]] = field(default_factory=dict)
+    #: where the search from a preferred port resumes (keeps planning linear)
+    cursor: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def claim(self, host: str, port: int) -> None:
         self.used.setdefault(_machine_key(host), set()).add(port)
 
     def next_free(self, host: str, preferred: int) -> int:
-        taken = self.used.setdefault(_machine_key(host), set())
-        port = preferred
+        key = _machine_key(host)
+        taken = self.used.setdefault(key, set())
+        port = self.cursor.get((key, preferred), preferred)
         while port in taken:
             port += 1
+        self.cursor[(key, preferred)] = port + 1
         if port > 65535:
             raise ConfigError(f"No free port left on {host} above {preferred}",
                               expected="a base port well below 65535",

@@ -74,3 +74,13 @@ def test_training_done_marker(env, tmp_path):
 def test_global_batch_size_rejects_nonsense(env):
     with pytest.raises(ConfigError, match="at least 1"):
         runtime.global_batch_size(0)
+
+
+@pytest.mark.parametrize("save_freq", [5, 1, "batch"])
+def test_backup_and_restore_refuses_step_level_backups_it_cannot_resume_exactly(save_freq):
+    """Issue 14.3: Keras re-runs the interrupted epoch from its first step, so a step-level
+    backup would apply steps twice; refused with the value and the fix named."""
+    import tfrun
+
+    with pytest.raises(ValueError, match=rf"save_freq={save_freq!r}.*Expected save_freq='epoch'"):
+        tfrun.backup_and_restore(save_freq=save_freq)

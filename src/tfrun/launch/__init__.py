@@ -36,6 +36,9 @@ from .rendezvous import LOOPBACK_NAMES, distinct_hosts, resolve_node_rank
 from .specs import spec_factory, task_hosts
 from .supervisor import RunResult, Supervisor, describe_result
 
+#: More local tasks than this is a typo (each is a TensorFlow process on this machine).
+MAX_LOCAL_TASKS = 256
+
 __all__ = ["LaunchConfig", "Topology", "launch", "launch_and_report", "launch_mode"]
 
 def launch_mode(config: LaunchConfig) -> str:
@@ -268,9 +271,16 @@ def _launch_and_report(config: LaunchConfig, console: ConsoleSink, mode: str,
     if mode != "ssh":  # over SSH the script must exist on the hosts: the preflight checks
         _check_entrypoint(config)
     plan = _plan(config)
+    _check_show(config, plan)
     # A single task needs no cluster: no TF_CONFIG, no ports (a plain local run).
     multi = len(plan.tasks) > 1
     if mode == "local":
+        if len(plan.tasks) > MAX_LOCAL_TASKS:
+            raise ConfigError(f"A local cluster of {len(plan.tasks)} tasks would start "
+                              f"{len(plan.tasks)} TensorFlow processes on this machine",
+                              expected=f"at most {MAX_LOCAL_TASKS} local tasks",
+                              fix="Use fewer --workers, or spread them with --hosts",
+                              received=f"{len(plan.tasks)} tasks")
         return _run_local(config, plan, multi, console, started)
     if mode == "ssh":
         return _run_ssh(config, plan, console, started)
@@ -279,6 +289,19 @@ def _launch_and_report(config: LaunchConfig, console: ConsoleSink, mode: str,
                           expected="node rank 0", fix="Call launch(config) on the other nodes",
                           received=f"node rank {rank}")
     return _run_hub(config, plan, multi, console, started)
+
+
+def _check_show(config: LaunchConfig, plan: ClusterPlan) -> None:
+    """A typo in --show would silently hide every task's output: refuse unknown names."""
+    wanted = parse_task_filter(config.show)
+    if not wanted:
+        return
+    known = {str(t) for t in plan.tasks} | {t.role for t in plan.tasks}
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise ConfigError(f"--show names {', '.join(map(repr, unknown))}, which this run does "
+                          "not have", expected=f"roles or tasks among {', '.join(sorted(known))}",
+                          fix="Pass e.g. --show worker:0, or omit --show", received=config.show)
 
 
 def _console(config: LaunchConfig) -> ConsoleSink:

@@ -211,7 +211,15 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
     env = os.environ if environ is None else environ
     if run_id is None and args.node_rank is not None and env.get("SLURM_JOB_ID"):
         run_id = f"slurm-{env['SLURM_JOB_ID']}"  # every node of the allocation agrees on it
-    ssh_opts = [part for opt in (args.ssh_opt or []) for part in shlex.split(opt)]
+    ssh_opts = []
+    for opt in args.ssh_opt or []:
+        try:
+            ssh_opts += shlex.split(opt)
+        except ValueError as exc:  # an unclosed quote
+            raise ConfigError(f"--ssh-opt {opt!r} cannot be split into arguments ({exc})",
+                              expected="ssh options as a shell would read them",
+                              fix="Close the quote, e.g. --ssh-opt \"-o 'ProxyJump=gw'\"",
+                              received=opt) from None
     return LaunchConfig(
         base_port=args.base_port, node_rank=args.node_rank, run_id=run_id,
         rdzv_port=args.rdzv_port, ssh_opts=tuple(ssh_opts), remote_dir=args.remote_dir,
@@ -224,7 +232,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         join_timeout=args.join_timeout, stop_grace=args.stop_grace,
         evaluator_grace=args.evaluator_grace, show=args.show, quiet_tasks=args.quiet_tasks,
         tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,
-        keras=args.keras, devices=args.devices or None, roles=args.roles,
+        keras=args.keras, devices=args.devices, roles=args.roles,
     )
 
 

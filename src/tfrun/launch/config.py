@@ -123,6 +123,17 @@ class LaunchConfig:
                               expected="letters, digits, '.', '_' or '-', not starting with '.' "
                                        "(it names a directory under runs/)",
                               fix="Pass e.g. --run-id job-42", received=repr(self.run_id))
+        if self.name is not None and not _RUN_ID.fullmatch(self.name):
+            raise ConfigError(f"--name {self.name!r} is not a plain name",
+                              expected="letters, digits, '.', '_' or '-', not starting with '.' "
+                                       "(it names the run directory under runs/)",
+                              fix="Pass e.g. --name digits-mlp", received=repr(self.name))
+        for entry in self.forward_env:
+            name = entry.partition("=")[0]
+            if not name.isidentifier() or not name.isascii():
+                raise ConfigError(f"--env {entry!r} does not start with a variable name",
+                                  expected="NAME or NAME=VALUE (letters, digits, '_')",
+                                  fix="Pass e.g. --env WANDB_MODE=offline", received=repr(entry))
         if self.devices is not None and self.devices < 1:
             raise ConfigError("--devices must be at least 1", expected="1, 2, ...",
                               fix="Pass e.g. --devices 2", received=self.devices)

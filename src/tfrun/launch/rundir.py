@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -41,39 +42,52 @@ class RunDir:
 
     @classmethod
     def create(cls, path: Path, *, exclusive: bool = False) -> RunDir:
-        """Create (``exclusive``: must not exist yet) and lock ``path``."""
+        """Create (``exclusive``: must not exist yet) and lock ``path``. On failure, what
+        this call created is removed again."""
         path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"Run directory {path} is a file", expected="a directory path",
+                              fix="Pick another --run-dir", received=str(path))
+        created = False  # only what this call made is undone on failure
+        fd = None
         try:
-            if path.exists() and not path.is_dir():
-                raise ConfigError(f"Run directory {path} is a file", expected="a directory path",
-                                  fix="Pick another --run-dir", received=str(path))
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.mkdir(mode=0o700, exist_ok=not exclusive)  # atomic: one creator wins
+            try:
+                path.mkdir(mode=0o700)  # atomic: exactly one creator wins
+                created = True
+            except FileExistsError:
+                if exclusive:
+                    raise
             if (path / "summary.json").exists():
                 raise ConfigError(f"Run directory {path} already holds a finished run",
                                   expected="a new or empty directory",
                                   fix="Pick another --run-dir/--run-id, or omit it for "
                                       "runs/<time>-<name>", received=str(path))
             (path / ".tfrun").mkdir(mode=0o700, exist_ok=True)
-            (path / "logs").mkdir(mode=0o700, exist_ok=True)
             fd = os.open(path / ".tfrun" / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-        except FileExistsError:
-            if exclusive:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise ConfigError(f"Run directory {path} is in use by another tfrun "
+                                  f"(pid {other})",
+                                  expected="a run directory no other launch is using",
+                                  fix="Wait for that run to end, or pick another "
+                                      "--run-dir/--run-id", received=str(path)) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            (path / "logs").mkdir(mode=0o700, exist_ok=True)
+        except FileExistsError as exc:
+            _undo(fd, path if created else None)
+            if exclusive and exc.filename == str(path):
                 raise  # the caller tries the next name
-            raise _unusable(path, FileExistsError(errno.EEXIST, "a file is in the way")) from None
-        except OSError as exc:
             raise _unusable(path, exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise ConfigError(f"Run directory {path} is in use by another tfrun (pid {other})",
-                              expected="a run directory no other launch is using",
-                              fix="Wait for that run to end, or pick another --run-dir/--run-id",
-                              received=str(path)) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError as exc:
+            _undo(fd, path if created else None)
+            raise _unusable(path, exc) from None
+        except BaseException:
+            _undo(fd, path if created else None)
+            raise
         return cls(path.resolve(), fd)
 
     def close(self) -> None:
@@ -86,6 +100,13 @@ class RunDir:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _undo(fd: int | None, created: Path | None) -> None:
+    if fd is not None:
+        os.close(fd)
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
 
 
 def _unusable(path: Path, exc: OSError) -> ConfigError:

@@ -1,0 +1,197 @@
+"""Issue 14.12: every malformed input -> exit 2, one clear message naming the value, no
+traceback, nothing left behind (no process, no run directory, no stray file).
+
+One table; each row runs the real CLI (``python -m tfrun``) in a scratch directory that
+holds a few fixtures (a good script, a broken one, a finished run, ...).
+"""
+
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+GOOD = "good.py"
+W2 = ["--workers", "2"]
+HUGE = "9" * 5001
+NESTED = "[" * 50_000 + "]" * 50_000  # under the 128 KiB per-argument limit
+
+# (id, argv, text the message must contain)
+CASES = [
+    # ---- topology
+    ("workers-negative", ["--workers", "-1", GOOD], "-1"),
+    ("workers-word", ["--workers", "two", GOOD], "'two'"),
+    ("workers-float", ["--workers", "1.5", GOOD], "'1.5'"),
+    ("workers-30000", ["--workers", "30000", GOOD], "30000 tasks"),
+    ("workers-11-digits", ["--workers", "99999999999", GOOD], "99999999999"),
+    ("workers-5001-digits", ["--workers", HUGE, GOOD], "5001 characters"),
+    ("workers-300-local", ["--workers", "300", GOOD], "300 tasks"),
+    ("ps-negative", ["--ps", "-2", GOOD], "-2"),
+    ("ps-without-workers", ["--workers", "0", "--ps", "1", GOOD], "ps=1"),
+    ("no-chief-no-worker", ["--workers", "0", GOOD], "no chief and no worker"),
+    ("devices-zero", [*W2, "--devices", "0", GOOD], "Received: 0"),
+    ("devices-negative", [*W2, "--devices", "-1", GOOD], "-1"),
+    # ---- seconds
+    ("join-timeout-nan", [*W2, "--join-timeout", "nan", GOOD], "'nan'"),
+    ("join-timeout-inf", [*W2, "--join-timeout", "inf", GOOD], "'inf'"),
+    ("join-timeout-zero", [*W2, "--join-timeout", "0", GOOD], "'0'"),
+    ("join-timeout-negative", [*W2, "--join-timeout", "-5", GOOD], "'-5'"),
+    ("stop-grace-nan", [*W2, "--stop-grace", "nan", GOOD], "'nan'"),
+    ("stop-grace-word", [*W2, "--stop-grace", "soon", GOOD], "'soon'"),
+    ("evaluator-grace-nan", [*W2, "--evaluator-grace", "NaN", GOOD], "'NaN'"),
+    ("heartbeat-timeout-inf", [*W2, "--heartbeat-timeout", "Infinity", GOOD], "'Infinity'"),
+    ("max-restarts-negative", [*W2, "--max-restarts", "-1", GOOD], "'-1'"),
+    ("max-restarts-float", [*W2, "--max-restarts", "1.5", GOOD], "'1.5'"),
+    ("max-worker-restarts-word", [*W2, "--max-worker-restarts", "x", GOOD], "'x'"),
+    # ---- choices
+    ("strategy", [*W2, "--strategy", "mirrorred", GOOD], "'mirrorred'"),
+    ("keras", [*W2, "--keras", "4", GOOD], "'4'"),
+    ("roles", [*W2, "--roles", "manual", GOOD], "'manual'"),
+    ("layout", [*W2, "--layout", "k8s", GOOD], "'k8s'"),
+    ("network", [*W2, "--network", "open", GOOD], "'open'"),
+    ("color", [*W2, "--color", "sometimes", GOOD], "'sometimes'"),
+    # ---- ports and ranks
+    ("base-port-zero", [*W2, "--base-port", "0", GOOD], "'0'"),
+    ("base-port-big", [*W2, "--base-port", "70000", GOOD], "'70000'"),
+    ("base-port-word", [*W2, "--base-port", "http", GOOD], "'http'"),
+    ("rdzv-port-zero", [*W2, "--rdzv-port", "0", GOOD], "'0'"),
+    ("node-rank-negative", [*W2, "--node-rank", "-1", GOOD], "'-1'"),
+    ("node-rank-word", [*W2, "--node-rank", "first", GOOD], "'first'"),
+    ("node-rank-without-hosts", [*W2, "--node-rank", "0", GOOD], "--node-rank 0"),
+    # ---- names
+    ("name-escapes-runs", [*W2, "--name", "../../x", GOOD], "'../../x'"),
+    ("name-slash", [*W2, "--name", "a/b", GOOD], "'a/b'"),
+    ("name-dot", [*W2, "--name", ".hidden", GOOD], "'.hidden'"),
+    ("run-id-escapes", [*W2, "--run-id", "../x", GOOD], "'../x'"),
+    ("show-typo", [*W2, "--show", "wrker", GOOD], "'wrker'"),
+    ("show-missing-task", [*W2, "--show", "worker:7", GOOD], "'worker:7'"),
+    ("env-empty-name", [*W2, "--env", "=x", GOOD], "'=x'"),
+    ("env-bad-name", [*W2, "--env", "1BAD=x", GOOD], "'1BAD=x'"),
+    ("ssh-opt-unclosed-quote", ["--hosts", "node-1,node-2", "--ssh-opt", "-o 'x", GOOD], "-o 'x"),
+    # ---- hosts
+    ("hosts-empty", ["--hosts", "", GOOD], "--hosts"),
+    ("hosts-three-colons", ["--hosts", "a:b:c", GOOD], "'a:b:c'"),
+    ("hosts-port-word", ["--hosts", "localhost:http", GOOD], "localhost:http"),
+    ("hosts-port-big", ["--hosts", "localhost:99999,localhost:2", GOOD], "99999"),
+    ("hosts-aliases-one-port", ["--hosts", "localhost:2222,127.0.0.1:2222", GOOD],
+     "'127.0.0.1:2222'"),
+    ("hosts-wildcard", ["--hosts", "0.0.0.0:2222,localhost:2223", GOOD], "'0.0.0.0:2222'"),
+    ("hosts-loopback-and-remote", ["--hosts", "localhost,node-1", GOOD], "localhost"),
+    ("hosts-count-mismatch", ["--workers", "3", "--hosts", "localhost:1,localhost:2", GOOD],
+     "3"),
+    ("hosts-non-utf8", ["--hosts", b"local\xffhost:1,localhost:2", GOOD], "udcff"),
+    ("hosts-unclosed-v6", ["--hosts", "[::1:2222,localhost:2", GOOD], "[::1:2222"),
+    # ---- what to run
+    ("no-script", [*W2], "No script"),
+    ("script-missing", [*W2, "nosuch.py"], "'nosuch.py'"),
+    ("script-is-directory", [*W2, "adir"], "'adir'"),
+    ("script-syntax-error", [*W2, "broken.py"], "broken.py:2"),
+    ("script-null-bytes", [*W2, "nul.py"], "nul.py"),
+    ("module-missing", [*W2, "-m", "missing.module"], "'missing.module'"),
+    ("module-submodule-missing", [*W2, "-m", "pkg.nope"], "'pkg.nope'"),
+    ("module-package-without-main", [*W2, "-m", "pkg"], "'pkg'"),
+    ("module-syntax-error", [*W2, "-m", "pkg.broken"], "broken.py"),
+    # ---- run directory
+    ("run-dir-is-a-file", [*W2, "--run-dir", "afile", GOOD], "afile"),
+    ("run-dir-under-proc", [*W2, "--run-dir", "/proc/self/tfrun-run", GOOD], "/proc/self"),
+    ("run-dir-finished", [*W2, "--run-dir", "done", GOOD], "done"),
+    ("run-dir-in-use", [*W2, "--run-dir", "busy", GOOD], "in use by another tfrun (pid 4242)"),
+    ("run-dir-read-only", [*W2, "--run-dir", "ro/run", GOOD], "ro/run"),
+    ("run-dir-disk-full", [*W2, "--run-dir", "full/run", GOOD], "disk is full"),
+    # ---- tfrun config
+    ("config-5001-digit-index", ["config", "--check",
+                                 '{"cluster":{"worker":["a:1"]},"task":{"type":"worker",'
+                                 f'"index":{HUGE}}}}}'], "TF_CONFIG"),
+    ("config-nested-json", ["config", "--check", NESTED], "nested too deeply"),
+    ("config-not-json", ["config", "--check", "{cluster: 1}"], "not valid JSON"),
+    # ---- environment defaults
+    ("env-max-restarts", ["--workers", "2", GOOD], "TFRUN_MAX_RESTARTS"),
+]
+ENV = {"env-max-restarts": {"TFRUN_MAX_RESTARTS": "lots"}}
+NEEDS_ROOT = {"run-dir-read-only", "run-dir-disk-full"}
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    """The directory every case runs in, with its fixtures (and two tiny mounts as root)."""
+    root = tmp_path_factory.mktemp("bad-input")
+    (root / GOOD).write_text("print('hello')\n")
+    (root / "broken.py").write_text("x = 1\ndef f(:\n")
+    (root / "nul.py").write_bytes(b"x = 1\x00\n")
+    (root / "adir").mkdir()
+    (root / "afile").write_text("not a directory\n")
+    (root / "pkg").mkdir()
+    (root / "pkg" / "__init__.py").write_text("raise SystemExit('imported: the check must not')\n")
+    (root / "pkg" / "broken.py").write_text("def f(:\n")
+    (root / "done").mkdir()
+    (root / "done" / "summary.json").write_text("{}\n")
+    (root / "busy" / ".tfrun").mkdir(parents=True)
+    lock = os.open(root / "busy" / ".tfrun" / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    os.write(lock, b"4242")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # "another tfrun" holds it for the whole module
+    mounts = []
+    if os.geteuid() == 0:
+        for name, options in (("ro", "ro,size=64k"), ("full", "size=16k")):
+            (root / name).mkdir()
+            subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(root / name)],
+                           check=True)
+            mounts.append(root / name)
+        _fill(root / "full")
+    try:
+        yield root
+    finally:
+        os.close(lock)
+        for mount in mounts:
+            subprocess.run(["umount", str(mount)], check=False)
+
+
+def _fill(directory: Path) -> None:
+    try:
+        with open(directory / "filler", "wb") as f:
+            while True:
+                f.write(b"x" * 4096)
+                f.flush()
+    except OSError:
+        pass
+    for i in range(1000):  # inodes too: the run dir's mkdir must fail
+        try:
+            (directory / f"d{i}").mkdir()
+        except OSError:
+            break
+
+
+def _snapshot(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if not str(p.relative_to(root)).startswith(("ro/", "full/"))}
+
+
+@pytest.mark.parametrize("case_id, argv, named", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_a_clear_error_and_leaves_nothing(scratch, case_id, argv, named):
+    if case_id in NEEDS_ROOT and os.geteuid() != 0:
+        pytest.skip("needs root to mount a read-only / full tmpfs")
+    before = _snapshot(scratch)
+    env = {**os.environ, **ENV.get(case_id, {})}
+    env.pop("TF_CONFIG", None)
+    argv = [a if isinstance(a, bytes) else a.encode() for a in argv]
+    proc = subprocess.Popen([sys.executable.encode(), b"-m", b"tfrun", *argv], cwd=scratch,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, _ = proc.communicate(timeout=60)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 2, text[-2000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert named in text, f"the message does not name {named!r}:\n{text[-2000:]}"
+    assert len([l for l in text.splitlines() if "error" in l.lower()]) <= 2, text[-2000:]
+    assert _snapshot(scratch) == before, "files left behind"
+    assert not (scratch / "runs").exists()
+    for p in psutil.process_iter():
+        try:
+            assert p.environ().get("TFRUN_NETWORK_OF") != str(proc.pid), p.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+
+
+def test_the_table_is_big_enough():
+    assert len(CASES) >= 60

@@ -1,0 +1,65 @@
+"""Issue 14.8 and 14.14: run directories are created atomically, locked while in use,
+private (0700), and keep secret-looking arguments out of config.json."""
+
+import json
+import os
+import stat
+import threading
+
+import pytest
+
+from conftest import FAKE_TASK, Run
+from tfrun.errors import ConfigError
+from tfrun.launch.config import LaunchConfig
+from tfrun.launch.rundir import RunDir, run_dir_for
+
+
+def test_concurrent_launches_with_one_name_get_distinct_directories(tmp_path):
+    config = LaunchConfig(entrypoint=("script", "train.py"), runs_root=str(tmp_path / "runs"),
+                          name="same")
+    made, errors, start = [], [], threading.Barrier(8)
+
+    def create():
+        start.wait()
+        try:
+            made.append(run_dir_for(config))
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({d.path for d in made}) == 8
+    for d in made:
+        d.close()
+
+
+def test_the_same_run_dir_twice_at_once_is_refused_then_free_again(tmp_path):
+    first = RunDir.create(tmp_path / "run")
+    with pytest.raises(ConfigError, match=rf"in use by another tfrun \(pid {os.getpid()}\)"):
+        RunDir.create(tmp_path / "run")
+    first.close()
+    RunDir.create(tmp_path / "run").close()  # a restart after the first launch ended
+
+
+def test_run_dirs_are_private(tmp_path):
+    with RunDir.create(tmp_path / "run") as run_dir:
+        for path in (run_dir.path, run_dir.path / "logs", run_dir.path / ".tfrun"):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o700
+
+
+def test_config_json_is_private_and_redacts_secret_arguments(tmp_path):
+    run = Run(tmp_path, ["--workers", "1", "--env", "HF_TOKEN=hf_abc", str(FAKE_TASK), "*=ok",
+                         "--token", "s3cr3t", "--password=hunter2", "--epochs", "3"])
+    assert run.run(60) == 0, run.stdout
+    config = run.run_dir / "config.json"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    text = config.read_text()
+    for secret in ("s3cr3t", "hunter2", "hf_abc"):
+        assert secret not in text and secret not in run.stdout
+    launch = json.loads(text)["launch"]
+    assert launch["script_args"] == ["*=ok", "--token", "***", "--password=***", "--epochs", "3"]
+    assert launch["forward_env"] == ["HF_TOKEN=***"]
