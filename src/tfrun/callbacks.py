@@ -33,7 +33,7 @@ import re
 
 from .runtime import task
 
-__all__ = ["backup_and_restore", "default_backup_dir"]
+__all__ = ["backup_and_restore", "complete_epochs", "default_backup_dir"]
 
 _EPOCH_FILE = re.compile(r"epoch-(\d+)\.json")
 

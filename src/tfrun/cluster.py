@@ -208,11 +208,11 @@ class ClusterSpec:
             key = (_machine_key(host), port)
             if key in seen:
                 other_task, other = seen[key]
-                same = "Duplicate address" if other == address else \
-                    f"Addresses {other!r} and {address!r} name the same machine and port:"
-                raise ConfigError(f"{same} {address!r} used by {other_task} and {task}"
-                                  if other == address else
-                                  f"{same} {other_task} and {task} would both use it",
+                what = (f"Duplicate address {address!r} used by {other_task} and {task}"
+                        if other == address else
+                        f"Addresses {other!r} and {address!r} name the same machine and port: "
+                        f"{other_task} and {task} would both use it")
+                raise ConfigError(what,
                                   expected="a distinct host:port for every task",
                                   fix="Give tasks that share a host different ports",
                                   received=self.as_dict())

@@ -172,22 +172,6 @@ def _reserve(plan: ClusterPlan, explicit: set[TaskId]) -> tuple[ClusterPlan, lis
         raise
 
 
-def _namespace_ports(plan: ClusterPlan, explicit: set[TaskId], base_port: int) -> ClusterPlan:
-    """Ports inside a private network: nothing else lives there, so ``base_port``, +1, ...
-    (the ports the tutorials use) are free; explicit ``localhost:PORT`` entries stay."""
-    taken = {parse_address(plan.cluster.addresses()[t])[1] for t in explicit}
-    ports: dict[TaskId, int] = {}
-    candidate = base_port
-    for task in plan.cluster.tasks():
-        if task in explicit:
-            continue
-        while candidate in taken:
-            candidate += 1
-        ports[task] = candidate
-        taken.add(candidate)
-    return plan.with_ports(ports)
-
-
 def _open_network(config: LaunchConfig, console: ConsoleSink) -> PrivateNetwork | None:
     """The private network for a local cluster, or None (opted out, or impossible: warned)."""
     if config.network == "host":
@@ -337,19 +321,20 @@ def _supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
 
 def _run_local(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: ConsoleSink,
                started: float) -> RunResult:
-    explicit: set[TaskId] = set()
-    if config.hosts is not None and config.layout == "default":
-        # Default layout: host entries map 1:1, in order, to the training tasks.
-        explicit = {t for t, h in zip(plan.cluster.tasks(), config.hosts)
-                    if parse_address(h)[1] is not None}
     held: list = []
     network = _open_network(config, console) if multi else None
     try:
         if network is not None:
-            plan = _namespace_ports(plan, explicit, config.base_port)
+            # The planned ports (--base-port, +1, ...; explicit localhost:PORT as given) are
+            # free there: nothing else lives in the namespace, so nothing to reserve.
             where = (f"private (tasks see only each other; this machine's 127.0.0.1 is "
                      f"{HOST_LOOPBACK} to them)")
         elif multi:
+            explicit: set[TaskId] = set()
+            if config.hosts is not None and config.layout == "default":
+                # Default layout: host entries map 1:1, in order, to the training tasks.
+                explicit = {t for t, h in zip(plan.cluster.tasks(), config.hosts)
+                            if parse_address(h)[1] is not None}
             plan, held = _reserve(plan, explicit)
             where = "host (TensorFlow servers reachable on every interface)"
         else:

@@ -2,7 +2,7 @@
 
 It unshares a network namespace (plus a user namespace when not root, mapping itself to
 root inside so it may configure it), brings the namespace's loopback up, prints
-``ready PID USERNS``, then answers ``probe HOST PORT TIMEOUT`` lines with ``1``/``0``
+``ready PID USERNS``, then answers ``probe HOST:PORT TIMEOUT`` lines with ``1``/``0``
 until its stdin closes (tfrun ended, however it ended).
 """
 
@@ -15,6 +15,7 @@ import struct
 import sys
 
 from .netns import _CLONE_NEWNET, _CLONE_NEWUSER, _check, _libc
+from .rendezvous import probe_address
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -46,14 +47,6 @@ def _unshare_network() -> bool:
     return True
 
 
-def _probe(host: str, port: int, timeout: float) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def main() -> int:
     """The holder process: make the namespace, report, then serve probes until stdin closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is for tfrun, which closes our stdin
@@ -66,8 +59,8 @@ def main() -> int:
     print(f"ready {os.getpid()} {int(userns)}", flush=True)
     for line in sys.stdin:
         parts = line.split()
-        if len(parts) == 4 and parts[0] == "probe":
-            ok = _probe(parts[1], int(parts[2]), float(parts[3]))
+        if len(parts) == 3 and parts[0] == "probe":
+            ok = probe_address(parts[1], float(parts[2]))
             print("1" if ok else "0", flush=True)
     return 0
 

@@ -12,7 +12,7 @@ Pieces:
 
 * a *holder* process (``python -m tfrun.launch._netns_holder``) unshares the namespace (plus a
   user namespace when not root), brings its loopback up and then answers requests from
-  tfrun on stdin: ``probe HOST PORT TIMEOUT`` -> ``1``/``0`` (join detection must
+  tfrun on stdin: ``probe HOST:PORT TIMEOUT`` -> ``1``/``0`` (join detection must
   connect from inside). It exits when its stdin closes, i.e. with tfrun;
 * ``slirp4netns`` attaches to it, and exits when tfrun's end of ``--exit-fd`` closes;
 * each task's bootstrap joins the namespace first thing (``join_from_env``), from the
@@ -101,11 +101,6 @@ class PrivateNetwork:
         self.userns = userns
         self._lock = threading.Lock()
 
-    @property
-    def pids(self) -> list[int]:
-        """Processes to kill if tfrun dies (their own sessions: pgid == pid)."""
-        return [self._holder.pid, self._slirp.pid]
-
     @classmethod
     def create(cls) -> PrivateNetwork:
         """Make the namespace and its outbound link, or raise NetworkUnavailable (nothing
@@ -142,10 +137,9 @@ class PrivateNetwork:
 
     def probe(self, address: str, timeout: float = 1.0) -> bool:
         """Whether something accepts a connection at ``host:port`` inside the namespace."""
-        host, _, port = address.rpartition(":")
         with self._lock:
             try:
-                self._holder.stdin.write(f"probe {host} {port} {timeout}\n")  # type: ignore[union-attr]
+                self._holder.stdin.write(f"probe {address} {timeout}\n")  # type: ignore[union-attr]
                 self._holder.stdin.flush()  # type: ignore[union-attr]
                 return _readline(self._holder, timeout + 5.0) == "1"
             except (OSError, ValueError, NetworkUnavailable):
@@ -153,11 +147,7 @@ class PrivateNetwork:
 
     def close(self) -> None:
         os.close(self._exit_fd)  # slirp4netns exits when this closes
-        try:
-            self._slirp.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._slirp.kill()
-            self._slirp.wait()
+        _wait_or_kill(self._slirp)
         _end(self._holder)
 
 
@@ -191,11 +181,7 @@ def _start_slirp(path: str, pid: int, userns: bool, env: dict[str, str]
         os.close(ready_r)
     if signal_byte != b"1":
         os.close(exit_w)
-        try:
-            slirp.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            slirp.kill()
-            slirp.wait()
+        _wait_or_kill(slirp)
         said = (slirp.stdout.read() or b"").decode(errors="replace").strip()  # type: ignore[union-attr]
         raise NetworkUnavailable("slirp4netns did not come up"
                                  + (f": {'; '.join(said.splitlines()[-3:])}" if said else ""))
@@ -205,12 +191,17 @@ def _start_slirp(path: str, pid: int, userns: bool, env: dict[str, str]
 
 
 def _end(process: subprocess.Popen) -> None:
+    """Close the holder's stdin (its signal to exit) and reap it."""
     try:
         process.stdin.close()  # type: ignore[union-attr]
     except (OSError, AttributeError):
         pass
+    _wait_or_kill(process)
+
+
+def _wait_or_kill(process: subprocess.Popen, timeout: float = 5.0) -> None:
     try:
-        process.wait(timeout=5)
+        process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

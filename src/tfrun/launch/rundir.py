@@ -77,16 +77,12 @@ class RunDir:
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             (path / "logs").mkdir(mode=0o700, exist_ok=True)
-        except FileExistsError as exc:
+        except BaseException as exc:
             _undo(fd, path if created else None)
-            if exclusive and exc.filename == str(path):
+            if exclusive and isinstance(exc, FileExistsError) and exc.filename == str(path):
                 raise  # the caller tries the next name
-            raise _unusable(path, exc) from None
-        except OSError as exc:
-            _undo(fd, path if created else None)
-            raise _unusable(path, exc) from None
-        except BaseException:
-            _undo(fd, path if created else None)
+            if isinstance(exc, OSError):
+                raise _unusable(path, exc) from None
             raise
         return cls(path.resolve(), fd)
 

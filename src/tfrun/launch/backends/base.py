@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from ...cluster import TaskId
+from ..rendezvous import probe_address
 
 __all__ = ["CONTROLLED_ENV", "Backend", "TaskHandle", "TaskSpec"]
 
@@ -110,8 +111,6 @@ class Backend(abc.ABC):
     def probe(self, address: str, timeout: float = 1.0) -> bool:
         """Whether a task's server accepts connections at ``address`` yet (join detection),
         seen from where this backend's tasks can be reached. Default: connect from here."""
-        from ..rendezvous import probe_address
-
         return probe_address(address, timeout)
 
     def problems(self) -> list[str]:
