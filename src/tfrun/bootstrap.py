@@ -3,7 +3,8 @@
 In order, before the user's code:
 
 1. die with the supervisor (``PR_SET_PDEATHSIG``), so a SIGKILLed tfrun leaves no task,
-   and join the run's private network (``TFRUN_NETNS``, see ``tfrun.launch.netns``);
+   move into the task's cgroup (``TFRUN_CGROUP``, see ``tfrun.launch.cgroups``) and join
+   the run's private network (``TFRUN_NETNS``, see ``tfrun.launch.netns``);
 2. split the CPU into logical devices when ``TFRUN_DEVICES`` is set;
 3. install the Keras compatibility fixes (applied when Keras is first imported, so a
    script that never imports Keras pays nothing);
@@ -41,6 +42,20 @@ def _die_with_supervisor() -> None:
         os._exit(128 + signal.SIGKILL)
 
 
+def _join_cgroup() -> None:
+    if not os.environ.get("TFRUN_CGROUP"):
+        return
+    from .launch.cgroups import join_from_env
+
+    try:
+        join_from_env()
+    except OSError as exc:
+        # Never run uncontained when containment was promised: helpers could outlive the run.
+        print(f"tfrun: this task could not join its cgroup {os.environ['TFRUN_CGROUP']} "
+              f"({exc})", file=sys.stderr)
+        os._exit(1)
+
+
 def _join_private_network() -> None:
     if not os.environ.get("TFRUN_NETNS"):
         return
@@ -76,6 +91,7 @@ def _run_user_code(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     _die_with_supervisor()
+    _join_cgroup()
     _join_private_network()
     from . import _task_setup
 

@@ -151,14 +151,18 @@ def output_dir(subdir: str = "") -> str:
     """Where this task writes models, checkpoints and TensorBoard logs.
 
     The chief gets the shared, real directory (``$TFRUN_OUTPUT_DIR``, else
-    ``$TFRUN_RUN_DIR/output``, else ``./output``); every other task gets a private temp
-    directory, deleted at exit, so that no two tasks ever write the same file (the
-    pattern TensorFlow's multi-worker tutorials prescribe).
+    ``$TFRUN_RUN_DIR/output``, else ``./output``); every other task gets a private
+    directory, so that no two tasks ever write the same file (the pattern TensorFlow's
+    multi-worker tutorials prescribe). Under tfrun that is the task's scratch directory
+    in the run dir (``$TFRUN_SCRATCH_DIR``), which tfrun removes when the task ends, even
+    when it is killed; elsewhere a temp directory deleted at exit.
     """
     if is_chief():
         path = chief_output_dir(subdir)
     else:
-        if not _private_dirs:
+        if not _private_dirs and os.environ.get("TFRUN_SCRATCH_DIR"):
+            _private_dirs.append(os.path.join(os.environ["TFRUN_SCRATCH_DIR"], "output"))
+        elif not _private_dirs:
             info = task()
             _private_dirs.append(tempfile.mkdtemp(prefix=f"tfrun-{info.role}-{info.index}-"))
             atexit.register(shutil.rmtree, _private_dirs[0], True)

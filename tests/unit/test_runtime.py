@@ -15,8 +15,10 @@ def tf_config(cluster, role, index):
 
 @pytest.fixture
 def env(monkeypatch):
-    for key in ("TF_CONFIG", "TFRUN_STRATEGY", "TFRUN_RUN_DIR", "TFRUN_OUTPUT_DIR"):
+    for key in ("TF_CONFIG", "TFRUN_STRATEGY", "TFRUN_RUN_DIR", "TFRUN_OUTPUT_DIR",
+                "TFRUN_SCRATCH_DIR"):
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(runtime, "_private_dirs", [])
     return monkeypatch
 
 
@@ -60,6 +62,15 @@ def test_output_dir_is_shared_for_the_chief_and_private_for_others(env, tmp_path
     private = runtime.output_dir("ckpt")
     assert not private.startswith(str(tmp_path)) and os.path.isdir(private)
     assert "tfrun-worker-1-" in private
+
+
+def test_a_non_chief_output_dir_lives_in_the_scratch_dir_tfrun_gives_the_task(env, tmp_path):
+    # Under tfrun the launcher's backend owns (and removes) the task's scratch directory,
+    # so a killed task leaves no temp dir behind (see test_stopping.py).
+    env.setenv("TFRUN_SCRATCH_DIR", str(tmp_path / "scratch"))
+    env.setenv("TF_CONFIG", tf_config({"worker": ["a:1", "b:1"]}, "worker", 1))
+    assert runtime.output_dir("ckpt") == str(tmp_path / "scratch" / "output" / "ckpt")
+    assert (tmp_path / "scratch" / "output" / "ckpt").is_dir()
 
 
 def test_training_done_marker(env, tmp_path):

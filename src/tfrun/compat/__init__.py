@@ -18,11 +18,10 @@ can be switched off for a test or a bisect with ``TFRUN_COMPAT_DISABLE=name,...`
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
-import sys
 import warnings
+
+from .._post_import import when_imported
 
 __all__ = ["install", "apply_keras3_fixes", "applied", "FIX_NAMES"]
 
@@ -67,43 +66,9 @@ def apply_keras3_fixes() -> list[str]:
     return applied()
 
 
-class _KerasPostImport(importlib.abc.MetaPathFinder):
-    """Finds ``keras`` through the normal finders, then runs the fixes after it loads."""
-
-    def __init__(self) -> None:
-        self._busy = False
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "keras" or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        loader = spec.loader
-        original = loader.exec_module
-
-        def exec_module(module):
-            original(module)
-            try:
-                apply_keras3_fixes()
-            except Exception as exc:  # never break the user's import
-                warnings.warn(f"tfrun: Keras compat fixes failed to apply: {exc!r}", stacklevel=2)
-
-        loader.exec_module = exec_module  # this loader instance serves only this spec
-        return spec
-
-
 def install() -> None:
     """Apply the fixes now if Keras is imported, else as soon as it is."""
-    if "keras" in sys.modules:
-        apply_keras3_fixes()
-        return
-    if not any(isinstance(f, _KerasPostImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _KerasPostImport())
+    when_imported("keras", lambda _module: apply_keras3_fixes())
 
 
 def __getattr__(name: str):

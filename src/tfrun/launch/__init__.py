@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..cluster import ClusterPlan, TaskId, Topology, parse_address, plan_cluster
 from ..errors import ConfigError
+from . import cgroups
 from .backends.base import Backend
 from .backends.local import LocalBackend
 from .config import LaunchConfig
@@ -213,6 +214,13 @@ def _strategy_description(config: LaunchConfig, plan: ClusterPlan) -> str:
     return "auto -> default (one device) or MirroredStrategy over local GPUs"
 
 
+def _containment() -> str:
+    if cgroups.available():
+        return "process group + cgroup per task (helpers that call setsid() die with it)"
+    return ("process group per task (no writable cgroup v2 here: a helper that calls "
+            "setsid() can outlive its task; run as root to contain it)")
+
+
 def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool,
                     mode: str = "local", network: str | None = None) -> str:
     kind, target = config.entrypoint
@@ -235,6 +243,7 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
         f"stop grace {config.stop_grace:g}s"
         + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if mode != "local" else ""),
         *([f"  network    : {network}"] if network else []),
+        *([f"  containment: {_containment()}"] if mode == "local" else []),
         f"  run dir    : {run_dir}",
     ])
 

@@ -3,9 +3,11 @@
 PR_SET_PDEATHSIG (set by each task's bootstrap) kills a task's main process when
 tfrun dies, but not the task's own children (pytorch#113231, #115219). So tfrun also
 starts this reaper in its own session, with a pipe on its stdin. tfrun writes
-``+<pgid>`` when it starts a task group and ``-<pgid>`` when that group is gone. If
-the pipe closes without a final ``done`` line (tfrun was SIGKILLed, crashed, ...),
-the reaper SIGKILLs every group still registered and exits.
+``+<pgid>`` when it starts a task group and ``-<pgid>`` when that group is gone, and
+the same with a task's cgroup directory (``+/sys/fs/cgroup/.../worker-1-0``), which
+also holds helpers that left the group. If the pipe closes without a final ``done``
+line (tfrun was SIGKILLed, crashed, ...), the reaper SIGKILLs every group and cgroup
+still registered and exits.
 
 Run as ``python -m tfrun.launch.reaper``; it imports nothing heavy.
 """
@@ -33,13 +35,21 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     pgids: set[int] = set()
+    cgroups: set[str] = set()
     for line in sys.stdin:
         line = line.strip()
         if line == "done":
             return 0
         if line[:1] in "+-" and line[1:].isdigit():
             (pgids.add if line[0] == "+" else pgids.discard)(int(line[1:]))
+        elif line[:1] in "+-" and line[1:].startswith("/"):
+            (cgroups.add if line[0] == "+" else cgroups.discard)(line[1:])
     _kill_groups(pgids)
+    if cgroups:
+        from .cgroups import kill
+
+        for path in cgroups:
+            kill(path)
     return 0
 
 

@@ -376,6 +376,8 @@ class Supervisor:
 
         for record in live:
             self._backend(record).signal(record.handle, signal.SIGTERM)  # type: ignore[arg-type]
+            # A SIGSTOPped task would keep SIGTERM pending until the SIGKILL: wake it up.
+            self._backend(record).signal(record.handle, signal.SIGCONT)  # type: ignore[arg-type]
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and not poll_all():
             time.sleep(0.05)

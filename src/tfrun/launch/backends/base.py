@@ -28,7 +28,8 @@ __all__ = ["CONTROLLED_ENV", "Backend", "TaskHandle", "TaskSpec"]
 #: Variables tfrun decides for every task: a backend removes them from the environment it
 #: starts from, then sets those the spec gives (so e.g. a stale TF_CONFIG never leaks in).
 CONTROLLED_ENV = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "TFRUN_DEVICES", "TFRUN_SUPERVISOR_PID",
-                  "TFRUN_NETNS", "TFRUN_USERNS", "TFRUN_HOST_LOOPBACK")
+                  "TFRUN_NETNS", "TFRUN_USERNS", "TFRUN_HOST_LOOPBACK", "TFRUN_SCRATCH_DIR",
+                  "TFRUN_CGROUP")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
 """Local backend: every task is a child process on this machine.
 
 Each task is started in its own session (so its own process group); stopping a task
-signals the whole group, which reaches anything the task started too. A small reaper
-process (``tfrun.launch.reaper``) holds the list of live groups and SIGKILLs them if the
-process that owns this backend dies without closing it (SIGKILL, crash). Output
-(stdout and stderr merged, so their order is kept) is returned as a pipe.
+signals the whole group, which reaches anything the task started too. Where cgroup v2
+allows it, each task also runs in a cgroup of its own (``tfrun.launch.cgroups``), which
+also holds a helper that left the group with ``setsid``: releasing the task kills the
+whole cgroup. A small reaper process (``tfrun.launch.reaper``) holds the list of live
+groups and cgroups and SIGKILLs them if the process that owns this backend dies without
+closing it (SIGKILL, crash). Output (stdout and stderr merged, so their order is kept)
+is returned as a pipe.
 
 The same backend runs a node's tasks inside a remote agent (``tfrun.launch.agent``);
 there it also holds each task's ports (``hold_ports=True``) until the task exits, as the
@@ -13,7 +16,9 @@ launcher does for local runs before it plans the cluster.
 
 from __future__ import annotations
 
+import itertools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ...errors import ConfigError
+from ..cgroups import TaskCgroups
 from ..policy import exit_code_of
 from ..ports import hold_port
 from .base import CONTROLLED_ENV, Backend, TaskHandle, TaskSpec
@@ -54,11 +60,12 @@ class _Reaper:
         except (BrokenPipeError, OSError, ValueError, AttributeError):
             pass
 
-    def register(self, pgid: int) -> None:
-        self._send(f"+{pgid}")
+    def register(self, group: int | Path) -> None:
+        """Watch a process group id or a cgroup directory."""
+        self._send(f"+{group}")
 
-    def unregister(self, pgid: int) -> None:
-        self._send(f"-{pgid}")
+    def unregister(self, group: int | Path) -> None:
+        self._send(f"-{group}")
 
     def close(self) -> None:
         self._send("done")
@@ -85,9 +92,19 @@ class LocalBackend(Backend):
         self._held: dict[int, list[socket.socket]] = {}
         self._reaper: _Reaper | None = None
         self._run_dirs: set[str] = set()
+        self._scratch: dict[int, Path] = {}                  # id(handle) -> scratch dir
+        self._scratch_names = itertools.count()
+        self._cgroups: TaskCgroups | None = None
+        self._task_cgroups: dict[int, Path] = {}             # id(handle) -> its cgroup
 
     def open(self, run_dir: Path) -> None:
         self._reaper = _Reaper(run_dir)
+        self._cgroups = TaskCgroups.create()
+
+    @property
+    def contains_escaped_children(self) -> bool:
+        """Whether a task's helper that left its process group (setsid) dies with it."""
+        return self._cgroups is not None
 
     def close(self, exit_code: int = 1, message: str = "") -> None:
         for process in list(self._processes.values()):
@@ -96,6 +113,13 @@ class LocalBackend(Backend):
                 process.wait()
         for key in list(self._held):
             self._release_ports(key)
+        for key in list(self._scratch):
+            self._remove_scratch(key)
+        for key in list(self._task_cgroups):
+            self._remove_cgroup(key)
+        if self._cgroups is not None:
+            self._cgroups.close()
+            self._cgroups = None
         if self._reaper is not None:
             self._reaper.close()
             self._reaper = None
@@ -115,12 +139,21 @@ class LocalBackend(Backend):
         if spec.run_dir:
             Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
             self._run_dirs.add(spec.run_dir)
+            env["TFRUN_SCRATCH_DIR"] = str(self._make_scratch(id(handle), spec))
+        if self._cgroups is not None:
+            cgroup = self._cgroups.make(f"{spec.task.slug}-{next(self._scratch_names)}")
+            self._task_cgroups[id(handle)] = cgroup
+            if self._reaper is not None:
+                self._reaper.register(cgroup)
+            env["TFRUN_CGROUP"] = str(cgroup)  # the bootstrap moves itself in first thing
         try:
             process = subprocess.Popen(list(spec.argv), env=env, cwd=spec.cwd,
                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             self._release_ports(id(handle))
+            self._remove_scratch(id(handle))
+            self._remove_cgroup(id(handle))
             raise ConfigError(f"Could not start {spec.task}: {exc.strerror}",
                               expected="an executable Python and an existing working directory",
                               fix="Check --python and the working directory",
@@ -145,6 +178,27 @@ class LocalBackend(Backend):
                               fix="Stop what uses it, or pick another --base-port",
                               received=f"{spec.host}:{port}") from None
         self._held[key] = held
+
+    def _make_scratch(self, key: int, spec: TaskSpec) -> Path:
+        """A private directory for this start of the task (``tfrun.output_dir()`` of a
+        non-chief task), removed when the task is released, however it ended."""
+        path = Path(spec.run_dir, ".tfrun", "scratch",  # type: ignore[arg-type]
+                    f"{spec.task.slug}-{os.getpid()}-{next(self._scratch_names)}")
+        path.mkdir(mode=0o700, parents=True)
+        self._scratch[key] = path
+        return path
+
+    def _remove_scratch(self, key: int) -> None:
+        path = self._scratch.pop(key, None)
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _remove_cgroup(self, key: int) -> None:
+        path = self._task_cgroups.pop(key, None)
+        if path is not None and self._cgroups is not None:
+            self._cgroups.remove(path)
+            if self._reaper is not None:
+                self._reaper.unregister(path)
 
     def _release_ports(self, key: int) -> None:
         for sock in self._held.pop(key, []):
@@ -173,13 +227,14 @@ class LocalBackend(Backend):
         """SIGKILL what is left of the group (the leader's children too), reap, forget."""
         process = self._processes.pop(id(handle), None)
         self._release_ports(id(handle))
-        if process is None:
-            return
-        self._killpg(process.pid, signal.SIGKILL)
-        if process.poll() is None:
-            process.wait()
-        if self._reaper is not None:
-            self._reaper.unregister(process.pid)
+        if process is not None:
+            self._killpg(process.pid, signal.SIGKILL)
+            if process.poll() is None:
+                process.wait()
+            if self._reaper is not None:
+                self._reaper.unregister(process.pid)
+        self._remove_cgroup(id(handle))   # escaped helpers (setsid) too
+        self._remove_scratch(id(handle))  # after the kill: nothing writes there any more
 
     def probe(self, address: str, timeout: float = 1.0) -> bool:
         if self.network is not None:

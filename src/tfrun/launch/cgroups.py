@@ -1,0 +1,142 @@
+"""Task containment with cgroup v2: nothing a task starts can outlive it.
+
+A process group reaches what a task starts, unless a helper starts its own session
+(``setsid``, a daemonising library): it then leaves the group and, without this, would
+outlive the run. Each task therefore also runs in a cgroup of its own; when the task is
+released, ``cgroup.kill`` SIGKILLs everything in it, escaped helpers included, and the
+directory is removed. A task joins its cgroup itself, in the bootstrap, before any of
+the user's code runs (``TFRUN_CGROUP``), so nothing it starts can be outside it.
+
+Needs a writable cgroup v2 hierarchy (root, or a delegated subtree) with ``cgroup.kill``
+(Linux 5.14). Where there is none, ``TaskCgroups.create()`` returns None and tasks are
+contained by their process group only (the resolved configuration says so).
+
+    >>> groups = TaskCgroups.create()            # doctest: +SKIP
+    >>> path = groups.make("worker-1-0")         # doctest: +SKIP
+    >>> groups.remove(path)                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import time
+from pathlib import Path
+
+__all__ = ["TaskCgroups", "available", "join_from_env", "kill", "own_cgroup_dir"]
+
+#: How long ``remove`` waits for killed processes to leave a cgroup before giving up.
+_EMPTY_TIMEOUT = 5.0
+
+
+def own_cgroup_dir() -> Path | None:
+    """This process's cgroup v2 directory, or None without a mounted v2 hierarchy."""
+    try:
+        relative = next((line.split("::", 1)[1].strip()
+                         for line in Path("/proc/self/cgroup").read_text().splitlines()
+                         if line.startswith("0::")), None)
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    if relative is None:
+        return None
+    for line in mounts:
+        # "36 35 0:31 / /sys/fs/cgroup/unified rw,... - cgroup2 cgroup2 rw"
+        fields, _, tail = line.partition(" - ")
+        parts = fields.split()
+        if tail.split()[:1] == ["cgroup2"] and len(parts) > 4 and parts[3] == "/":
+            path = Path(parts[4], relative.lstrip("/"))
+            if path.is_dir():
+                return path
+    return None
+
+
+def available() -> bool:
+    """Whether ``TaskCgroups.create()`` can be expected to work here (cheap, no change)."""
+    base = own_cgroup_dir()
+    return base is not None and os.access(base, os.W_OK) and (base / "cgroup.procs").exists()
+
+
+class TaskCgroups:
+    """One parent cgroup per backend (``tfrun-<pid>-<token>``) with a child per task start."""
+
+    def __init__(self, parent: Path) -> None:
+        self.parent = parent
+
+    @classmethod
+    def create(cls) -> TaskCgroups | None:
+        """A new parent cgroup next to ours, or None where cgroups cannot contain tasks."""
+        base = own_cgroup_dir()
+        if base is None or not (base / "cgroup.procs").exists():
+            return None
+        parent = base / f"tfrun-{os.getpid()}-{secrets.token_hex(3)}"
+        try:
+            parent.mkdir()
+        except OSError:
+            return None
+        if not (parent / "cgroup.kill").exists() or not os.access(parent / "cgroup.procs", os.W_OK):
+            _rmdir(parent)
+            return None
+        return cls(parent)
+
+    def make(self, name: str) -> Path:
+        path = self.parent / name
+        path.mkdir()
+        return path
+
+    def remove(self, path: Path) -> None:
+        """SIGKILL everything in ``path``, wait until it is empty, remove it."""
+        kill(path)
+        deadline = time.monotonic() + _EMPTY_TIMEOUT
+        while _populated(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        _rmdir(path)
+
+    def close(self) -> None:
+        if not self.parent.exists():
+            return
+        for child in [p for p in self.parent.iterdir() if p.is_dir()]:
+            self.remove(child)
+        _rmdir(self.parent)
+
+
+def kill(path: Path | str) -> None:
+    """SIGKILL every process in the cgroup ``path`` (no error if it is gone)."""
+    try:
+        Path(path, "cgroup.kill").write_text("1")
+    except OSError:
+        # Without cgroup.kill (or racing its removal): kill what is listed, best effort.
+        try:
+            pids = Path(path, "cgroup.procs").read_text().split()
+        except OSError:
+            return
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, ValueError):
+                pass
+
+
+def _populated(path: Path) -> bool:
+    try:
+        return "populated 1" in (path / "cgroup.events").read_text()
+    except OSError:
+        return False
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def join_from_env() -> None:
+    """Move this process into ``$TFRUN_CGROUP`` (bootstrap, before the user's code).
+
+    Raises OSError when it cannot: the caller must not run the task uncontained.
+    """
+    path = os.environ.get("TFRUN_CGROUP")
+    if path:
+        Path(path, "cgroup.procs").write_text("0")  # "0": the writing process itself
