@@ -118,7 +118,8 @@ def fake_run(tmp_path):
 
 
 def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
-    """No process of the run is alive and none of its ports is held or listening."""
+    """No process of the run is alive, none of its ports is held or listening, and none
+    of its tasks' cgroups remains."""
     deadline = time.monotonic() + timeout
     while True:
         alive = processes_of_run(run.run_dir, run.proc.pid if run.proc else None)
@@ -129,6 +130,12 @@ def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
                 p.kill()
             raise AssertionError(f"processes left behind: {[(p.pid, p.cmdline()) for p in alive]}")
         time.sleep(0.1)
+    if run.proc is not None:
+        from tfrun.launch.cgroups import own_cgroup_dir
+
+        base = own_cgroup_dir()
+        left = list(base.glob(f"tfrun-{run.proc.pid}-*")) if base is not None else []
+        assert not left, f"cgroups left behind: {left}"
     if (run.run_dir / "config.json").exists():
         busy = [p for p in run.ports() if listening(p) or not port_is_free(p)]
         assert not busy, f"ports still held or listening: {busy}"

@@ -1,5 +1,6 @@
 """Tier 2: the real supervisor and CLI with fake tasks (tiny Python children, no TensorFlow)."""
 
+import os
 import signal
 import socket
 import time
@@ -123,6 +124,32 @@ def test_tfrun_sigkilled_leaves_no_task_or_grandchild(fake_run):
     assert_nothing_left(run, timeout=10)
     for pid in grandchildren:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("ending", ["task exits", "tfrun SIGKILLed"])
+def test_a_helper_that_left_its_task_s_process_group_dies_with_the_task(fake_run, ending):
+    from tfrun.launch import cgroups
+
+    if not cgroups.available():
+        if os.environ.get("CI"):
+            pytest.fail("CI must run this test, but there is no writable cgroup v2")
+        pytest.skip("containing setsid() helpers needs a writable cgroup v2 (run as root)")
+    spec = "*=escaped_child,print:ready," + ("sleep:1,ok" if ending == "task exits" else "forever")
+    run = fake_run(["--workers", "2", *FAST], spec).start()
+    pid_files = [run.run_dir / f"escaped-worker-{i}.pid" for i in range(2)]
+    for pid_file in pid_files:
+        run.wait_for_file(pid_file)
+    helpers = [psutil.Process(int(p.read_text())) for p in pid_files]
+    assert all(h.is_running() and os.getsid(h.pid) == h.pid for h in helpers)
+    if ending == "task exits":
+        assert run.wait(30) == 0, run.stdout
+        assert "cgroup per task" in run.stdout
+    else:
+        run.proc.kill()
+        run.proc.wait()
+    assert_nothing_left(run, timeout=10)
+    for helper in helpers:
+        assert not helper.is_running() or helper.status() == psutil.STATUS_ZOMBIE
 
 
 def test_ports_are_held_against_other_processes_and_released_at_exit(fake_run):

@@ -94,8 +94,10 @@ class TaskCgroups:
         _rmdir(path)
 
     def close(self) -> None:
+        """Kill and remove every task's cgroup, then the parent."""
         if not self.parent.exists():
             return
+        kill(self.parent)  # recursive: every task's cgroup at once
         for child in [p for p in self.parent.iterdir() if p.is_dir()]:
             self.remove(child)
         _rmdir(self.parent)

@@ -4,10 +4,11 @@ PR_SET_PDEATHSIG (set by each task's bootstrap) kills a task's main process when
 tfrun dies, but not the task's own children (pytorch#113231, #115219). So tfrun also
 starts this reaper in its own session, with a pipe on its stdin. tfrun writes
 ``+<pgid>`` when it starts a task group and ``-<pgid>`` when that group is gone, and
-the same with a task's cgroup directory (``+/sys/fs/cgroup/.../worker-1-0``), which
-also holds helpers that left the group. If the pipe closes without a final ``done``
-line (tfrun was SIGKILLed, crashed, ...), the reaper SIGKILLs every group and cgroup
-still registered and exits.
+the same with the cgroup directory its tasks' cgroups live in
+(``+/sys/fs/cgroup/.../tfrun-<pid>-<token>``), which also holds helpers that left the
+group. If the pipe closes without a final ``done`` line (tfrun was SIGKILLed,
+crashed, ...), the reaper SIGKILLs every group and cgroup still registered, removes
+the cgroups, and exits.
 
 Run as ``python -m tfrun.launch.reaper``; it imports nothing heavy.
 """
@@ -46,10 +47,12 @@ def main() -> int:
             (cgroups.add if line[0] == "+" else cgroups.discard)(line[1:])
     _kill_groups(pgids)
     if cgroups:
-        from .cgroups import kill
+        from pathlib import Path
+
+        from .cgroups import TaskCgroups
 
         for path in cgroups:
-            kill(path)
+            TaskCgroups(Path(path)).close()
     return 0
 
 

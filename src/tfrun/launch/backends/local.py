@@ -100,6 +100,8 @@ class LocalBackend(Backend):
     def open(self, run_dir: Path) -> None:
         self._reaper = _Reaper(run_dir)
         self._cgroups = TaskCgroups.create()
+        if self._cgroups is not None:
+            self._reaper.register(self._cgroups.parent)  # all tasks' cgroups are under it
 
     @property
     def contains_escaped_children(self) -> bool:
@@ -119,6 +121,8 @@ class LocalBackend(Backend):
             self._remove_cgroup(key)
         if self._cgroups is not None:
             self._cgroups.close()
+            if self._reaper is not None:
+                self._reaper.unregister(self._cgroups.parent)
             self._cgroups = None
         if self._reaper is not None:
             self._reaper.close()
@@ -143,8 +147,6 @@ class LocalBackend(Backend):
         if self._cgroups is not None:
             cgroup = self._cgroups.make(f"{spec.task.slug}-{next(self._scratch_names)}")
             self._task_cgroups[id(handle)] = cgroup
-            if self._reaper is not None:
-                self._reaper.register(cgroup)
             env["TFRUN_CGROUP"] = str(cgroup)  # the bootstrap moves itself in first thing
         try:
             process = subprocess.Popen(list(spec.argv), env=env, cwd=spec.cwd,
@@ -197,8 +199,6 @@ class LocalBackend(Backend):
         path = self._task_cgroups.pop(key, None)
         if path is not None and self._cgroups is not None:
             self._cgroups.remove(path)
-            if self._reaper is not None:
-                self._reaper.unregister(path)
 
     def _release_ports(self, key: int) -> None:
         for sock in self._held.pop(key, []):
