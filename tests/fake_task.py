@@ -6,7 +6,8 @@ Rules are ``selector=action,action,...`` separated by ``;``; the selector is
 ``role:index``, ``role`` or ``*`` (first match wins). Actions run in order:
 
   ok | exit:N | raise | sleep:S | forever | listen | kill:SIG | grandchild | escaped_child
-  | fail_before_restart:N (exit 1 while TFRUN_RESTART_COUNT < N) | wait_done
+  | spam (print 1 KB lines forever) | fail_before_restart:N (exit 1 while
+  TFRUN_RESTART_COUNT < N) | wait_done
   | print:TEXT | usage_error (exit 2)
 """
 
@@ -67,6 +68,11 @@ def run(action: str) -> None:
     if name == "grandchild":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         Path(os.environ["TFRUN_RUN_DIR"], f"grandchild-{role}-{index}.pid").write_text(str(child.pid))
+    if name == "spam":
+        n = 0
+        while True:
+            n += 1
+            print(f"spam {n} " + "x" * 1000, flush=True)
     if name == "escaped_child":
         # A helper in a session of its own (setsid), outside the task's process group.
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],

@@ -2,13 +2,14 @@
 
 import os
 import signal
+import subprocess
 import socket
 import time
 
 import psutil
 import pytest
 
-from conftest import assert_nothing_left
+from conftest import FAKE_TASK, Run, assert_nothing_left
 
 FAST = ["--join-timeout", "20", "--stop-grace", "3"]
 
@@ -320,4 +321,39 @@ def test_ctrl_c_during_a_restart_loop_stops_everything(fake_run):
     run.proc.send_signal(signal.SIGINT)
     assert run.wait(30) == 130, run.stdout[-2000:]
     assert run.summary["status"] == "interrupted"
+    assert_nothing_left(run)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 512 KiB tmpfs (root only; CI runs as root)."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run this test as root (it mounts a small tmpfs)")
+        pytest.skip("needs root to mount a small tmpfs")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_reported_and_stops_the_run_instead_of_hanging_it(small_disk, tmp_path):
+    # worker:0 prints 1 KB lines until the run dir's disk is full: its log thread must go
+    # on draining the pipe (else the task blocks on it and the run hangs silently), and
+    # tfrun must name the cause and stop every task.
+    run = Run(small_disk, ["--workers", "2", *FAST, str(FAKE_TASK), "worker:0=spam;*=forever"])
+    code = run.run(timeout=60)
+    assert code == 1, run.stdout
+    assert "FAILED: disk full: cannot write" in run.stdout
+    assert "tfrun stopped the run" in run.stdout
+    logged = (run.run_dir / "logs" / "worker-0.log").read_bytes().count(b"spam ")
+    shown = run.stdout.count("[worker:0] spam ")
+    assert shown > logged, "the output after the disk filled up was not drained"
+    if (run.run_dir / "summary.json").exists():
+        assert run.summary["status"] == "failed" and "disk full" in run.summary["message"]
+    else:
+        assert "summary.json not written: disk full" in run.stdout
     assert_nothing_left(run)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable
 
-__all__ = ["ConsoleSink", "NoiseFilter", "TaskLogger", "is_tf_noise", "last_traceback",
-           "parse_task_filter"]
+__all__ = ["ConsoleSink", "NoiseFilter", "TaskLogger", "describe_write_error", "is_tf_noise",
+           "last_traceback", "parse_task_filter"]
 
 _NOISE_PATTERNS = [
     r"oneDNN custom operations are on",
@@ -136,19 +136,26 @@ class ConsoleSink:
             try:
                 self.stream.write(text.rstrip("\n") + "\n")
                 self.stream.flush()
-            except (BrokenPipeError, ValueError):
+            except (OSError, ValueError):  # closed, broken pipe, disk full: keep going
                 pass
 
 
 @dataclass
 class TaskLogger:
-    """Copies one task's output stream to its log file and the console (one thread)."""
+    """Copies one task's output stream to its log file and the console (one thread).
+
+    The stream is drained to its end whatever happens to the file: a task blocked
+    writing to a full pipe would hang the run. When the file cannot be written (disk
+    full, ...), the copy goes on to the console only and ``write_error`` says why.
+    """
 
     task: str
     color_index: int
     path: Path
     console: ConsoleSink
     _threads: list[threading.Thread] = field(default_factory=list)
+    #: The first error writing the log file (None while all is well).
+    write_error: OSError | None = None
 
     def pump(self, stream: IO[bytes]) -> threading.Thread:
         """Start copying ``stream`` until EOF; the log file is appended to (restarts)."""
@@ -159,19 +166,60 @@ class TaskLogger:
         return thread
 
     def _copy(self, stream: IO[bytes]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         noise = NoiseFilter()
-        with open(self.path, "ab", buffering=0) as log:
+        log = self._open_log()
+        try:
             for raw in iter(stream.readline, b""):
-                log.write(raw)
+                if log is not None:
+                    try:
+                        log.write(raw)
+                    except OSError as exc:
+                        self._failed(exc)
+                        _close_quietly(log)
+                        log = None
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 self.console.task_line(self.task, self.color_index, line, noise=noise(line))
-        stream.close()
+        finally:
+            _close_quietly(log)
+            stream.close()
+
+    def _open_log(self) -> IO[bytes] | None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return open(self.path, "ab", buffering=0)
+        except OSError as exc:
+            self._failed(exc)
+            return None
+
+    def _failed(self, exc: OSError) -> None:
+        if self.write_error is None:
+            self.write_error = exc
 
     def join(self, timeout: float = 5.0) -> None:
         for thread in self._threads:
             thread.join(timeout)
         self._threads = [t for t in self._threads if t.is_alive()]
+
+
+def _close_quietly(log: IO[bytes] | None) -> None:
+    if log is not None:
+        try:
+            log.close()
+        except OSError:  # the last buffered bytes could not be written either
+            pass
+
+
+def describe_write_error(path: Path | str, exc: OSError) -> str:
+    """``disk full: cannot write <path> (...)`` or the plain error for other causes.
+
+    >>> import errno
+    >>> describe_write_error("runs/x/logs/w.log", OSError(errno.ENOSPC, "No space left on device"))
+    'disk full: cannot write runs/x/logs/w.log (No space left on device)'
+    """
+    import errno
+
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return f"{'disk full: ' if full else ''}cannot write {path} ({exc.strerror or exc})"
 
 
 _ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ ")

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..cluster import ClusterPlan, TaskId
 from .backends.base import Backend, TaskHandle, TaskSpec
 from .config import LaunchConfig
-from .logs import ConsoleSink, TaskLogger, last_traceback
+from .logs import ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
 from .rendezvous import JoinProbe
 
@@ -91,7 +91,7 @@ class RunResult:
 
 @dataclass
 class _Outcome:
-    kind: str                        # success | fail | restart | timeout | signal
+    kind: str                        # success | fail | restart | timeout | storage | signal
     record: TaskRecord | None = None
     message: str = ""
 
@@ -123,6 +123,7 @@ class Supervisor:
         self._events = run_dir / "events.jsonl"
         self._probe: JoinProbe | None = None
         self._start_time = time.time()
+        self._storage_error: str | None = None  # the run dir could not be written
 
     def _backend(self, record: TaskRecord) -> Backend:
         return self.backends[record.task]
@@ -137,8 +138,20 @@ class Supervisor:
     # ------------------------------------------------------------------ bookkeeping
 
     def _event(self, kind: str, **data) -> None:
-        with open(self._events, "a") as f:
-            f.write(json.dumps({"time": time.time(), "event": kind, **data}) + "\n")
+        try:
+            with open(self._events, "a") as f:
+                f.write(json.dumps({"time": time.time(), "event": kind, **data}) + "\n")
+        except OSError as exc:  # e.g. disk full: the watch loop ends the run cleanly
+            self._storage_error = self._storage_error or describe_write_error(self._events, exc)
+
+    def _storage_problem(self) -> str | None:
+        """Why the run dir cannot be written any more (its logs, its events), or None."""
+        if self._storage_error is not None:
+            return self._storage_error
+        for record in self.records:
+            if record.logger.write_error is not None:
+                return describe_write_error(record.logger.path, record.logger.write_error)
+        return None
 
     def _transition(self, record: TaskRecord, state: TaskState, **data) -> None:
         if state not in ALLOWED_TRANSITIONS[record.state]:  # internal invariant
@@ -213,6 +226,8 @@ class Supervisor:
         if outcome.kind == "timeout":
             return self._result(JOIN_TIMEOUT_EXIT_CODE, "join-timeout", outcome.record,
                                 outcome.message)
+        if outcome.kind == "storage":
+            return self._result(1, "failed", None, outcome.message)
         assert self._signal is not None
         return self._result(128 + self._signal, "interrupted", None,
                             f"stopped by {signal.Signals(self._signal).name}")
@@ -252,6 +267,12 @@ class Supervisor:
         while True:
             if self._signal is not None:
                 return _Outcome("signal")
+            problem = self._storage_problem()
+            if problem is not None:
+                # Task output is still drained (to the console), but nothing of the run
+                # can be recorded any more: stop now rather than train unlogged.
+                return _Outcome("storage", message=f"{problem}; tfrun stopped the run. "
+                                "Free space (or pick another --run-dir) and run again")
             for record in self.records:
                 if record.state != TaskState.RUNNING:
                     continue
@@ -337,7 +358,10 @@ class Supervisor:
     def _finish_untracked(self) -> None:
         """Training is done: stop ps now, give the evaluator its grace period."""
         for backend in self._distinct_backends():
-            backend.mark_training_done()
+            try:
+                backend.mark_training_done()
+            except OSError as exc:  # the evaluator is stopped after its grace anyway
+                self.console.info(f"could not tell the evaluator that training is done ({exc})")
         self._event("training-done")
         self._stop([r for r in self.records if r.state == TaskState.RUNNING
                     and r.task.role != "evaluator"], grace=self.config.stop_grace)
@@ -410,7 +434,7 @@ class Supervisor:
         result.summary_path = self._write_summary(result)
         return result
 
-    def _write_summary(self, result: RunResult) -> Path:
+    def _write_summary(self, result: RunResult) -> Path | None:
         root = result.root_cause
         summary = {
             "status": result.status,
@@ -426,8 +450,13 @@ class Supervisor:
         }
         path = self.run_dir / "summary.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:  # disk full: the console summary is all there is
+            tmp.unlink(missing_ok=True)
+            self.console.info(f"summary.json not written: {describe_write_error(path, exc)}")
+            return None
         return path
 
 
@@ -458,7 +487,7 @@ def describe_result(result: RunResult, started: float) -> str:
                          f"{_describe_code(root.exit_code)} (root cause)")
             if root.note:
                 lines.append(f"  {root.note}")
-        elif result.status == "join-timeout":
+        elif result.status in ("join-timeout", "failed"):
             lines.append(f"FAILED: {result.message}")
         else:
             lines.append(f"INTERRUPTED: {result.message}")
