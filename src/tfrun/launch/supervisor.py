@@ -25,6 +25,7 @@ from pathlib import Path
 from ..cluster import ClusterPlan, TaskId
 from .backends.base import Backend, TaskHandle, TaskSpec
 from .config import LaunchConfig
+from .diagnose import TAIL_BYTES, culprits
 from .logs import ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
 from .rendezvous import JoinProbe
@@ -87,6 +88,10 @@ class RunResult:
     message: str = ""
     summary_path: Path | None = None
     traceback: str | None = None
+    #: the task that failed because of ``root_cause`` (TensorFlow named the root cause)
+    failed_because: TaskRecord | None = None
+    #: whose log ``traceback`` comes from
+    traceback_of: TaskRecord | None = None
 
 
 @dataclass
@@ -94,6 +99,7 @@ class _Outcome:
     kind: str                        # success | fail | restart | timeout | storage | signal
     record: TaskRecord | None = None
     message: str = ""
+    culprit: TaskRecord | None = None  # for fail: the task TensorFlow blamed, if another
 
 
 class Supervisor:
@@ -222,6 +228,9 @@ class Supervisor:
         if outcome.kind == "fail":
             record = outcome.record
             assert record is not None and record.exit_code is not None
+            if outcome.culprit is not None:
+                return self._result(record.exit_code, "failed", outcome.culprit, outcome.message,
+                                    failed_because=record)
             return self._result(record.exit_code, "failed", record, outcome.message)
         if outcome.kind == "timeout":
             return self._result(JOIN_TIMEOUT_EXIT_CODE, "join-timeout", outcome.record,
@@ -282,7 +291,7 @@ class Supervisor:
                     continue
                 decision = self._on_exit(record, code)
                 if decision is Decision.FAIL:
-                    return _Outcome("fail", record)
+                    return _Outcome("fail", record, culprit=self._culprit_of(record))
                 if decision is Decision.RESTART:
                     return _Outcome("restart", record)
                 if decision is Decision.RESTART_TASK:
@@ -324,6 +333,30 @@ class Supervisor:
             self.console.info(f"{record.task} exited with code {code}; training goes on "
                               f"(an {record.task.role} failure does not stop training)")
         return decision
+
+    def _culprit_of(self, failed: TaskRecord) -> TaskRecord | None:
+        """The task TensorFlow's coordination service blames in ``failed``'s log (it
+        stopped sending heartbeats: exited early, stopped, hung), if another one."""
+        failed.logger.join(timeout=2.0)  # its last lines hold the error
+        try:
+            with open(failed.logger.path, "rb") as log:
+                log.seek(max(log.seek(0, os.SEEK_END) - TAIL_BYTES, 0))
+                tail = log.read().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        by_task = {r.task: r for r in self.records}
+        for task in culprits(tail):
+            culprit = by_task.get(task)
+            if culprit is not None and culprit is not failed:
+                how = ("it had exited with code 0 before training ended" if culprit.exit_code == 0
+                       else "still running but unresponsive: stopped or stuck"
+                       if culprit.state == TaskState.RUNNING
+                       else f"it had exited with {_describe_code(culprit.exit_code)}")
+                culprit.note = (f"no heartbeats ({how}), says TensorFlow's coordination "
+                                f"service in {failed.task}'s log")
+                self._event("culprit", task=str(culprit.task), reported_by=str(failed.task))
+                return culprit
+        return None
 
     def _check_joined(self, started: float) -> bool:
         assert self._probe is not None
@@ -422,15 +455,22 @@ class Supervisor:
     # ------------------------------------------------------------------ summary
 
     def _result(self, exit_code: int, status: str, root: TaskRecord | None,
-                message: str) -> RunResult:
+                message: str, failed_because: TaskRecord | None = None) -> RunResult:
         for record in self.records:
             record.logger.join()
-        traceback = None
-        if root is not None and status == "failed" and root.logger.path.exists():
-            traceback = last_traceback(root.logger.path.read_text(errors="replace").splitlines())
+        traceback, traceback_of = None, None
+        # The root cause's traceback, else (a culprit that died silently) the error it caused.
+        for record in (root, failed_because):
+            if record is not None and status == "failed" and record.logger.path.exists():
+                traceback = last_traceback(
+                    record.logger.path.read_text(errors="replace").splitlines())
+                if traceback is not None:
+                    traceback_of = record
+                    break
         result = RunResult(exit_code=exit_code, status=status, root_cause=root,
                            tasks=self.records, restarts=self.restarts, message=message,
-                           traceback=traceback)
+                           traceback=traceback, failed_because=failed_because,
+                           traceback_of=traceback_of)
         result.summary_path = self._write_summary(result)
         return result
 
@@ -445,7 +485,11 @@ class Supervisor:
             "ended_at": time.time(),
             "restarts": result.restarts,
             "root_cause": None if root is None else {
-                **root.to_dict(), "traceback": result.traceback},
+                **root.to_dict(), "traceback": result.traceback,
+                "traceback_of": None if result.traceback_of is None
+                else str(result.traceback_of.task),
+                "failed_because": None if result.failed_because is None
+                else str(result.failed_because.task)},
             "tasks": [r.to_dict() for r in result.tasks],
         }
         path = self.run_dir / "summary.json"
@@ -466,9 +510,7 @@ def describe_outcome(result: RunResult) -> str:
         return "run succeeded"
     root = result.root_cause
     if result.status == "failed" and root is not None:
-        where = f" on {root.handle.host}" if root.handle is not None and root.handle.host else ""
-        return f"run failed: {root.task}{where} exited with {_describe_code(root.exit_code)}" + \
-            (f" ({root.note})" if root.note else "") + " (root cause)"
+        return f"run failed: {_root_cause_line(result)}" + (f" ({root.note})" if root.note else "")
     return f"run {result.status}: {result.message}"
 
 
@@ -482,17 +524,16 @@ def describe_result(result: RunResult, started: float) -> str:
     else:
         root = result.root_cause
         if result.status == "failed" and root is not None:
-            where = f" on {root.handle.host}" if root.handle is not None and root.handle.host else ""
-            lines.append(f"FAILED: {root.task}{where} exited with "
-                         f"{_describe_code(root.exit_code)} (root cause)")
+            lines.append(f"FAILED: {_root_cause_line(result)}")
             if root.note:
                 lines.append(f"  {root.note}")
         elif result.status in ("join-timeout", "failed"):
             lines.append(f"FAILED: {result.message}")
         else:
             lines.append(f"INTERRUPTED: {result.message}")
-        if result.traceback and root is not None:
-            lines.append(f"last traceback of {root.task} ({root.logger.path}):")
+        if result.traceback and result.traceback_of is not None:
+            lines.append(f"last traceback of {result.traceback_of.task} "
+                         f"({result.traceback_of.logger.path}):")
             lines.extend("  " + l for l in result.traceback.splitlines())
         elif root is not None and result.status == "failed":
             lines.append(f"no Python traceback in {root.logger.path}; see the log's last lines")
@@ -506,6 +547,17 @@ def describe_result(result: RunResult, started: float) -> str:
     if result.summary_path:
         lines.append(f"summary: {result.summary_path}")
     return "\n".join(lines)
+
+
+def _root_cause_line(result: RunResult) -> str:
+    root = result.root_cause
+    assert root is not None
+    where = f" on {root.handle.host}" if root.handle is not None and root.handle.host else ""
+    if result.failed_because is not None:
+        return (f"{root.task}{where} stopped sending heartbeats (root cause); "
+                f"{result.failed_because.task} failed because of it with "
+                f"{_describe_code(result.failed_because.exit_code)}")
+    return f"{root.task}{where} exited with {_describe_code(root.exit_code)} (root cause)"
 
 
 def _describe_code(code: int | None) -> str:

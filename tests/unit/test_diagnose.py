@@ -1,0 +1,32 @@
+"""Finding the task TensorFlow's coordination service blames in a failed task's log."""
+
+from pathlib import Path
+
+import pytest
+
+from tfrun.cluster import TaskId
+from tfrun.launch.diagnose import culprits
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_a_real_tf_2_21_heartbeat_failure_names_the_task_that_left():
+    # worker:0's log when worker:1 exited 0 right after creating its strategy (tfrun 2026-11).
+    text = (DATA / "coordination_heartbeat_failure.log").read_text()
+    assert culprits(text) == [TaskId("worker", 1)]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The following tasks are unhealthy (stopped sending heartbeats):\n"
+     "/job:worker/replica:0/task:2\n/job:chief/replica:0/task:0\nThe tasks have crashed.",
+     [TaskId("worker", 2), TaskId("chief", 0)]),
+    ("Task /job:worker/replica:0/task:3 heartbeat timeout. This indicates that the remote task "
+     "has failed", [TaskId("worker", 3)]),
+    ("/job:master/replica:0/task:0 heartbeat timeout.", [TaskId("chief", 0)]),
+    # Naming a task is not blaming it: "Error reported from" is the reporter.
+    ("UNAVAILABLE: Error reported from /job:worker/task:1: connection reset", []),
+    ("/job:worker/replica:0/task:1 has connected to coordination service.", []),
+    ("", []),
+])
+def test_culprits_by_wording(text, expected):
+    assert culprits(text) == expected
