@@ -8,7 +8,7 @@ Rules are ``selector=action,action,...`` separated by ``;``; the selector is
   ok | exit:N | raise | sleep:S | forever | listen | kill:SIG | grandchild | escaped_child
   | spam (print 1 KB lines forever) | fail_before_restart:N (exit 1 while
   TFRUN_RESTART_COUNT < N) | wait_done
-  | print:TEXT | usage_error (exit 2)
+  | print:TEXT | usage_error (exit 2) | set_tf_config (the script assigns its own TF_CONFIG)
 """
 
 import json
@@ -68,6 +68,11 @@ def run(action: str) -> None:
     if name == "grandchild":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         Path(os.environ["TFRUN_RUN_DIR"], f"grandchild-{role}-{index}.pid").write_text(str(child.pid))
+    if name == "set_tf_config":
+        os.environ["TF_CONFIG"] = os.environ["TF_CONFIG"]  # the same cluster: no warning
+        own = {"cluster": {role: [f"localhost:{20000 + i}" for i in range(int(index) + 1)]},
+               "task": {"type": role, "index": int(index)}}
+        os.environ["TF_CONFIG"] = json.dumps(own)
     if name == "spam":
         n = 0
         while True:

@@ -17,7 +17,11 @@ import threading
 
 from ._post_import import when_imported
 
-__all__ = ["prepare", "run_as_server_if_assigned"]
+__all__ = ["TF_CONFIG_REPLACED", "prepare", "run_as_server_if_assigned"]
+
+#: Start of the warning a task prints when the script replaces tfrun's TF_CONFIG (the
+#: supervisor looks for it in a task's log to explain a join timeout).
+TF_CONFIG_REPLACED = "tfrun: WARNING: the script replaced the TF_CONFIG tfrun set"
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -45,6 +49,7 @@ class _KerasToTfKeras(importlib.abc.MetaPathFinder):
 
 
 def prepare() -> None:
+    _watch_tf_config()
     legacy = os.environ.get("TFRUN_KERAS") == "2" or os.environ.get("TF_USE_LEGACY_KERAS") == "1"
     if legacy:
         sys.meta_path.insert(0, _KerasToTfKeras())
@@ -58,6 +63,62 @@ def prepare() -> None:
         compat.install()
     if os.environ.get("TFRUN_KEEP_TF_SIGTERM", "") in ("", "0"):
         when_imported("tensorflow.python.eager.context", _keep_sigterm_disposition)
+
+
+def _watch_tf_config() -> None:
+    """Warn, in this task and at once, when the script replaces tfrun's ``TF_CONFIG``.
+
+    A script written for hand-made clusters often sets ``os.environ["TF_CONFIG"]``
+    itself; TensorFlow then builds the script's cluster, not tfrun's, and the task never
+    joins. Assigning the same cluster again is fine and says nothing.
+    """
+    original = os.environ.get("TF_CONFIG")
+    if not original:
+        return
+    environ_class = type(os.environ)
+    warned: list[bool] = []
+
+    def check(value: str | None) -> None:
+        if warned or (value is not None and _same_json(value, original)):
+            return
+        warned.append(True)
+        where = _caller_outside(os.path.dirname(os.__file__), __file__)
+        what = "removed" if value is None else f"replaced it with {value}"
+        print(f"{TF_CONFIG_REPLACED} for this task{where}: tfrun's was {original}; the script "
+              f"{what}. TensorFlow will not use tfrun's cluster, so this task will not join "
+              "it. Remove the assignment: tfrun sets TF_CONFIG for every task (read it with "
+              "tfrun.task()); or run the script without tfrun.", file=sys.stderr, flush=True)
+
+    class _WatchedEnviron(environ_class):  # type: ignore[misc,valid-type]
+        def __setitem__(self, key, value):
+            if key == "TF_CONFIG":
+                check(value)
+            super().__setitem__(key, value)
+
+        def __delitem__(self, key):
+            if key == "TF_CONFIG":
+                check(None)
+            super().__delitem__(key)
+
+    os.environ.__class__ = _WatchedEnviron
+
+
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return a == b
+
+
+def _caller_outside(*skipped: str) -> str:
+    """`` (at script.py:12)`` for the innermost frame not in ``skipped`` files/dirs."""
+    import traceback
+
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if not any(frame.filename.startswith(s) for s in skipped) and \
+                not frame.filename.startswith("<frozen"):
+            return f" (at {frame.filename}:{frame.lineno})"
+    return ""
 
 
 def _keep_sigterm_disposition(context_module) -> None:

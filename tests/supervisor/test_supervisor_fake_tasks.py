@@ -357,3 +357,18 @@ def test_a_full_disk_is_reported_and_stops_the_run_instead_of_hanging_it(small_d
     else:
         assert "summary.json not written: disk full" in run.stdout
     assert_nothing_left(run)
+
+
+def test_a_script_that_sets_its_own_tf_config_is_warned_at_once_and_named_at_the_join_timeout(
+        fake_run):
+    run = fake_run(["--workers", "2", "--join-timeout", "4", "--stop-grace", "3"],
+                   "worker:1=set_tf_config,listen,forever;*=listen,forever")
+    assert run.run() == 124, run.stdout
+    log = (run.run_dir / "logs" / "worker-1.log").read_text()
+    assert log.count("tfrun: WARNING: the script replaced the TF_CONFIG tfrun set") == 1, log
+    assert "fake_task.py:" in log and '"localhost:20001"' in log  # where, and what it set
+    assert "[worker:1] tfrun: WARNING: the script replaced" in run.stdout
+    assert ("worker:1 replaced the TF_CONFIG tfrun set with its own" in run.stdout
+            and "never started a TensorFlow server" not in run.stdout), run.stdout
+    assert "WARNING" not in (run.run_dir / "logs" / "worker-0.log").read_text()
+    assert_nothing_left(run)

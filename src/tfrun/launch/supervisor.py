@@ -25,6 +25,7 @@ from pathlib import Path
 from ..cluster import ClusterPlan, TaskId
 from .backends.base import Backend, TaskHandle, TaskSpec
 from .config import LaunchConfig
+from .._task_setup import TF_CONFIG_REPLACED
 from .diagnose import TAIL_BYTES, culprits
 from .logs import ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
@@ -338,12 +339,7 @@ class Supervisor:
         """The task TensorFlow's coordination service blames in ``failed``'s log (it
         stopped sending heartbeats: exited early, stopped, hung), if another one."""
         failed.logger.join(timeout=2.0)  # its last lines hold the error
-        try:
-            with open(failed.logger.path, "rb") as log:
-                log.seek(max(log.seek(0, os.SEEK_END) - TAIL_BYTES, 0))
-                tail = log.read().decode("utf-8", errors="replace")
-        except OSError:
-            return None
+        tail = _log_tail(failed.logger.path)
         by_task = {r.task: r for r in self.records}
         for task in culprits(tail):
             culprit = by_task.get(task)
@@ -375,9 +371,19 @@ class Supervisor:
     def _join_timeout(self) -> _Outcome:
         waiting = [r for r in self.records if r.address is not None and not r.joined]
         exited = [r for r in self.records if r.state.done]
-        parts = [f"the cluster did not form within --join-timeout {self.config.join_timeout:g}s: "
-                 f"{', '.join(str(r.task) for r in waiting)} never started a TensorFlow server "
-                 f"on {', '.join(r.address or '' for r in waiting)}"]
+        # A script that replaced tfrun's TF_CONFIG built another cluster: say so, not "never
+        # started a server" (it may well have, elsewhere).
+        replaced = [r for r in waiting if _log_tail_contains(r.logger.path, TF_CONFIG_REPLACED)]
+        silent = [r for r in waiting if r not in replaced]
+        parts = [f"the cluster did not form within --join-timeout {self.config.join_timeout:g}s: "]
+        if replaced:
+            parts.append(f"{', '.join(str(r.task) for r in replaced)} replaced the TF_CONFIG "
+                         "tfrun set with its own (the script assigns os.environ['TF_CONFIG']; "
+                         "see the warning in its log), so it could not join tfrun's cluster")
+        if silent:
+            parts.append(("; " if replaced else "") +
+                         f"{', '.join(str(r.task) for r in silent)} never started a TensorFlow "
+                         f"server on {', '.join(r.address or '' for r in silent)}")
         if exited:
             parts.append("; already exited: " + ", ".join(
                 f"{r.task} (code {r.exit_code})" for r in exited))
@@ -547,6 +553,20 @@ def describe_result(result: RunResult, started: float) -> str:
     if result.summary_path:
         lines.append(f"summary: {result.summary_path}")
     return "\n".join(lines)
+
+
+def _log_tail(path: Path) -> str:
+    """The last ``TAIL_BYTES`` of a task's log ("" when unreadable)."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(log.seek(0, os.SEEK_END) - TAIL_BYTES, 0))
+            return log.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _log_tail_contains(path: Path, text: str) -> bool:
+    return text in _log_tail(path)
 
 
 def _root_cause_line(result: RunResult) -> str:
