@@ -9,6 +9,7 @@ Rules are ``selector=action,action,...`` separated by ``;``; the selector is
   | spam (print 1 KB lines forever) | fail_before_restart:N (exit 1 while
   TFRUN_RESTART_COUNT < N) | wait_done
   | print:TEXT | usage_error (exit 2) | set_tf_config (the script assigns its own TF_CONFIG)
+  | tick (print a line every 0.2 s forever) | hang_in_python (silent forever)
 """
 
 import json
@@ -37,6 +38,11 @@ def actions_for(spec: str) -> list[str]:
 def my_port() -> int:
     config = json.loads(os.environ["TF_CONFIG"])
     return int(config["cluster"][role][int(index)].rsplit(":", 1)[1])
+
+
+def hang_in_python() -> None:
+    while True:
+        time.sleep(0.1)
 
 
 def run(action: str) -> None:
@@ -68,6 +74,12 @@ def run(action: str) -> None:
     if name == "grandchild":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         Path(os.environ["TFRUN_RUN_DIR"], f"grandchild-{role}-{index}.pid").write_text(str(child.pid))
+    if name == "tick":
+        while True:
+            print("tick", flush=True)
+            time.sleep(0.2)
+    if name == "hang_in_python":
+        hang_in_python()
     if name == "set_tf_config":
         os.environ["TF_CONFIG"] = os.environ["TF_CONFIG"]  # the same cluster: no warning
         own = {"cluster": {role: [f"localhost:{20000 + i}" for i in range(int(index) + 1)]},

@@ -5,7 +5,9 @@ In order, before the user's code:
 1. die with the supervisor (``PR_SET_PDEATHSIG``), so a SIGKILLed tfrun leaves no task,
    move into the task's cgroup (``TFRUN_CGROUP``, see ``tfrun.launch.cgroups``) and join
    the run's private network (``TFRUN_NETNS``, see ``tfrun.launch.netns``);
-2. split the CPU into logical devices when ``TFRUN_DEVICES`` is set;
+2. dump every thread's Python stack on SIGUSR1 (``faulthandler``: works even when the
+   main thread is stuck in C code), which ``--hang-timeout`` asks for; split the CPU into
+   logical devices when ``TFRUN_DEVICES`` is set;
 3. install the Keras compatibility fixes (applied when Keras is first imported, so a
    script that never imports Keras pays nothing);
 4. with ``TFRUN_ROLES=auto`` in a parameter-server cluster, ps and worker tasks become
@@ -18,6 +20,7 @@ same environment behaves the same.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import runpy
 import signal
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     _die_with_supervisor()
     _join_cgroup()
     _join_private_network()
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     from . import _task_setup
 
     _task_setup.prepare()

@@ -41,6 +41,8 @@ CASES = [
     ("join-timeout-negative", [*W2, "--join-timeout", "-5", GOOD], "'-5'"),
     ("stop-grace-nan", [*W2, "--stop-grace", "nan", GOOD], "'nan'"),
     ("stop-grace-word", [*W2, "--stop-grace", "soon", GOOD], "'soon'"),
+    ("hang-timeout-zero", [*W2, "--hang-timeout", "0", GOOD], "'0'"),
+    ("hang-timeout-nan", [*W2, "--hang-timeout", "nan", GOOD], "'nan'"),
     ("evaluator-grace-nan", [*W2, "--evaluator-grace", "NaN", GOOD], "'NaN'"),
     ("heartbeat-timeout-inf", [*W2, "--heartbeat-timeout", "Infinity", GOOD], "'Infinity'"),
     ("max-restarts-negative", [*W2, "--max-restarts", "-1", GOOD], "'-1'"),

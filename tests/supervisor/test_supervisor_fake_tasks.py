@@ -372,3 +372,30 @@ def test_a_script_that_sets_its_own_tf_config_is_warned_at_once_and_named_at_the
             and "never started a TensorFlow server" not in run.stdout), run.stdout
     assert "WARNING" not in (run.run_dir / "logs" / "worker-0.log").read_text()
     assert_nothing_left(run)
+
+
+@pytest.mark.parametrize("stuck", ["hang_in_python", "kill:SIGSTOP"])
+def test_hang_timeout_names_the_silent_task_with_its_stack(fake_run, stuck):
+    # worker:0 keeps printing; worker:1 goes silent after joining (stuck in Python, or
+    # SIGSTOPped). Without --hang-timeout nothing would ever end this run.
+    run = fake_run(["--workers", "2", "--hang-timeout", "2", *FAST],
+                   f"worker:1=listen,print:joined,{stuck};*=listen,tick")
+    assert run.run(timeout=60) == 124, run.stdout
+    assert run.summary["status"] == "hang-timeout"
+    assert run.summary["root_cause"]["task"] == "worker:1"
+    assert "FAILED: worker:1 made no progress for 2s (--hang-timeout 2s: no output line)" \
+        in run.stdout, run.stdout
+    log = (run.run_dir / "logs" / "worker-1.log").read_text()
+    if stuck == "hang_in_python":
+        # faulthandler's dump, on the console and in the log, names the stuck function.
+        assert "Its Python stacks" in run.stdout
+        assert "in hang_in_python" in run.stdout and "in hang_in_python" in log
+    else:
+        assert "it is stopped (SIGSTOP) or stuck outside Python" in run.stdout
+    assert [e["task"] for e in run.events() if e["event"] == "hang-timeout"] == ["worker:1"]
+    assert_nothing_left(run)
+
+
+def test_without_hang_timeout_a_silent_task_is_left_alone(fake_run):
+    run = fake_run(["--workers", "2", *FAST], "worker:1=listen,sleep:3,ok;*=listen,ok")
+    assert run.run(timeout=60) == 0, run.stdout

@@ -61,6 +61,9 @@ def test_tracked_roles():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_restarts=-1), "--max-restarts is negative"),
     (dict(join_timeout=0), "--join-timeout must be positive"),
+    (dict(hang_timeout=0), "--hang-timeout must be a positive number"),
+    (dict(hang_timeout=float("nan")), "--hang-timeout must be a positive number"),
+    (dict(hang_timeout=float("inf")), "--hang-timeout must be a positive number"),
     (dict(strategy="x"), "Unknown strategy"),
     (dict(keras="4"), "Unknown Keras flavour"),
     (dict(roles="x"), "Unknown role mode"),

@@ -241,6 +241,7 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
         f"  devices    : {config.devices or 'as found'}",
         f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
         f"stop grace {config.stop_grace:g}s"
+        + (f"; hang timeout {config.hang_timeout:g}s" if config.hang_timeout else "")
         + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if mode != "local" else ""),
         *([f"  network    : {network}"] if network else []),
         *([f"  containment: {_containment()}"] if mode == "local" else []),

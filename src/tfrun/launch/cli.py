@@ -79,6 +79,11 @@ def build_launch_parser() -> argparse.ArgumentParser:
                      help="seconds for every task's TensorFlow server to come up (default 300)")
     run.add_argument("--stop-grace", type=_positive_float, default=10.0,
                      help="seconds between SIGTERM and SIGKILL when stopping tasks (default 10)")
+    run.add_argument("--hang-timeout", type=_positive_float, default=None, metavar="SECONDS",
+                     help="after the cluster forms, fail the run when a chief/worker prints "
+                          "nothing for this long, naming it and dumping its Python stacks "
+                          "(default: off; set it above the longest silent stretch, e.g. an "
+                          "epoch with verbose=2)")
     run.add_argument("--evaluator-grace", type=_positive_float, default=30.0,
                      help="seconds the evaluator may keep running after training (default 30)")
     run.add_argument("--run-dir", default=None,
@@ -230,6 +235,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         run_dir=args.run_dir, name=args.name, max_restarts=args.max_restarts,
         max_worker_restarts=args.max_worker_restarts,
         join_timeout=args.join_timeout, stop_grace=args.stop_grace,
+        hang_timeout=args.hang_timeout,
         evaluator_grace=args.evaluator_grace, show=args.show, quiet_tasks=args.quiet_tasks,
         tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,
         keras=args.keras, devices=args.devices, roles=args.roles,

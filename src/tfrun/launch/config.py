@@ -50,6 +50,7 @@ class LaunchConfig:
     join_timeout: float = 300.0         # seconds for every task's server to come up
     stop_grace: float = 10.0            # SIGTERM -> SIGKILL
     evaluator_grace: float = 30.0       # evaluator's time to finish after training ends
+    hang_timeout: float | None = None   # fail when a tracked task is silent this long (off)
     show: str | None = None             # "chief,worker:0": console filter
     quiet_tasks: bool = False
     tf_noise: bool = False
@@ -88,6 +89,11 @@ class LaunchConfig:
                                   expected="a number of seconds > 0",
                                   fix=f"Pass e.g. --{name.replace('_', '-')} 30",
                                   received=getattr(self, name))
+        if self.hang_timeout is not None and not 0 < self.hang_timeout < float("inf"):
+            raise ConfigError("--hang-timeout must be a positive number of seconds",
+                              expected="a number of seconds > 0 (or no --hang-timeout: off)",
+                              fix="Pass e.g. --hang-timeout 600 (above the longest time a "
+                                  "task may print nothing)", received=self.hang_timeout)
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"Unknown strategy {self.strategy!r}",
                               expected=f"one of {', '.join(STRATEGIES)}",

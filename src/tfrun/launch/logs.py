@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable
@@ -156,9 +158,16 @@ class TaskLogger:
     _threads: list[threading.Thread] = field(default_factory=list)
     #: The first error writing the log file (None while all is well).
     write_error: OSError | None = None
+    #: time.monotonic() of the last line (or of the start): the hang watchdog reads it.
+    last_line_at: float = field(default_factory=time.monotonic)
+    #: lines read since the start of the run (to find the lines after a mark)
+    lines_read: int = 0
+    _recent: deque = field(default_factory=lambda: deque(maxlen=400))
+    _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def pump(self, stream: IO[bytes]) -> threading.Thread:
         """Start copying ``stream`` until EOF; the log file is appended to (restarts)."""
+        self.last_line_at = time.monotonic()
         thread = threading.Thread(target=self._copy, args=(stream,), daemon=True,
                                   name=f"tfrun-log-{self.task}")
         thread.start()
@@ -178,6 +187,10 @@ class TaskLogger:
                         _close_quietly(log)
                         log = None
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                self.last_line_at = time.monotonic()
+                with self._recent_lock:
+                    self._recent.append(line)
+                    self.lines_read += 1
                 self.console.task_line(self.task, self.color_index, line, noise=noise(line))
         finally:
             _close_quietly(log)
@@ -194,6 +207,12 @@ class TaskLogger:
     def _failed(self, exc: OSError) -> None:
         if self.write_error is None:
             self.write_error = exc
+
+    def lines_since(self, mark: int) -> list[str]:
+        """The lines read after ``lines_read`` was ``mark`` (the last 400 at most)."""
+        with self._recent_lock:
+            recent, count = list(self._recent), self.lines_read
+        return recent[max(len(recent) - (count - mark), 0):]
 
     def join(self, timeout: float = 5.0) -> None:
         for thread in self._threads:

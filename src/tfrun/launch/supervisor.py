@@ -31,13 +31,18 @@ from .logs import ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
 from .rendezvous import JoinProbe
 
-__all__ = ["JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Supervisor", "TaskRecord"]
+__all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Supervisor",
+           "TaskRecord"]
 
 #: Exit code when the cluster never formed (the same as timeout(1)).
 JOIN_TIMEOUT_EXIT_CODE = 124
+#: Exit code when a task made no progress for --hang-timeout (timeout(1)'s too).
+HANG_TIMEOUT_EXIT_CODE = 124
 _POLL_SECONDS = 0.1
 #: After SIGKILL, how long to wait for a (remote) backend to confirm the exit.
 _KILL_CONFIRM_SECONDS = 5.0
+#: How long a hung task gets to write its stack dump (SIGUSR1) before it is stopped.
+_STACK_DUMP_SECONDS = 3.0
 
 
 @dataclass
@@ -82,7 +87,7 @@ class TaskRecord:
 @dataclass
 class RunResult:
     exit_code: int
-    status: str                      # succeeded | failed | join-timeout | interrupted
+    status: str                      # succeeded | failed | join-timeout | hang-timeout | interrupted
     root_cause: TaskRecord | None
     tasks: list[TaskRecord]
     restarts: int
@@ -97,7 +102,7 @@ class RunResult:
 
 @dataclass
 class _Outcome:
-    kind: str                        # success | fail | restart | timeout | storage | signal
+    kind: str                        # success | fail | restart | timeout | hang | storage | signal
     record: TaskRecord | None = None
     message: str = ""
     culprit: TaskRecord | None = None  # for fail: the task TensorFlow blamed, if another
@@ -238,6 +243,9 @@ class Supervisor:
                                 outcome.message)
         if outcome.kind == "storage":
             return self._result(1, "failed", None, outcome.message)
+        if outcome.kind == "hang":
+            return self._result(HANG_TIMEOUT_EXIT_CODE, "hang-timeout", outcome.record,
+                                outcome.message)
         assert self._signal is not None
         return self._result(128 + self._signal, "interrupted", None,
                             f"stopped by {signal.Signals(self._signal).name}")
@@ -262,7 +270,7 @@ class Supervisor:
         return len(self.plan.cluster.tasks()) > 1
 
     def _watch(self) -> _Outcome:
-        started = time.monotonic()
+        started = watched_since = time.monotonic()
         joined = not self._needs_join()
         if self._probe is not None:
             self._probe.stop()
@@ -309,8 +317,13 @@ class Supervisor:
                 return _Outcome("success")
             if not joined:
                 joined = self._check_joined(started)
+                watched_since = time.monotonic()  # silence counts from the cluster forming
                 if not joined and time.monotonic() - started > self.config.join_timeout:
                     return self._join_timeout()
+            elif self.config.hang_timeout is not None:
+                hung = self._hung_task(watched_since)
+                if hung is not None:
+                    return self._hang_timeout(hung)
             time.sleep(_POLL_SECONDS)
 
     def _on_exit(self, record: TaskRecord, code: int) -> Decision:
@@ -334,6 +347,45 @@ class Supervisor:
             self.console.info(f"{record.task} exited with code {code}; training goes on "
                               f"(an {record.task.role} failure does not stop training)")
         return decision
+
+    def _hung_task(self, watched_since: float) -> TaskRecord | None:
+        """The running chief/worker silent for --hang-timeout (the longest silent one)."""
+        assert self.config.hang_timeout is not None
+        now = time.monotonic()
+        silent = [r for r in self.records if r.tracked and r.state == TaskState.RUNNING
+                  and now - max(r.logger.last_line_at, watched_since) > self.config.hang_timeout]
+        return min(silent, key=lambda r: r.logger.last_line_at) if silent else None
+
+    def _hang_timeout(self, hung: TaskRecord) -> _Outcome:
+        """Ask the hung task for its Python stacks (SIGUSR1: faulthandler, set up by the
+        bootstrap), wait a moment for them, and fail the run naming it."""
+        assert hung.handle is not None and self.config.hang_timeout is not None
+        silent_for = time.monotonic() - hung.logger.last_line_at
+        others = [r for r in self.records if r is not hung and r.tracked
+                  and r.state == TaskState.RUNNING and r.handle is not None
+                  and time.monotonic() - r.logger.last_line_at > self.config.hang_timeout]
+        mark = hung.logger.lines_read
+        # Every silent task dumps its stacks into its log: who waits for whom shows there.
+        for record in (hung, *others):
+            self._backend(record).signal(record.handle, signal.SIGUSR1)  # type: ignore[arg-type]
+        deadline = time.monotonic() + _STACK_DUMP_SECONDS
+        while time.monotonic() < deadline and not _has_stack_dump(hung.logger.lines_since(mark)):
+            time.sleep(0.05)
+        time.sleep(0.2)  # the rest of the dump
+        dump = hung.logger.lines_since(mark)
+        message = (f"{hung.task} made no progress for {silent_for:.0f}s (--hang-timeout "
+                   f"{self.config.hang_timeout:g}s: no output line)"
+                   + (f"; also silent: {', '.join(str(r.task) for r in others)} (waiting for "
+                      "it? their stacks are in their logs)" if others else ""))
+        if _has_stack_dump(dump):
+            message += f". Its Python stacks (also in {hung.logger.path}):\n" + "\n".join(
+                "  " + line for line in dump)
+        else:
+            message += (f". It wrote no stack dump within {_STACK_DUMP_SECONDS:g}s of SIGUSR1: "
+                        "it is stopped (SIGSTOP) or stuck outside Python")
+        self._event("hang-timeout", task=str(hung.task), silent_for=silent_for,
+                    others=[str(r.task) for r in others])
+        return _Outcome("hang", hung, message)
 
     def _culprit_of(self, failed: TaskRecord) -> TaskRecord | None:
         """The task TensorFlow's coordination service blames in ``failed``'s log (it
@@ -533,7 +585,7 @@ def describe_result(result: RunResult, started: float) -> str:
             lines.append(f"FAILED: {_root_cause_line(result)}")
             if root.note:
                 lines.append(f"  {root.note}")
-        elif result.status in ("join-timeout", "failed"):
+        elif result.status in ("join-timeout", "hang-timeout", "failed"):
             lines.append(f"FAILED: {result.message}")
         else:
             lines.append(f"INTERRUPTED: {result.message}")
@@ -553,6 +605,11 @@ def describe_result(result: RunResult, started: float) -> str:
     if result.summary_path:
         lines.append(f"summary: {result.summary_path}")
     return "\n".join(lines)
+
+
+def _has_stack_dump(lines: list[str]) -> bool:
+    """Whether faulthandler's dump ("Thread 0x... (most recent call first):") is in ``lines``."""
+    return any("(most recent call first)" in line for line in lines)
 
 
 def _log_tail(path: Path) -> str:
