@@ -2,8 +2,11 @@
 
 Two entry points share one binary:
 
-* ``tfrun config ...``  prints or checks TF_CONFIGs (pure, instant);
-* ``tfrun [options] script.py [args]`` (or ``-m module``) launches a local cluster.
+* ``tfrun config ...``  prints or checks TF_CONFIGs (pure, instant; ``--slurm``: those of
+  the allocation it runs in);
+* ``tfrun slurm --nodes N [tfrun args]`` prints a ready sbatch script;
+* ``tfrun doctor ...`` checks the hosts of an SSH launch;
+* ``tfrun [options] script.py [args]`` (or ``-m module``) launches a cluster.
 
 Every launch flag can also come from ``TFRUN_<FLAG>`` (``--max-restarts`` ->
 ``TFRUN_MAX_RESTARTS``); a flag on the command line wins over the environment.
@@ -118,7 +121,39 @@ def build_config_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check", nargs="?", const="$TF_CONFIG", default=None, metavar="JSON",
                         help="validate and normalise a TF_CONFIG (default: $TF_CONFIG) and "
                              "print its canonical form")
+    parser.add_argument("--slurm", action="store_true", default=False,
+                        help="inside an allocation: the TF_CONFIGs tfrun would give the tasks on "
+                             "its nodes (for launchers other than tfrun)")
+    parser.add_argument("--tasks-per-node", type=_non_negative_int, default=None, metavar="K",
+                        help="with --slurm: K workers per node (default 1 unless --workers)")
     return parser
+
+
+def _slurm_plan(args: argparse.Namespace):
+    """``tfrun config --slurm``: the plan ``tfrun`` would run in this allocation."""
+    from .launch.slurm import SlurmJob, place_tasks
+
+    job = SlurmJob.from_environ(os.environ)
+    if job is None:
+        raise ConfigError("tfrun config --slurm runs inside a Slurm allocation, and this is not one",
+                          expected="SLURM_JOB_ID and SLURM_JOB_NODELIST set (sbatch, salloc, srun)",
+                          fix="Run it in the job script or under salloc, e.g. "
+                              "salloc -N2 tfrun config --slurm", received="SLURM_JOB_ID unset")
+    if args.hosts is not None or args.layout != "default":
+        raise ConfigError("tfrun config --slurm places the tasks on the allocation's nodes",
+                          expected="no --hosts/--layout with --slurm",
+                          fix="Drop --hosts/--layout, or drop --slurm",
+                          received=f"--hosts {args.hosts} --layout {args.layout}")
+    per_node = args.tasks_per_node
+    if per_node is not None and args.workers is not None:
+        raise ConfigError("--tasks-per-node and --workers both set the number of workers",
+                          expected="one of them", fix="Drop one of them",
+                          received=f"--workers {args.workers} --tasks-per-node {per_node}")
+    if per_node is None and args.workers is None:
+        per_node = 1
+    topology, hosts = place_tasks(_topology_from(args), job.nodes, tasks_per_node=per_node,
+                                  base_port=args.base_port)
+    return plan_cluster(topology, hosts=list(hosts), base_port=args.base_port)
 
 
 def _run_config(argv: Sequence[str]) -> int:
@@ -133,7 +168,14 @@ def _run_config(argv: Sequence[str]) -> int:
                                   received="TF_CONFIG unset")
         config = parse_tf_config(text)
         configs = [config]
+    elif args.slurm:
+        configs = list(_slurm_plan(args).task_configs())
     else:
+        if args.tasks_per_node is not None:
+            raise ConfigError("--tasks-per-node needs --slurm", expected="tfrun config --slurm "
+                              "--tasks-per-node K inside an allocation",
+                              fix="Add --slurm, or use --workers N",
+                              received=f"--tasks-per-node {args.tasks_per_node}")
         plan = plan_cluster(_topology_from(args), hosts=args.hosts, layout=args.layout,
                             base_port=args.base_port)
         configs = list(plan.task_configs())
@@ -159,6 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "config":
             return _run_config(argv[1:])
+        if argv and argv[0] == "slurm":
+            from .launch.cli import run_sbatch_script
+
+            return run_sbatch_script(argv[1:])
         if argv and argv[0] == "doctor":
             from .launch.cli import run_doctor
 

@@ -1,11 +1,13 @@
 """Launching: LaunchConfig -> plan -> ports -> run dir -> Supervisor -> exit code.
 
-Three modes, chosen from ``--hosts`` and ``--node-rank`` (``launch_mode``):
+Four modes, chosen from ``--hosts``, ``--node-rank`` and a Slurm allocation (``launch_mode``):
 
 * ``local``: every task on this machine (no ``--hosts``, or only localhost entries);
 * ``ssh``: ``--hosts`` names other machines: tfrun starts each host's tasks over SSH;
 * ``pernode``: ``--node-rank R`` (or ``auto``): this machine's tasks only; rank 0 is the
-  hub that supervises every node (see ``pernode.py``).
+  hub that supervises every node (see ``pernode.py``);
+* ``slurm``: inside a Slurm allocation, one tfrun starts an agent per node with ``srun``
+  (``slurm.py``; ``srun tfrun`` is ``pernode``, a one-node allocation ``local``).
 
     >>> from tfrun.launch import LaunchConfig, launch          # doctest: +SKIP
     >>> launch(LaunchConfig(entrypoint=("script", "train.py"),  # doctest: +SKIP
@@ -34,6 +36,7 @@ from .ports import PortReservation, hold_port
 from .redact import redact_args
 from .rundir import run_dir_for
 from .rendezvous import LOOPBACK_NAMES, distinct_hosts, resolve_node_rank
+from .slurm import apply_slurm, job_description
 from .specs import spec_factory, task_hosts
 from .supervisor import RunResult, Supervisor, describe_result
 
@@ -48,6 +51,8 @@ def launch_mode(config: LaunchConfig) -> str:
     >>> launch_mode(LaunchConfig(entrypoint=("script", "t.py"), hosts=("node-1", "node-2")))
     'ssh'
     """
+    if config.slurm == "launcher":
+        return "slurm"
     if config.node_rank is not None:
         if config.hosts is None:
             raise ConfigError("--node-rank needs --hosts", expected="the cluster's host list "
@@ -223,6 +228,10 @@ def _containment() -> str:
 
 def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool,
                     mode: str = "local", network: str | None = None) -> str:
+    if config.slurm == "local":
+        mode += f" (every task on this node of {job_description(os.environ)})"
+    elif config.slurm == "pernode":
+        mode += f" (srun tfrun: one tfrun per node of {job_description(os.environ)})"
     kind, target = config.entrypoint
     addresses = plan.cluster.addresses() if multi else {}
     ps_cluster = bool(plan.cluster.ps)
@@ -242,9 +251,10 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
         f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
         f"stop grace {config.stop_grace:g}s"
         + (f"; hang timeout {config.hang_timeout:g}s" if config.hang_timeout else "")
-        + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if mode != "local" else ""),
+        + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if not mode.startswith("local")
+           else ""),
         *([f"  network    : {network}"] if network else []),
-        *([f"  containment: {_containment()}"] if mode == "local" else []),
+        *([f"  containment: {_containment()}"] if mode.startswith("local") else []),
         f"  run dir    : {run_dir}",
     ])
 
@@ -254,6 +264,7 @@ def launch_and_report(config: LaunchConfig, console: ConsoleSink | None = None) 
 
     Not for a non-hub node of a per-node launch (it has no supervisor): use ``launch``.
     """
+    config, _ = apply_slurm(config, os.environ)
     mode = launch_mode(config)
     rank = resolve_node_rank(config.hosts or (), _rank_arg(config)) if mode == "pernode" else 0
     return _launch_and_report(config, console or _console(config), mode, rank)
@@ -278,6 +289,8 @@ def _launch_and_report(config: LaunchConfig, console: ConsoleSink, mode: str,
         return _run_local(config, plan, multi, console, started)
     if mode == "ssh":
         return _run_ssh(config, plan, console, started)
+    if mode == "slurm":
+        return _run_slurm(config, plan, console, started)
     if rank != 0:
         raise ConfigError("launch_and_report runs a hub or a single launcher",
                           expected="node rank 0", fix="Call launch(config) on the other nodes",
@@ -386,6 +399,25 @@ def _run_ssh(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
                           console, started)
 
 
+def _run_slurm(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
+               started: float) -> RunResult:
+    from .backends.srun import SrunBackend
+
+    nodes = distinct_hosts(task_hosts(plan).values())
+    with run_dir_for(config) as locked:
+        run_dir = locked.path
+        _write_config(config, plan, run_dir, True)
+        console.info(_resolved_block(config, plan, run_dir, True,
+                                     mode=f"slurm: srun starts an agent on {', '.join(nodes)} "
+                                          f"({job_description(os.environ)})"))
+        backend = SrunBackend(nodes, python=config.python, workdir=config.remote_dir or os.getcwd(),
+                              heartbeat_timeout=config.heartbeat_timeout,
+                              stop_grace=config.stop_grace, console=console)
+        make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
+        return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
+                          console, started)
+
+
 def _run_hub(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: ConsoleSink,
              started: float) -> RunResult:
     from .pernode import make_hub
@@ -408,6 +440,7 @@ def _run_hub(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: Cons
 
 def launch(config: LaunchConfig) -> int:
     """Run ``config``; return tfrun's exit code (0, the root-cause task's code, 124, 128+n)."""
+    config, _ = apply_slurm(config, os.environ)
     mode = launch_mode(config)
     rank = resolve_node_rank(config.hosts or (), _rank_arg(config)) if mode == "pernode" else 0
     console = _console(config)

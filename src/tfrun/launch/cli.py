@@ -19,9 +19,10 @@ from ..cli import (
     _topology_from,
 )
 from ..errors import ConfigError
-from .config import KERAS_FLAVOURS, NETWORK_MODES, ROLE_MODES, STRATEGIES, LaunchConfig
+from .config import KERAS_FLAVOURS, NETWORK_MODES, ROLE_MODES, SLURM_MODES, STRATEGIES, LaunchConfig
 
-__all__ = ["build_launch_parser", "config_from_args", "run_doctor", "run_launch"]
+__all__ = ["build_launch_parser", "config_from_args", "run_doctor", "run_launch",
+           "run_sbatch_script"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -121,6 +122,15 @@ def build_launch_parser() -> argparse.ArgumentParser:
                             "(default 10)")
     hosts.add_argument("--no-doctor", dest="doctor", action="store_false", default=True,
                        help="skip the preflight checks before an SSH launch")
+    slurm = parser.add_argument_group(
+        "slurm", "inside an allocation (sbatch, salloc), tfrun places the cluster on its nodes and "
+        "starts each node's tasks with srun; 'srun tfrun ...' (one per node) also works")
+    slurm.add_argument("--slurm", choices=SLURM_MODES, default="auto",
+                       help="auto (default): use the allocation when SLURM_JOB_ID is set and "
+                            "--hosts is not; on: require one; off: ignore Slurm")
+    slurm.add_argument("--tasks-per-node", type=_non_negative_int, default=None, metavar="K",
+                       help="K workers on every allocated node (default: 1 per node unless "
+                            "--workers is given)")
     tf = parser.add_argument_group("tensorflow")
     tf.add_argument("--strategy", choices=STRATEGIES, default="auto",
                     help="strategy tfrun.strategy() builds (default auto: from the topology)")
@@ -216,6 +226,16 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
     env = os.environ if environ is None else environ
     if run_id is None and args.node_rank is not None and env.get("SLURM_JOB_ID"):
         run_id = f"slurm-{env['SLURM_JOB_ID']}"  # every node of the allocation agrees on it
+    tasks_per_node = args.tasks_per_node
+    if tasks_per_node is not None and args.workers is not None:
+        raise ConfigError("--tasks-per-node and --workers both set the number of workers",
+                          expected="one of them", fix="Drop --workers (K per node) or "
+                          "--tasks-per-node (N in total)",
+                          received=f"--workers {args.workers} --tasks-per-node {tasks_per_node}")
+    if (tasks_per_node is None and args.workers is None and args.hosts is None
+            and args.node_rank is None and args.layout == "default" and args.slurm != "off"
+            and (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))):
+        tasks_per_node = 1  # inside an allocation, the default is one worker per node
     ssh_opts = []
     for opt in args.ssh_opt or []:
         try:
@@ -230,6 +250,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         rdzv_port=args.rdzv_port, ssh_opts=tuple(ssh_opts), remote_dir=args.remote_dir,
         python=args.python, forward_env=tuple(args.forward_env or ()),
         heartbeat_timeout=args.heartbeat_timeout, doctor=args.doctor, network=args.network,
+        slurm=args.slurm, tasks_per_node=tasks_per_node,
         entrypoint=entrypoint, script_args=tuple(script_args), topology=_topology_from(args),
         hosts=tuple(args.hosts) if args.hosts else None, layout=args.layout,
         run_dir=args.run_dir, name=args.name, max_restarts=args.max_restarts,
@@ -263,4 +284,52 @@ def run_doctor(argv: Sequence[str]) -> int:
     console = ConsoleSink(color=config.color)
     preflight(config, _plan(config), console, check_script=config.entrypoint[0] == "script")
     console.info("every host is ready")
+    return 0
+
+
+def _build_sbatch_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfrun slurm",
+        usage="tfrun slurm --nodes N [--time T] [--partition P] [--gpus-per-node G] "
+              "[--cpus-per-node C] [--job-name NAME] [tfrun options] script.py [args]",
+        description="Print a ready sbatch script: the directives and the one tfrun line. "
+                    "These options come first; everything after them is the tfrun line.",
+        epilog="example:\n  tfrun slurm --nodes 2 --time 1:00:00 examples/mnist_mlp.py > job.sh"
+               " && sbatch job.sh",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=_non_negative_int, required=True)
+    parser.add_argument("--time", default=None, help="wall-clock limit, e.g. 1:00:00")
+    parser.add_argument("--partition", default=None)
+    parser.add_argument("--gpus-per-node", type=_non_negative_int, default=None)
+    parser.add_argument("--cpus-per-node", type=_non_negative_int, default=None,
+                        help="CPUs per node (default: --exclusive, the whole node)")
+    parser.add_argument("--job-name", default=None, help="default: the script's name")
+    parser.add_argument("--output", default="slurm-%j.out", help="default slurm-%%j.out")
+    return parser
+
+
+def run_sbatch_script(argv: Sequence[str]) -> int:
+    """``tfrun slurm --nodes N [...] [tfrun args]``: print a batch script for sbatch."""
+    from .slurm import sbatch_script
+
+    parser = _build_sbatch_parser()
+    own_flags = {s for a in parser._actions for s in a.option_strings}
+    argv = list(argv)
+    split = 0
+    while split < len(argv):
+        flag = argv[split].split("=", 1)[0]
+        if flag in ("-h", "--help"):
+            parser.parse_args(["--help"])
+        if flag not in own_flags:
+            break
+        split += 1 if "=" in argv[split] else 2
+    args = parser.parse_args(argv[:split])
+    tfrun_args = argv[split:]
+    # The tfrun line must be valid where the job runs: check it now, as tfrun will read it
+    # (outside any allocation, so Slurm defaults do not apply here).
+    config = config_from_args(tfrun_args, environ={})
+    print(sbatch_script(nodes=args.nodes, tfrun_args=tfrun_args,
+                        job_name=args.job_name or config.display_name, time=args.time,
+                        partition=args.partition, gpus_per_node=args.gpus_per_node,
+                        cpus_per_node=args.cpus_per_node, output=args.output), end="")
     return 0

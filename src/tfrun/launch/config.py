@@ -19,7 +19,8 @@ from typing import Literal
 from ..cluster import TaskId, Topology
 from ..errors import ConfigError
 
-__all__ = ["KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "STRATEGIES", "LaunchConfig"]
+__all__ = ["KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "SLURM_MODES", "STRATEGIES",
+           "LaunchConfig"]
 
 STRATEGIES = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
 KERAS_FLAVOURS = ("3", "2")
@@ -29,6 +30,11 @@ ROLE_MODES = ("auto", "script")
 #: auto: a local cluster's tasks get a private network when possible (else the host's, with a
 #: warning); private: required; host: opt out (servers reachable on every interface).
 NETWORK_MODES = ("auto", "private", "host")
+#: auto: inside a Slurm allocation (SLURM_JOB_ID set, no --hosts) place the cluster on its
+#: nodes; on: require an allocation; off: ignore Slurm. ``slurm.apply_slurm`` resolves it
+#: to launcher (srun an agent per node), pernode (srun tfrun) or local (one node: this one).
+SLURM_MODES = ("auto", "on", "off")
+_SLURM_RESOLVED = ("launcher", "pernode", "local")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
@@ -72,6 +78,9 @@ class LaunchConfig:
     doctor: bool = True                 # preflight checks before an SSH launch
     # ---- local runs: auto/private put the tasks in a private network (see netns.py)
     network: str = "auto"
+    # ---- Slurm (see slurm.py)
+    slurm: str = "auto"
+    tasks_per_node: int | None = None   # inside an allocation: K workers per node
 
     def __post_init__(self) -> None:
         kind, target = self.entrypoint
@@ -107,6 +116,15 @@ class LaunchConfig:
                               expected=f"one of {', '.join(NETWORK_MODES)}",
                               fix="Pass --network auto (private when possible), private or host",
                               received=repr(self.network))
+        if self.slurm not in SLURM_MODES + _SLURM_RESOLVED:
+            raise ConfigError(f"Unknown Slurm mode {self.slurm!r}",
+                              expected=f"one of {', '.join(SLURM_MODES)}",
+                              fix="Pass --slurm auto (inside an allocation: use it), on or off",
+                              received=repr(self.slurm))
+        if self.tasks_per_node is not None and (
+                not isinstance(self.tasks_per_node, int) or self.tasks_per_node < 1):
+            raise ConfigError("--tasks-per-node must be at least 1", expected="a number >= 1",
+                              fix="Pass e.g. --tasks-per-node 2", received=self.tasks_per_node)
         if self.roles not in ROLE_MODES:
             raise ConfigError(f"Unknown role mode {self.roles!r}", expected="auto or script",
                               fix="Pass --roles auto or --roles script", received=self.roles)
