@@ -9,6 +9,10 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Inside a Slurm allocation tfrun places clusters on its nodes; the tests (and the tfrun
+# processes they start) must behave the same anywhere. tests/slurm submits its own jobs.
+for _name in [n for n in os.environ if n.startswith("SLURM_")]:
+    del os.environ[_name]
 FAKE_TASK = Path(__file__).resolve().parent / "fake_task.py"
 
 
@@ -165,3 +169,31 @@ def fake_hosts(tmp_path_factory):
         yield hosts
     finally:
         hosts.down()
+
+
+# --------------------------------------------------------------------------- Slurm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real 2-node Slurm (tfrun-node1/2) for the session, installed from Debian if missing.
+
+    Skips without root; CI runs as root, so there it always runs.
+    """
+    import slurm_cluster
+
+    reason = slurm_cluster.unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Slurm tests, but: {reason}")
+        pytest.skip(reason)
+    try:
+        slurm_cluster.up()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield slurm_cluster.Slurm()
+    finally:
+        slurm_cluster.down()

@@ -10,6 +10,7 @@ every replica's moving statistics. Works with Keras 3 and tf_keras (``import ker
 tf_keras under ``tfrun --keras 2``).
 """
 
+import os
 import sys
 
 import numpy as np
@@ -85,6 +86,8 @@ results["strategy"] = np.array(type(strategy).__name__)
 results["keras_version"] = np.array(keras.__version__)
 
 info = tfrun.task()
+# Where the task ran (tests/slurm: each worker on its own Slurm node).
+results["slurm_node"] = np.array(os.environ.get("SLURMD_NODENAME", ""))
 np.savez(f"{out}-{info.role}-{info.index}.npz", **results)
 print(f"exactness: wrote {out}-{info.role}-{info.index}.npz with {type(strategy).__name__} "
       f"x{strategy.num_replicas_in_sync}", flush=True)

@@ -109,10 +109,25 @@ CASES = [
                                  f'"index":{HUGE}}}}}'], "TF_CONFIG"),
     ("config-nested-json", ["config", "--check", NESTED], "nested too deeply"),
     ("config-not-json", ["config", "--check", "{cluster: 1}"], "not valid JSON"),
+    # ---- Slurm
+    ("tasks-per-node-zero", ["--tasks-per-node", "0", GOOD], "Received: 0"),
+    ("tasks-per-node-and-workers", ["--tasks-per-node", "2", *W2, GOOD], "--workers 2"),
+    ("tasks-per-node-outside-slurm", ["--tasks-per-node", "2", GOOD], "--tasks-per-node 2"),
+    ("slurm-on-outside-slurm", [*W2, "--slurm", "on", GOOD], "SLURM_JOB_ID unset"),
+    ("slurm-choice", [*W2, "--slurm", "yes", GOOD], "'yes'"),
+    ("slurm-bad-nodelist", [*W2, GOOD], "'n[3-1]'"),
+    ("slurm-two-per-node-srun", [*W2, GOOD], "SLURM_STEP_TASKS_PER_NODE 2,2"),
+    ("sbatch-nodes-zero", ["slurm", "--nodes", "0", GOOD], "Received: 0"),
+    ("sbatch-bad-tfrun-line", ["slurm", "--nodes", "2", "--workers", "x", GOOD], "'x'"),
+    ("config-slurm-outside", ["config", "--slurm"], "SLURM_JOB_ID unset"),
     # ---- environment defaults
     ("env-max-restarts", ["--workers", "2", GOOD], "TFRUN_MAX_RESTARTS"),
 ]
-ENV = {"env-max-restarts": {"TFRUN_MAX_RESTARTS": "lots"}}
+_STEP = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]",
+         "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURMD_NODENAME": "n1"}
+ENV = {"env-max-restarts": {"TFRUN_MAX_RESTARTS": "lots"},
+       "slurm-bad-nodelist": {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[3-1]"},
+       "slurm-two-per-node-srun": _STEP}
 NEEDS_ROOT = {"run-dir-read-only", "run-dir-disk-full"}
 
 

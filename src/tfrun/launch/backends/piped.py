@@ -40,6 +40,9 @@ class PipedAgentBackend(RemoteBackend):
         self.console = console
         self._processes: list[subprocess.Popen] = []
         self._run_dir: Path | None = None
+        #: set once the run is over: what the commands print then ("srun: error: task 0:
+        #: Exited with exit code 7", the agent's own goodbye) repeats the run's result
+        self._ending = False
 
     def agent_argv(self, host: str) -> list[str]:
         """The command that runs ``python -m tfrun.launch.agent`` on ``host``."""
@@ -89,7 +92,7 @@ class PipedAgentBackend(RemoteBackend):
             if not line:
                 continue
             errors.append(line)
-            if self.console is not None:
+            if self.console is not None and not self._ending:
                 self.console.info(f"[{self.name} {host}] {line}")
         process.stderr.close()
 
@@ -101,6 +104,7 @@ class PipedAgentBackend(RemoteBackend):
         return link
 
     def close(self, exit_code: int = 1, message: str = "") -> None:
+        self._ending = True
         self.end_all(exit_code, message)
         for process in self._processes:
             try:

@@ -1,0 +1,83 @@
+"""The real 2-node Slurm tests/slurm submits jobs to (tests/engines/slurm_cluster.sh); the
+``slurm`` fixture in tests/conftest.py brings it up."""
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_SCRIPT = ROOT / "tests" / "engines" / "slurm_cluster.sh"
+NODES = ("tfrun-node1", "tfrun-node2")
+
+
+def unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "a local Slurm needs root (slurmd runs jobs as any user)"
+    return None
+
+
+def up() -> None:
+    result = subprocess.run(["bash", str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
+                            timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"cannot start the test Slurm cluster:\n{result.stdout}\n{result.stderr}")
+
+
+def down() -> None:
+    subprocess.run(["bash", str(CLUSTER_SCRIPT), "down"], capture_output=True, timeout=120)
+
+
+class Slurm:
+    """Submit batch jobs from the repository root and read what Slurm says of them."""
+
+    def submit(self, tmp_path: Path, body: str, *, nodes: int = 2, name: str = "job") -> "Job":
+        script = tmp_path / f"{name}.sh"
+        script.write_text(body if body.startswith("#!") else "#!/bin/bash\n" + body)
+        out = tmp_path / f"{name}.out"
+        result = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--output={out}",
+                                 f"--chdir={ROOT}", f"--job-name={name}", str(script)],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return Job(result.stdout.strip().split(";")[0], out)
+
+
+class Job:
+    def __init__(self, job_id: str, out: Path) -> None:
+        self.id, self.out = job_id, out
+
+    def info(self) -> dict[str, str]:
+        text = subprocess.run(["scontrol", "show", "job", "-o", self.id], capture_output=True,
+                              text=True, timeout=30).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", text))
+
+    def wait(self, timeout: float = 300) -> tuple[str, int]:
+        """(final JobState, exit code of the batch script) once the job has ended."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.info()
+            if info.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING",
+                                            "COMPLETING"):
+                return info["JobState"], int(info["ExitCode"].split(":")[0])
+            time.sleep(0.5)
+        subprocess.run(["scancel", self.id], timeout=30)
+        raise AssertionError(f"job {self.id} did not end within {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
+
+    def processes(self) -> list[int]:
+        """Pids on this machine (both fake nodes) whose environment is this job's."""
+        mine = f"SLURM_JOB_ID={self.id}".encode()
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if mine in environ.split(b"\0"):
+                pids.append(int(entry.name))
+        return pids

@@ -1,0 +1,177 @@
+"""Tier 4: tfrun inside a real Slurm allocation (2 fake nodes on this machine).
+
+Each test submits a batch job whose training line is a plain ``tfrun`` command (or ``srun
+tfrun``); Slurm starts and kills every process. The nodes share this machine, so a task
+tells its node by $SLURMD_NODENAME, which the scripts report.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from slurm_cluster import ROOT, Job
+
+pytestmark = [pytest.mark.tf, pytest.mark.slurm]
+TOL = 1e-5
+NODE_TASK = "tests/scripts/slurm_node_task.py"
+
+
+def summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def tasks_of(run_dir) -> dict:
+    return {t["task"]: t for t in summary(run_dir)["tasks"]}
+
+
+def test_generated_sbatch_script_trains_keras3_mwms_on_both_nodes_exactly(slurm, tmp_path):
+    """`tfrun slurm` writes the job; its one tfrun line trains on both nodes, and every
+    worker's weights match single-process training within 1e-5."""
+    reference = tmp_path / "ref"
+    ref = subprocess.run([sys.executable, "-m", "tfrun.bootstrap", "tests/scripts/exactness.py",
+                          "reference", str(reference)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    ref_values = dict(np.load(f"{reference}-worker-0.npz"))
+    script = subprocess.run(
+        [sys.executable, "-m", "tfrun", "slurm", "--nodes", "2", "--time", "10:00",
+         "--run-dir", str(tmp_path / "run"), "tests/scripts/exactness.py", "distributed",
+         str(tmp_path / "dist")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0, script.stderr
+    assert "#SBATCH --nodes=2" in script.stdout and "\ntfrun --run-dir" in script.stdout
+    job = slurm.submit(tmp_path, script.stdout, name="exact")
+    state, code = job.wait()
+    out = job.output()
+    assert (state, code) == ("COMPLETED", 0), out[-4000:]
+    assert "mode       : slurm: srun starts an agent on tfrun-node1, tfrun-node2" in out
+    nodes = {}
+    for index in (0, 1):
+        got = dict(np.load(tmp_path / f"dist-worker-{index}.npz"))
+        nodes[index] = str(got["slurm_node"])
+        assert str(got["strategy"]) == "CollectiveAllReduceStrategy"
+        assert str(got["keras_version"]).startswith("3.")
+        for spe in (1, 4):
+            for i in range(4):
+                np.testing.assert_allclose(got[f"spe{spe}_w{i}"], ref_values[f"spe{spe}_w{i}"],
+                                           atol=TOL)
+            np.testing.assert_allclose(got[f"spe{spe}_eval"], ref_values[f"spe{spe}_eval"], atol=TOL)
+    assert nodes == {0: "tfrun-node1", 1: "tfrun-node2"}
+    assert (tmp_path / "run" / "logs" / "worker-1.log").exists()  # logs in the job's run dir
+
+
+def test_parameter_server_cluster_over_two_nodes_completes_and_ps_exit(slurm, tmp_path):
+    run = tmp_path / "run"
+    job = slurm.submit(tmp_path, f"tfrun --run-dir {run} --chief --ps 2 examples/ps_training.py "
+                                 "--epochs 2 --steps-per-epoch 10\n", name="ps")
+    state, code = job.wait()
+    assert (state, code) == ("COMPLETED", 0), job.output()[-4000:]
+    tasks = tasks_of(run)
+    assert {t: tasks[t]["host"] for t in tasks} == {
+        "chief:0": "tfrun-node1", "worker:0": "tfrun-node1", "worker:1": "tfrun-node2",
+        "ps:0": "tfrun-node1", "ps:1": "tfrun-node2"}
+    assert tasks["chief:0"]["state"] == "succeeded"
+    for ps in ("ps:0", "ps:1"):
+        assert tasks[ps]["state"] == "stopped" and tasks[ps]["stopped_by_tfrun"]
+    assert job.processes() == []
+
+
+def test_task_raising_on_node2_fails_the_job_with_its_exit_code(slurm, tmp_path):
+    run = tmp_path / "run"
+    job = slurm.submit(tmp_path, f"tfrun --run-dir {run} {NODE_TASK} raise tfrun-node2\n",
+                       name="fail")
+    state, code = job.wait()
+    out = job.output()
+    assert (state, code) == ("FAILED", 7), out[-4000:]
+    root = summary(run)["root_cause"]
+    assert (root["task"], root["host"], root["exit_code"]) == ("worker:1", "tfrun-node2", 7)
+    assert "ValueError: planned failure on tfrun-node2" in root["traceback"]
+    assert "FAILED: worker:1 on tfrun-node2 exited with exit code 7 (root cause)" in out
+    assert "srun: error" not in out  # srun's own report of the agent's exit is not shown
+
+
+def test_gang_restart_inside_the_allocation(slurm, tmp_path):
+    run = tmp_path / "run"
+    job = slurm.submit(tmp_path, f"tfrun --run-dir {run} --max-restarts 1 {NODE_TASK} raise "
+                                 "tfrun-node2 1\n", name="restart")
+    state, code = job.wait()
+    assert (state, code) == ("COMPLETED", 0), job.output()[-4000:]
+    assert summary(run)["restarts"] == 1
+    log = (run / "logs" / "worker-1.log").read_text()
+    assert "runs on tfrun-node2 (restart 1)" in log and "done on tfrun-node2" in log
+
+
+def test_scancel_mid_training_leaves_no_process_on_either_node(slurm, tmp_path):
+    run = tmp_path / "run"
+    job = slurm.submit(tmp_path, f"tfrun --run-dir {run} {NODE_TASK} forever\n", name="cancel")
+    deadline = time.monotonic() + 240
+    logs = [run / "logs" / f"worker-{i}.log" for i in (0, 1)]
+    while not all(p.exists() and "tick 2" in p.read_text() for p in logs):
+        assert time.monotonic() < deadline, job.output()[-4000:]
+        time.sleep(0.5)
+    assert len(job.processes()) >= 4  # at least tfrun, 2 agents (srun steps), 2 tasks
+    subprocess.run(["scancel", job.id], check=True, timeout=30)
+    cancelled = time.monotonic()
+    while job.processes() and time.monotonic() - cancelled < 15:
+        time.sleep(0.2)
+    assert job.processes() == [], f"left after 15 s: {job.processes()}"
+    assert job.wait()[0] == "CANCELLED"
+
+
+def test_srun_tfrun_runs_one_tfrun_per_node_and_says_so(slurm, tmp_path):
+    job = slurm.submit(tmp_path, "srun --ntasks-per-node=1 tfrun --run-id pernode "
+                                 f"--run-dir {tmp_path / 'run'} {NODE_TASK} ok\n", name="pernode")
+    state, code = job.wait()
+    out = job.output()
+    assert (state, code) == ("COMPLETED", 0), out[-4000:]
+    assert "mode       : per-node, hub (rank 0 of 2: tfrun-node1)" in out
+    assert "per-node, rank 1 (srun tfrun: one tfrun per node of Slurm job" in out
+    assert "worker:1 done on tfrun-node2" in out
+
+
+def test_tfrun_config_slurm_prints_every_task_tf_config_of_the_allocation(slurm, tmp_path):
+    result = subprocess.run(["salloc", "--nodes=2", sys.executable, "-m", "tfrun", "config",
+                             "--slurm", "--chief", "--ps", "1"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    configs = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert configs[0]["cluster"] == {"chief": ["tfrun-node1:2222"],
+                                     "worker": ["tfrun-node1:2223", "tfrun-node2:2224"],
+                                     "ps": ["tfrun-node1:2225"]}
+    assert [c["task"] for c in configs] == [
+        {"type": "chief", "index": 0}, {"type": "worker", "index": 0},
+        {"type": "worker", "index": 1}, {"type": "ps", "index": 0}]
+
+
+README_COMMANDS = [
+    "tfrun slurm --nodes 2 --time 10:00 examples/mnist_mlp.py > job.sh && sbatch job.sh",
+    "srun --ntasks-per-node=1 tfrun examples/mnist_mlp.py",
+    "salloc -N2 tfrun config --slurm",
+]
+
+
+@pytest.mark.slow
+def test_readme_slurm_commands_run_as_written(slurm, tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    for command in README_COMMANDS:
+        assert command in readme, command
+    (tmp_path / "examples").symlink_to(ROOT / "examples")  # the README's relative paths
+
+    def shell(command):
+        return subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+
+    submitted = shell(README_COMMANDS[0])
+    assert submitted.returncode == 0, submitted.stderr
+    job = Job(submitted.stdout.split()[-1], tmp_path / f"slurm-{submitted.stdout.split()[-1]}.out")
+    assert job.wait() == ("COMPLETED", 0), job.output()[-4000:]
+    assert "[worker:0] test accuracy:" in job.output()
+    pernode = slurm.submit(tmp_path, f"cd {tmp_path}\n{README_COMMANDS[1]}\n", name="pernode")
+    assert pernode.wait() == ("COMPLETED", 0), pernode.output()[-4000:]
+    assert "per-node, rank 1" in pernode.output()
+    configs = shell(README_COMMANDS[2])
+    assert configs.returncode == 0, configs.stderr
+    assert '"worker": ["tfrun-node1:2222", "tfrun-node2:2223"]' in configs.stdout
