@@ -25,6 +25,7 @@ import os
 import runpy
 import signal
 import sys
+from typing import Callable
 
 __all__ = ["main"]
 
@@ -45,32 +46,32 @@ def _die_with_supervisor() -> None:
         os._exit(128 + signal.SIGKILL)
 
 
-def _join_cgroup() -> None:
-    if not os.environ.get("TFRUN_CGROUP"):
-        return
-    from .launch.cgroups import join_from_env
+def _join_or_exit(join_from_env: Callable[[], None], what: str, fix: str = "") -> None:
+    """Join what the launcher prepared for this task, or exit 1.
 
+    Never run a task outside what was promised for it: uncontained, its helpers could
+    outlive the run; outside its private network, its server would be open.
+    """
     try:
         join_from_env()
     except OSError as exc:
-        # Never run uncontained when containment was promised: helpers could outlive the run.
-        print(f"tfrun: this task could not join its cgroup {os.environ['TFRUN_CGROUP']} "
-              f"({exc})", file=sys.stderr)
+        print(f"tfrun: this task could not join {what} ({exc}){fix}", file=sys.stderr)
         os._exit(1)
+
+
+def _join_cgroup() -> None:
+    if os.environ.get("TFRUN_CGROUP"):  # imports only when there is something to join
+        from .launch.cgroups import join_from_env
+
+        _join_or_exit(join_from_env, f"its cgroup {os.environ['TFRUN_CGROUP']}")
 
 
 def _join_private_network() -> None:
-    if not os.environ.get("TFRUN_NETNS"):
-        return
-    from .launch.netns import join_from_env
+    if os.environ.get("TFRUN_NETNS"):
+        from .launch.netns import join_from_env
 
-    try:
-        join_from_env()
-    except OSError as exc:
-        # Never run the task outside the network it was promised: its server would be open.
-        print(f"tfrun: this task could not join the run's private network ({exc}); "
-              "rerun with --network host to run without one", file=sys.stderr)
-        os._exit(1)
+        _join_or_exit(join_from_env, "the run's private network",
+                      "; rerun with --network host to run without one")
 
 
 def _run_user_code(argv: list[str]) -> None:
