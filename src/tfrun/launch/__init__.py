@@ -219,15 +219,16 @@ def _strategy_description(config: LaunchConfig, plan: ClusterPlan) -> str:
     return "auto -> default (one device) or MirroredStrategy over local GPUs"
 
 
-def _containment() -> str:
-    if cgroups.available():
+def _containment(task_cgroups: cgroups.TaskCgroups | None) -> str:
+    if task_cgroups is not None:
         return "process group + cgroup per task (helpers that call setsid() die with it)"
     return ("process group per task (no writable cgroup v2 here: a helper that calls "
             "setsid() can outlive its task; run as root to contain it)")
 
 
 def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool,
-                    mode: str = "local", network: str | None = None) -> str:
+                    mode: str = "local", network: str | None = None,
+                    containment: str | None = None) -> str:
     if config.slurm == "local":
         mode += f" (every task on this node of {job_description(os.environ)})"
     elif config.slurm == "pernode":
@@ -254,7 +255,7 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
         + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if not mode.startswith("local")
            else ""),
         *([f"  network    : {network}"] if network else []),
-        *([f"  containment: {_containment()}"] if mode.startswith("local") else []),
+        *([f"  containment: {containment}"] if containment else []),
         f"  run dir    : {run_dir}",
     ])
 
@@ -345,6 +346,7 @@ def _supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
 def _run_local(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: ConsoleSink,
                started: float) -> RunResult:
     held: list = []
+    held_cgroups: cgroups.TaskCgroups | None = None
     network = _open_network(config, console) if multi else None
     try:
         if network is not None:
@@ -365,13 +367,18 @@ def _run_local(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: Co
         with run_dir_for(config) as locked:
             run_dir = locked.path
             _write_config(config, plan, run_dir, multi)
-            console.info(_resolved_block(config, plan, run_dir, multi, network=where))
-            backend = LocalBackend(network=network)
+            # Made before the banner, so that it reports the containment the tasks get.
+            task_cgroups = held_cgroups = cgroups.TaskCgroups.create()
+            console.info(_resolved_block(config, plan, run_dir, multi, network=where,
+                                         containment=_containment(task_cgroups)))
+            backend = LocalBackend(network=network, cgroups=task_cgroups)
             make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=False)
             return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks},
                               make_spec, console, started)
     finally:
         _release(held)
+        if held_cgroups is not None:
+            held_cgroups.close()  # nothing left if the backend never took it over
         if network is not None:
             network.close()
 

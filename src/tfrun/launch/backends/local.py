@@ -83,11 +83,15 @@ class _Reaper:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, *, hold_ports: bool = False, network: PrivateNetwork | None = None
-                 ) -> None:
-        """``network``: run every task in this private network (its owner closes it)."""
+    def __init__(self, *, hold_ports: bool = False, network: PrivateNetwork | None = None,
+                 cgroups: TaskCgroups | None = None) -> None:
+        """``network``: run every task in this private network (its owner closes it).
+        ``cgroups``: the parent cgroup for the tasks, already made (the launcher reports
+        the containment it got); the backend takes it over. None: ``open`` tries to make one.
+        """
         self.hold_ports = hold_ports
         self.network = network
+        self._given_cgroups = cgroups
         self._processes: dict[int, subprocess.Popen] = {}   # id(handle) -> process
         self._held: dict[int, list[socket.socket]] = {}
         self._reaper: _Reaper | None = None
@@ -99,7 +103,7 @@ class LocalBackend(Backend):
 
     def open(self, run_dir: Path) -> None:
         self._reaper = _Reaper(run_dir)
-        self._cgroups = TaskCgroups.create()
+        self._cgroups = self._given_cgroups or TaskCgroups.create()
         if self._cgroups is not None:
             self._reaper.register(self._cgroups.parent)  # all tasks' cgroups are under it
 
