@@ -15,13 +15,10 @@ import signal
 import sys
 import threading
 
+from ._markers import TF_CONFIG_REPLACED
 from ._post_import import when_imported
 
-__all__ = ["TF_CONFIG_REPLACED", "prepare", "run_as_server_if_assigned"]
-
-#: Start of the warning a task prints when the script replaces tfrun's TF_CONFIG (the
-#: supervisor looks for it in a task's log to explain a join timeout).
-TF_CONFIG_REPLACED = "tfrun: WARNING: the script replaced the TF_CONFIG tfrun set"
+__all__ = ["prepare", "run_as_server_if_assigned"]
 
 
 class _AliasLoader(importlib.abc.Loader):

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..cluster import ClusterPlan, TaskId
 from .backends.base import Backend, TaskHandle, TaskSpec
 from .config import LaunchConfig
-from .._task_setup import TF_CONFIG_REPLACED
+from .._markers import TF_CONFIG_REPLACED
 from .diagnose import TAIL_BYTES, culprits
 from .logs import ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
@@ -425,7 +425,7 @@ class Supervisor:
         exited = [r for r in self.records if r.state.done]
         # A script that replaced tfrun's TF_CONFIG built another cluster: say so, not "never
         # started a server" (it may well have, elsewhere).
-        replaced = [r for r in waiting if _log_tail_contains(r.logger.path, TF_CONFIG_REPLACED)]
+        replaced = [r for r in waiting if TF_CONFIG_REPLACED in _log_tail(r.logger.path)]
         silent = [r for r in waiting if r not in replaced]
         parts = [f"the cluster did not form within --join-timeout {self.config.join_timeout:g}s: "]
         if replaced:
@@ -620,10 +620,6 @@ def _log_tail(path: Path) -> str:
             return log.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-
-
-def _log_tail_contains(path: Path, text: str) -> bool:
-    return text in _log_tail(path)
 
 
 def _root_cause_line(result: RunResult) -> str:

@@ -1,0 +1,14 @@
+"""Text a task prints that the launcher looks for in its log: the contract, in one place.
+
+Task-side code (bootstrap, ``_task_setup``) prints these; the supervisor, which never
+imports task-side modules, searches for them. Plain strings, no imports.
+
+    >>> TF_CONFIG_REPLACED.startswith("tfrun: WARNING")
+    True
+"""
+
+__all__ = ["TF_CONFIG_REPLACED"]
+
+#: Start of the warning a task prints when the script replaces tfrun's TF_CONFIG (the
+#: supervisor looks for it in a task's log to explain a join timeout).
+TF_CONFIG_REPLACED = "tfrun: WARNING: the script replaced the TF_CONFIG tfrun set"
