@@ -15,21 +15,12 @@ import tensorflow as tf
 
 import keras
 import tfrun
+from _small_model import small_data, small_model
 
 out, epochs, slow = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 info = tfrun.task()
-rng = np.random.default_rng(0)
-x = rng.normal(size=(64, 6)).astype("float32")
-y = rng.integers(0, 2, size=64).astype("int32")
-init = [np.random.default_rng(1).normal(scale=0.3, size=s).astype("float32")
-        for s in [(6, 8), (8,), (8, 2), (2,)]]
-
-with tfrun.strategy().scope():
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(2)])
-    model.set_weights(init)
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+x, y = small_data(64)
+model = small_model(tfrun.strategy(), lambda: keras.optimizers.Adam(0.01))
 
 
 class SlowEpochEnd(keras.callbacks.Callback):
