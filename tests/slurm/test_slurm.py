@@ -17,7 +17,7 @@ from slurm_cluster import ROOT, Job
 
 pytestmark = [pytest.mark.tf, pytest.mark.slurm]
 TOL = 1e-5
-NODE_TASK = "tests/scripts/slurm_node_task.py"
+NODE_TASK = "tests/scripts/node_task.py"
 
 
 def summary(run_dir):
