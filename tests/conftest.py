@@ -197,3 +197,31 @@ def slurm():
         yield slurm_cluster.Slurm()
     finally:
         slurm_cluster.down()
+
+
+# --------------------------------------------------------------------------- Ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "ray"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real 2-node Ray cluster (127.0.0.2 head, 127.0.0.3) for the session; its address.
+
+    Skips where Ray is not installed; CI installs 'tfrun[ray]', so there it always runs.
+    """
+    import ray_cluster as rc
+
+    reason = rc.unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Ray tests, but: {reason}")
+        pytest.skip(reason)
+    try:
+        rc.up()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield rc.ADDRESS
+    finally:
+        rc.down()

@@ -51,6 +51,8 @@ def launch_mode(config: LaunchConfig) -> str:
     >>> launch_mode(LaunchConfig(entrypoint=("script", "t.py"), hosts=("node-1", "node-2")))
     'ssh'
     """
+    if config.backend == "ray":
+        return "ray"
     if config.slurm == "launcher":
         return "slurm"
     if config.node_rank is not None:
@@ -252,8 +254,8 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
         f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
         f"stop grace {config.stop_grace:g}s"
         + (f"; hang timeout {config.hang_timeout:g}s" if config.hang_timeout else "")
-        + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if not mode.startswith("local")
-           else ""),
+        + (f"; heartbeat timeout {config.heartbeat_timeout:g}s"
+           if not mode.startswith(("local", "ray")) else ""),
         *([f"  network    : {network}"] if network else []),
         *([f"  containment: {containment}"] if containment else []),
         f"  run dir    : {run_dir}",
@@ -292,6 +294,8 @@ def _launch_and_report(config: LaunchConfig, console: ConsoleSink, mode: str,
         return _run_ssh(config, plan, console, started)
     if mode == "slurm":
         return _run_slurm(config, plan, console, started)
+    if mode == "ray":
+        return _run_ray(config, plan, console, started)
     if rank != 0:
         raise ConfigError("launch_and_report runs a hub or a single launcher",
                           expected="node rank 0", fix="Call launch(config) on the other nodes",
@@ -423,6 +427,49 @@ def _run_slurm(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
         make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
         return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
                           console, started)
+
+
+def _run_ray(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
+              started: float) -> RunResult:
+    from .backends.ray_actors import RayBackend, import_ray
+
+    ray = import_ray()
+    initialised = not ray.is_initialized()
+    if initialised:
+        try:
+            ray.init(address=config.ray_address, logging_level="WARNING", log_to_driver=False,
+                     configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConfigError(f"Cannot connect to a Ray cluster at {config.ray_address!r} ({exc})",
+                              expected="a running Ray cluster (ray start --head ...)",
+                              fix="Start Ray, or pass --ray-address HOST:PORT",
+                              received=config.ray_address) from None
+    backend: RayBackend | None = None
+    try:
+        with run_dir_for(config) as locked:
+            run_dir = locked.path
+            backend = RayBackend(ray, tasks=list(plan.tasks), run_dir=run_dir,
+                                 cpus=config.cpus_per_task, gpus=config.gpus_per_task,
+                                 placement=config.ray_placement,
+                                 ready_timeout=min(config.join_timeout, 120.0))
+            training = list(plan.cluster.tasks())
+            ports = backend.reserve_ports(training)
+            hosts = [f"{backend.nodes[t]}:{ports[t]}" for t in training]
+            plan = plan_cluster(config.topology, hosts=hosts, base_port=config.base_port)
+            _write_config(config, plan, run_dir, True)
+            nodes = distinct_hosts(backend.nodes.values())
+            console.info(_resolved_block(config, plan, run_dir, True,
+                                         mode=f"ray: {len(plan.tasks)} actors in one placement "
+                                              f"group ({config.ray_placement}) on "
+                                              f"{', '.join(nodes)}"))
+            make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
+            return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
+                              console, started)
+    finally:
+        if backend is not None:
+            backend.close()
+        if initialised:
+            ray.shutdown()
 
 
 def _run_hub(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: ConsoleSink,

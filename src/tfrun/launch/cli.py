@@ -19,13 +19,24 @@ from ..cli import (
     _topology_from,
 )
 from ..errors import ConfigError
-from .config import KERAS_FLAVOURS, NETWORK_MODES, ROLE_MODES, SLURM_MODES, STRATEGIES, LaunchConfig
+from .config import (BACKENDS, KERAS_FLAVOURS, NETWORK_MODES, RAY_PLACEMENTS, ROLE_MODES,
+                     SLURM_MODES, STRATEGIES, LaunchConfig)
 
 __all__ = ["build_launch_parser", "config_from_args", "run_doctor", "run_launch",
            "run_sbatch_script"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, received {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, received {text!r}")
+    return value
 
 
 def _port(text: str) -> int:
@@ -131,6 +142,20 @@ def build_launch_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--tasks-per-node", type=_non_negative_int, default=None, metavar="K",
                        help="K workers on every allocated node (default: 1 per node unless "
                             "--workers is given)")
+    ray = parser.add_argument_group(
+        "ray", "--backend ray runs every task in a Ray actor on a running Ray cluster "
+        "(pip install 'tfrun[ray]')")
+    ray.add_argument("--backend", choices=BACKENDS, default="auto",
+                     help="auto (default): local, ssh, per-node or Slurm from the other flags; "
+                          "ray: the tasks run on a Ray cluster")
+    ray.add_argument("--ray-address", default="auto",
+                     help="the Ray cluster (default auto: the one this machine belongs to)")
+    ray.add_argument("--ray-placement", choices=RAY_PLACEMENTS, default="spread",
+                     help="spread (default): tasks on different nodes where possible; pack")
+    ray.add_argument("--cpus-per-task", type=_positive_float, default=1.0,
+                     help="CPUs Ray reserves for each task (default 1)")
+    ray.add_argument("--gpus-per-task", type=_non_negative_float, default=0.0,
+                     help="GPUs Ray reserves for each task (default 0)")
     tf = parser.add_argument_group("tensorflow")
     tf.add_argument("--strategy", choices=STRATEGIES, default="auto",
                     help="strategy tfrun.strategy() builds (default auto: from the topology)")
@@ -250,7 +275,9 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         rdzv_port=args.rdzv_port, ssh_opts=tuple(ssh_opts), remote_dir=args.remote_dir,
         python=args.python, forward_env=tuple(args.forward_env or ()),
         heartbeat_timeout=args.heartbeat_timeout, doctor=args.doctor, network=args.network,
-        slurm=args.slurm, tasks_per_node=tasks_per_node,
+        slurm=args.slurm, tasks_per_node=tasks_per_node, backend=args.backend,
+        ray_address=args.ray_address, ray_placement=args.ray_placement,
+        cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task,
         entrypoint=entrypoint, script_args=tuple(script_args), topology=_topology_from(args),
         hosts=tuple(args.hosts) if args.hosts else None, layout=args.layout,
         run_dir=args.run_dir, name=args.name, max_restarts=args.max_restarts,

@@ -19,7 +19,7 @@ from typing import Literal
 from ..cluster import TaskId, Topology
 from ..errors import ConfigError
 
-__all__ = ["KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "SLURM_MODES", "STRATEGIES",
+__all__ = ["BACKENDS", "RAY_PLACEMENTS", "KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "SLURM_MODES", "STRATEGIES",
            "LaunchConfig"]
 
 STRATEGIES = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
@@ -35,6 +35,9 @@ NETWORK_MODES = ("auto", "private", "host")
 #: to launcher (srun an agent per node), pernode (srun tfrun) or local (one node: this one).
 SLURM_MODES = ("auto", "on", "off")
 _SLURM_RESOLVED = ("launcher", "pernode", "local")
+#: auto: local, SSH, per-node or Slurm from the other flags; ray: tasks in Ray actors.
+BACKENDS = ("auto", "ray")
+RAY_PLACEMENTS = ("spread", "pack")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
@@ -81,6 +84,12 @@ class LaunchConfig:
     # ---- Slurm (see slurm.py)
     slurm: str = "auto"
     tasks_per_node: int | None = None   # inside an allocation: K workers per node
+    # ---- Ray (see backends/ray_actors.py)
+    backend: str = "auto"
+    ray_address: str = "auto"           # ray.init(address=...): "auto" finds the local cluster
+    ray_placement: str = "spread"
+    cpus_per_task: float = 1.0
+    gpus_per_task: float = 0.0
 
     def __post_init__(self) -> None:
         kind, target = self.entrypoint
@@ -125,6 +134,27 @@ class LaunchConfig:
                 not isinstance(self.tasks_per_node, int) or self.tasks_per_node < 1):
             raise ConfigError("--tasks-per-node must be at least 1", expected="a number >= 1",
                               fix="Pass e.g. --tasks-per-node 2", received=self.tasks_per_node)
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"Unknown backend {self.backend!r}",
+                              expected=f"one of {', '.join(BACKENDS)}",
+                              fix="Pass --backend ray, or omit --backend", received=repr(self.backend))
+        if self.ray_placement not in RAY_PLACEMENTS:
+            raise ConfigError(f"Unknown Ray placement {self.ray_placement!r}",
+                              expected="spread or pack", fix="Pass --ray-placement spread",
+                              received=repr(self.ray_placement))
+        for name in ("cpus_per_task", "gpus_per_task"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf") or (name == "cpus_per_task" and value == 0):
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be a finite number of "
+                                  f"{'CPUs > 0' if name == 'cpus_per_task' else 'GPUs >= 0'}",
+                                  expected="e.g. 1 or 0.5", fix=f"Pass e.g. {flag} 1",
+                                  received=value)
+        if self.backend == "ray" and (self.hosts is not None or self.node_rank is not None):
+            raise ConfigError("--backend ray places the tasks on the Ray cluster's nodes itself",
+                              expected="no --hosts/--node-rank with --backend ray",
+                              fix="Drop --hosts/--node-rank, or drop --backend ray",
+                              received=f"--hosts {','.join(self.hosts or ())}")
         if self.roles not in ROLE_MODES:
             raise ConfigError(f"Unknown role mode {self.roles!r}", expected="auto or script",
                               fix="Pass --roles auto or --roles script", received=self.roles)

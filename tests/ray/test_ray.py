@@ -1,0 +1,132 @@
+"""Tier 4: tfrun --backend ray on a real 2-node Ray cluster (127.0.0.2 and 127.0.0.3).
+
+Every task runs in a Ray actor of one placement group (spread: one per node where the
+CPUs allow); the tests check the result, where the tasks ran and that nothing of the run
+stays in Ray.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import ROOT, processes_of_run
+from ray_cluster import HEAD, SECOND, command
+
+pytestmark = [pytest.mark.tf, pytest.mark.ray]
+TOL = 1e-5
+EXACTNESS = str(ROOT / "tests" / "scripts" / "exactness.py")
+NODE_TASK = str(ROOT / "tests" / "scripts" / "node_task.py")
+
+
+def tfrun(address, run_dir, *args, keras="3", timeout=600):
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return subprocess.Popen(command([sys.executable, "-m", "tfrun", "--backend", "ray",
+                                     "--ray-address", address, "--keras", keras, "--color",
+                                     "never", "--run-dir", str(run_dir), *args]),
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def finish(proc, timeout=600) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def tasks_of(run_dir) -> dict:
+    return {t["task"]: t for t in json.loads((run_dir / "summary.json").read_text())["tasks"]}
+
+
+def ray_leftovers(address) -> dict:
+    """Live actors and placement groups of the Ray cluster (none may be the run's)."""
+    code = ("import json, ray\n"
+            f"ray.init(address={address!r}, logging_level='ERROR')\n"
+            "actors = [a for a in ray._private.state.actors().values() if a['State'] != 'DEAD']\n"
+            "groups = [g for g in ray.util.placement_group_table().values()\n"
+            "          if g['state'] != 'REMOVED']\n"
+            "print(json.dumps({'actors': len(actors), 'placement_groups': len(groups)}))\n")
+    result = subprocess.run(command([sys.executable, "-c", code]), capture_output=True,
+                            text=True, timeout=120)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = {}
+    for flavour in ("3", "2"):
+        path = tmp_path_factory.mktemp("ref") / f"ref{flavour}"
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env.pop("TF_USE_LEGACY_KERAS", None)
+        if flavour == "2":
+            env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
+        result = subprocess.run([sys.executable, "-m", "tfrun.bootstrap", EXACTNESS, "reference",
+                                 str(path)], env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        out[flavour] = dict(np.load(f"{path}-worker-0.npz"))
+    return out
+
+
+@pytest.mark.parametrize("keras", ["3", "2"], ids=["keras3", "tf_keras"])
+def test_mwms_over_both_ray_nodes_matches_single_process(ray_cluster, reference, tmp_path, keras):
+    run = tmp_path / "run"
+    code, out = finish(tfrun(ray_cluster, run, "--workers", "2", EXACTNESS, "distributed",
+                             str(tmp_path / "dist"), keras=keras))
+    assert code == 0, out[-4000:]
+    assert "mode       : ray: 2 actors in one placement group (spread)" in out
+    tasks = tasks_of(run)
+    assert {tasks["worker:0"]["host"], tasks["worker:1"]["host"]} == {HEAD, SECOND}
+    ref = reference[keras]
+    for index in (0, 1):
+        got = dict(np.load(tmp_path / f"dist-worker-{index}.npz"))
+        assert str(got["strategy"]) == "CollectiveAllReduceStrategy"
+        assert str(got["keras_version"]).startswith("3." if keras == "3" else "2.")
+        for spe in (1, 4):
+            for i in range(4):
+                np.testing.assert_allclose(got[f"spe{spe}_w{i}"], ref[f"spe{spe}_w{i}"], atol=TOL)
+            np.testing.assert_allclose(got[f"spe{spe}_eval"], ref[f"spe{spe}_eval"], atol=TOL)
+    assert processes_of_run(run) == []
+    assert ray_leftovers(ray_cluster) == {"actors": 0, "placement_groups": 0}
+
+
+def test_parameter_server_topology_completes(ray_cluster, tmp_path):
+    run = tmp_path / "run"
+    code, out = finish(tfrun(ray_cluster, run, "--chief", "--ps", "1", "--workers", "2",
+                             str(ROOT / "examples" / "ps_training.py"), "--epochs", "2",
+                             "--steps-per-epoch", "10"))
+    assert code == 0, out[-4000:]
+    tasks = tasks_of(run)
+    assert tasks["chief:0"]["state"] == "succeeded"
+    assert tasks["ps:0"]["state"] == "stopped" and tasks["ps:0"]["stopped_by_tfrun"]
+    assert {t["host"] for t in tasks.values()} == {HEAD, SECOND}
+    assert processes_of_run(run) == []
+    assert ray_leftovers(ray_cluster) == {"actors": 0, "placement_groups": 0}
+
+
+def test_killed_actor_fails_its_task_and_the_gang_restarts_to_completion(ray_cluster, tmp_path):
+    run = tmp_path / "run"
+    proc = tfrun(ray_cluster, run, "--workers", "2", "--max-restarts", "1", NODE_TASK, "ticks", "6")
+    log = run / "logs" / "worker-1.log"
+    deadline = time.monotonic() + 240
+    while not (log.exists() and "tick 2" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[1][-4000:]
+        time.sleep(0.3)
+    task = next(p for p in processes_of_run(run)
+                if p.environ().get("TFRUN_TASK_INDEX") == "1" and "bootstrap" in " ".join(p.cmdline()))
+    actor = psutil.Process(task.ppid())  # the Ray worker process that hosts worker:1's actor
+    assert "ray" in " ".join(actor.cmdline()).lower(), actor.cmdline()
+    actor.send_signal(signal.SIGKILL)
+    code, out = finish(proc)
+    assert code == 0, out[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["restarts"] == 1
+    assert "its Ray actor was lost" in out
+    assert "worker:1 done on" in log.read_text()
+    assert processes_of_run(run) == []
+    assert ray_leftovers(ray_cluster) == {"actors": 0, "placement_groups": 0}
