@@ -130,3 +130,35 @@ def test_killed_actor_fails_its_task_and_the_gang_restarts_to_completion(ray_clu
     assert "worker:1 done on" in log.read_text()
     assert processes_of_run(run) == []
     assert ray_leftovers(ray_cluster) == {"actors": 0, "placement_groups": 0}
+
+
+README_COMMANDS = [
+    "tfrun --backend ray --workers 2 examples/mnist_mlp.py",
+    "tfrun --backend ray --chief --workers 2 --ps 1 examples/ps_training.py --epochs 2",
+]
+
+
+@pytest.mark.slow
+def test_readme_ray_commands_run_as_written(ray_cluster, tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    for i, line in enumerate(README_COMMANDS):
+        assert line in readme, line
+        # --ray-address auto (the default) finds the cluster, as on a node of a real one.
+        env = {**os.environ, "TFRUN_RUN_DIR": str(tmp_path / f"run{i}"), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env.pop("TF_CONFIG", None)
+        result = subprocess.run(command(line.split()), cwd=ROOT, env=env, capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+        assert "mode       : ray:" in result.stdout
+        assert processes_of_run(tmp_path / f"run{i}") == []
+    assert "test accuracy:" in (tmp_path / "run0" / "logs" / "worker-0.log").read_text()
+    assert ray_leftovers(ray_cluster) == {"actors": 0, "placement_groups": 0}
+
+
+def test_placement_ray_cannot_satisfy_is_a_clear_error_and_leaves_nothing(ray_cluster, tmp_path):
+    run = tmp_path / "run"
+    code, out = finish(tfrun(ray_cluster, run, "--workers", "2", "--cpus-per-task", "3",
+                             "--join-timeout", "5", NODE_TASK, "ok"))
+    assert code == 2, out[-3000:]
+    assert "Ray could not place 2 tasks of {'CPU': 3.0} within 5s" in out
+    assert ray_leftovers(ray_cluster) == {"actors": 0, "placement_groups": 0}

@@ -120,6 +120,19 @@ CASES = [
     ("sbatch-nodes-zero", ["slurm", "--nodes", "0", GOOD], "Received: 0"),
     ("sbatch-bad-tfrun-line", ["slurm", "--nodes", "2", "--workers", "x", GOOD], "'x'"),
     ("config-slurm-outside", ["config", "--slurm"], "SLURM_JOB_ID unset"),
+    # ---- Ray
+    ("backend-choice", [*W2, "--backend", "k8s", GOOD], "'k8s'"),
+    ("ray-placement-choice", [*W2, "--backend", "ray", "--ray-placement", "scatter", GOOD],
+     "'scatter'"),
+    ("cpus-per-task-zero", [*W2, "--backend", "ray", "--cpus-per-task", "0", GOOD], "'0'"),
+    ("gpus-per-task-negative", [*W2, "--backend", "ray", "--gpus-per-task", "-1", GOOD], "'-1'"),
+    ("gpus-per-task-nan", [*W2, "--backend", "ray", "--gpus-per-task", "nan", GOOD], "'nan'"),
+    ("ray-with-hosts", ["--backend", "ray", "--hosts", "a,b", GOOD], "--hosts a,b"),
+    ("ray-not-installed", [*W2, "--backend", "ray", GOOD], "pip install 'tfrun[ray]'"),
+    ("ray-unreachable", [*W2, "--backend", "ray", "--ray-address", "127.0.0.9:9", GOOD],
+     "127.0.0.9:9"),
+    ("ray-address-no-port", [*W2, "--backend", "ray", "--ray-address", "127.0.0.9", GOOD],
+     "'127.0.0.9' has no port"),
     # ---- environment defaults
     ("env-max-restarts", ["--workers", "2", GOOD], "TFRUN_MAX_RESTARTS"),
 ]
@@ -127,7 +140,9 @@ _STEP = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-
          "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURMD_NODENAME": "n1"}
 ENV = {"env-max-restarts": {"TFRUN_MAX_RESTARTS": "lots"},
        "slurm-bad-nodelist": {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[3-1]"},
-       "slurm-two-per-node-srun": _STEP}
+       "slurm-two-per-node-srun": _STEP,
+       # a 'ray' package that cannot be imported, as where Ray is not installed
+       "ray-not-installed": {"PYTHONPATH": "noray", "PYTHONDONTWRITEBYTECODE": "1"}}
 NEEDS_ROOT = {"run-dir-read-only", "run-dir-disk-full"}
 
 
@@ -144,6 +159,8 @@ def scratch(tmp_path_factory):
     (root / "pkg" / "__init__.py").write_text("raise SystemExit('imported: the check must not')\n")
     (root / "pkg" / "broken.py").write_text("def f(:\n")
     (root / "done").mkdir()
+    (root / "noray" / "ray").mkdir(parents=True)
+    (root / "noray" / "ray" / "__init__.py").write_text("raise ImportError('no ray here')\n")
     (root / "done" / "summary.json").write_text("{}\n")
     (root / "busy" / ".tfrun").mkdir(parents=True)
     lock = os.open(root / "busy" / ".tfrun" / "lock", os.O_RDWR | os.O_CREAT, 0o600)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -436,6 +437,7 @@ def _run_ray(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
     ray = import_ray()
     initialised = not ray.is_initialized()
     if initialised:
+        _check_ray_address(config.ray_address)
         try:
             ray.init(address=config.ray_address, logging_level="WARNING", log_to_driver=False,
                      configure_logging=False)
@@ -470,6 +472,39 @@ def _run_ray(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
             backend.close()
         if initialised:
             ray.shutdown()
+
+
+def _check_ray_address(address: str) -> None:
+    """Fail at once, naming the address, when nothing listens there (ray.init would retry
+    for minutes). ``auto`` is the cluster Ray itself would pick (its last ``ray start``)."""
+    if "://" in address:
+        return  # ray:// (Ray Client) and the like: ray.init reports those itself
+    shown = address
+    if address == "auto":
+        try:  # Ray's own lookup (private API: skip the check if it moved)
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:
+            return
+        found = canonicalize_bootstrap_address("auto")
+        if not found:
+            raise ConfigError("No running Ray cluster found on this machine (--ray-address auto)",
+                              expected="a Ray node started here (ray start), or an address",
+                              fix="Start Ray (ray start --head), or pass --ray-address HOST:PORT",
+                              received="auto")
+        address, shown = found, f"auto -> {found}"
+    host, port = parse_address(address)
+    if port is None:
+        raise ConfigError(f"--ray-address {address!r} has no port",
+                          expected="HOST:PORT of the Ray head's GCS (ray start --head --port)",
+                          fix="Pass e.g. --ray-address 10.0.0.1:6379, or auto", received=address)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        raise ConfigError(f"Cannot reach a Ray cluster at {address} "
+                          f"({exc.strerror or type(exc).__name__})",
+                          expected="a running Ray head there (ray start --head --port ...)",
+                          fix="Start Ray, or pass the head's --ray-address HOST:PORT (or auto "
+                              "on a node of the cluster)", received=shown) from None
 
 
 def _run_hub(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: ConsoleSink,

@@ -259,6 +259,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
                           received=f"--workers {args.workers} --tasks-per-node {tasks_per_node}")
     if (tasks_per_node is None and args.workers is None and args.hosts is None
             and args.node_rank is None and args.layout == "default" and args.slurm != "off"
+            and args.backend != "ray"
             and (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))):
         tasks_per_node = 1  # inside an allocation, the default is one worker per node
     ssh_opts = []

@@ -237,8 +237,8 @@ def apply_slurm(config: LaunchConfig, environ: Mapping[str, str]
     >>> placed.slurm, placed.hosts
     ('launcher', ('n1:2222', 'n2:2223'))
     """
-    if config.slurm not in ("auto", "on"):
-        return config, None
+    if config.slurm not in ("auto", "on") or config.backend == "ray":
+        return config, None  # --backend ray: Ray places the tasks, wherever it runs
     job = SlurmJob.from_environ(environ)
     if job is None:
         if config.slurm == "on":
