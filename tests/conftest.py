@@ -184,19 +184,25 @@ def slurm():
     """
     import slurm_cluster
 
-    reason = slurm_cluster.unavailable()
+    yield from _engine_for_session("Slurm", slurm_cluster, slurm_cluster.Slurm)
+
+
+def _engine_for_session(name: str, helper, value):
+    """Bring a test engine up (``helper.up``), yield ``value()``, bring it down; skip with
+    the reason (``helper.unavailable()``) where it cannot run, fail instead under CI."""
+    reason = helper.unavailable()
     if reason:
         if os.environ.get("CI"):
-            pytest.fail(f"CI must run the Slurm tests, but: {reason}")
+            pytest.fail(f"CI must run the {name} tests, but: {reason}")
         pytest.skip(reason)
     try:
-        slurm_cluster.up()
+        helper.up()
     except RuntimeError as exc:
         pytest.fail(str(exc))
     try:
-        yield slurm_cluster.Slurm()
+        yield value()
     finally:
-        slurm_cluster.down()
+        helper.down()
 
 
 # --------------------------------------------------------------------------- Ray
@@ -210,18 +216,6 @@ def ray_cluster():
 
     Skips where Ray is not installed; CI installs 'tfrun[ray]', so there it always runs.
     """
-    import ray_cluster as rc
+    import ray_cluster
 
-    reason = rc.unavailable()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the Ray tests, but: {reason}")
-        pytest.skip(reason)
-    try:
-        rc.up()
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
-    try:
-        yield rc.ADDRESS
-    finally:
-        rc.down()
+    yield from _engine_for_session("Ray", ray_cluster, lambda: ray_cluster.ADDRESS)

@@ -162,3 +162,25 @@ def test_placement_ray_cannot_satisfy_is_a_clear_error_and_leaves_nothing(ray_cl
     assert code == 2, out[-3000:]
     assert "Ray could not place 2 tasks of {'CPU': 3.0} within 5s" in out
     assert ray_leftovers(ray_cluster) == {"actors": 0, "placement_groups": 0}
+
+
+def test_launcher_killed_leaves_nothing_in_ray(ray_cluster, tmp_path):
+    """SIGKILL of tfrun (the Ray driver): Ray kills the driver's actors, each task dies with
+    its actor (PR_SET_PDEATHSIG, the node's reaper)."""
+    run = tmp_path / "run"
+    proc = tfrun(ray_cluster, run, "--workers", "2", NODE_TASK, "forever")
+    logs = [run / "logs" / f"worker-{i}.log" for i in (0, 1)]
+    deadline = time.monotonic() + 240
+    while not all(p.exists() and "tick 1" in p.read_text() for p in logs):
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[1][-4000:]
+        time.sleep(0.3)
+    launcher = psutil.Process(proc.pid)  # ip netns exec execs tfrun: the same process
+    assert "tfrun" in launcher.cmdline(), launcher.cmdline()
+    launcher.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while (processes_of_run(run) or ray_leftovers(ray_cluster)["actors"]) and \
+            time.monotonic() < deadline:
+        time.sleep(1)
+    assert processes_of_run(run) == []
+    assert ray_leftovers(ray_cluster)["actors"] == 0

@@ -397,15 +397,22 @@ def _run_ssh(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
     nodes = distinct_hosts(hosts.values())
     if config.doctor:
         preflight(config, plan, console)
+    return _run_agents(config, plan, console, started, f"ssh to {', '.join(nodes)}",
+                       lambda: SshBackend(nodes, python=config.python,
+                                          remote_dir=config.remote_dir or os.getcwd(),
+                                          ssh_opts=config.ssh_opts,
+                                          heartbeat_timeout=config.heartbeat_timeout,
+                                          stop_grace=config.stop_grace, console=console))
+
+
+def _run_agents(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink, started: float,
+                mode: str, make_backend) -> RunResult:
+    """Supervise every task through one agent-per-host backend (SSH, srun)."""
     with run_dir_for(config) as locked:
         run_dir = locked.path
         _write_config(config, plan, run_dir, True)
-        console.info(_resolved_block(config, plan, run_dir, True,
-                                     mode=f"ssh to {', '.join(nodes)}"))
-        backend = SshBackend(nodes, python=config.python,
-                             remote_dir=config.remote_dir or os.getcwd(), ssh_opts=config.ssh_opts,
-                             heartbeat_timeout=config.heartbeat_timeout,
-                             stop_grace=config.stop_grace, console=console)
+        console.info(_resolved_block(config, plan, run_dir, True, mode=mode))
+        backend = make_backend()
         make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
         return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
                           console, started)
@@ -416,18 +423,12 @@ def _run_slurm(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
     from .backends.srun import SrunBackend
 
     nodes = distinct_hosts(task_hosts(plan).values())
-    with run_dir_for(config) as locked:
-        run_dir = locked.path
-        _write_config(config, plan, run_dir, True)
-        console.info(_resolved_block(config, plan, run_dir, True,
-                                     mode=f"slurm: srun starts an agent on {', '.join(nodes)} "
-                                          f"({job_description(os.environ)})"))
-        backend = SrunBackend(nodes, python=config.python, workdir=config.remote_dir or os.getcwd(),
-                              heartbeat_timeout=config.heartbeat_timeout,
-                              stop_grace=config.stop_grace, console=console)
-        make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
-        return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
-                          console, started)
+    mode = f"slurm: srun starts an agent on {', '.join(nodes)} ({job_description(os.environ)})"
+    return _run_agents(config, plan, console, started, mode,
+                       lambda: SrunBackend(nodes, python=config.python,
+                                           workdir=config.remote_dir or os.getcwd(),
+                                           heartbeat_timeout=config.heartbeat_timeout,
+                                           stop_grace=config.stop_grace, console=console))
 
 
 def _run_ray(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
