@@ -4,7 +4,9 @@ In order, before the user's code:
 
 1. die with the supervisor (``PR_SET_PDEATHSIG``), so a SIGKILLed tfrun leaves no task,
    move into the task's cgroup (``TFRUN_CGROUP``, see ``tfrun.launch.cgroups``) and join
-   the run's private network (``TFRUN_NETNS``, see ``tfrun.launch.netns``);
+   the run's private network (``TFRUN_NETNS``, see ``tfrun.launch.netns``); in a pod of a
+   ``tfrun k8s`` JobSet, make TF_CONFIG from what JobSet gave the pod and wait for every
+   peer's DNS name (``tfrun.k8s``; a TFJob pod's TF_CONFIG is normalised);
 2. dump every thread's Python stack on SIGUSR1 (``faulthandler``: works even when the
    main thread is stuck in C code), which ``--hang-timeout`` asks for; split the CPU into
    logical devices when ``TFRUN_DEVICES`` is set;
@@ -74,6 +76,34 @@ def _join_private_network() -> None:
                       "; rerun with --network host to run without one")
 
 
+def _tf_config_from_kubernetes() -> None:
+    """In a pod of a ``tfrun k8s`` manifest: make TF_CONFIG (JobSet) or normalise the
+    operator's (TFJob), then wait until every peer's DNS name resolves."""
+    if os.environ.get("TFRUN_K8S_ROLES") and not os.environ.get("TF_CONFIG"):
+        from .errors import ConfigError
+        from .k8s import jobset_tf_config, wait_for_peers
+
+        try:
+            config = jobset_tf_config(os.environ)
+        except ConfigError as exc:
+            print(f"tfrun: error: {exc}", file=sys.stderr)
+            os._exit(2)
+        os.environ["TF_CONFIG"] = config.to_json()  # type: ignore[union-attr]
+        os.environ["TFRUN_TASK_TYPE"] = config.task.role  # type: ignore[union-attr]
+        os.environ["TFRUN_TASK_INDEX"] = str(config.task.index)  # type: ignore[union-attr]
+        unresolved = wait_for_peers(config, float(os.environ.get("TFRUN_K8S_DNS_TIMEOUT", "300")))
+        if unresolved:
+            print(f"tfrun: error: these pods' DNS names never resolved: {', '.join(unresolved)} "
+                  "(is the JobSet's enableDNSHostnames on and every pod scheduled?)",
+                  file=sys.stderr)
+            os._exit(1)
+    elif os.environ.get("TFRUN_K8S_KIND") == "tfjob" and os.environ.get("TF_CONFIG"):
+        from .cluster import parse_tf_config
+
+        # training-operator writes "master" for a Master replica, which TF2 rejects.
+        os.environ["TF_CONFIG"] = parse_tf_config(os.environ["TF_CONFIG"]).to_json()
+
+
 def _run_user_code(argv: list[str]) -> None:
     if not argv:
         print("usage: python -m tfrun.bootstrap (script.py | -m module) [args]", file=sys.stderr)
@@ -97,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     _die_with_supervisor()
     _join_cgroup()
     _join_private_network()
+    _tf_config_from_kubernetes()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     from . import _task_setup
 

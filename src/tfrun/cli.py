@@ -5,6 +5,7 @@ Two entry points share one binary:
 * ``tfrun config ...``  prints or checks TF_CONFIGs (pure, instant; ``--slurm``: those of
   the allocation it runs in);
 * ``tfrun slurm --nodes N [tfrun args]`` prints a ready sbatch script;
+* ``tfrun k8s --image IMG [...] train.py`` prints a JobSet/TFJob manifest (``--check``: checks one);
 * ``tfrun doctor ...`` checks the hosts of an SSH launch;
 * ``tfrun [options] script.py [args]`` (or ``-m module``) launches a cluster.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -188,6 +190,115 @@ def _run_config(argv: Sequence[str]) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- tfrun k8s
+
+
+def _build_k8s_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfrun k8s",
+        usage="tfrun k8s --image IMAGE [options] [topology flags] (script.py | -m module) [args]\n"
+              "       tfrun k8s --check job.yaml",
+        description="Print a Kubernetes manifest for a tfrun cluster: a JobSet (default) or a "
+                    "TFJob. Every pod runs the script through tfrun's bootstrap, which makes "
+                    "TF_CONFIG from what JobSet gives the pod (TFJob: the operator's, normalised).",
+        epilog="examples:\n"
+               "  tfrun k8s --image registry/train:1 --workers 2 train.py > job.yaml\n"
+               "  kubectl apply -f job.yaml\n"
+               "  tfrun k8s --check job.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_topology_flags(parser)
+    parser.add_argument("--check", default=None, metavar="FILE",
+                        help="check a JobSet/TFJob manifest offline (exit 2 with the reason)")
+    parser.add_argument("--image", default=None, help="container image with the script, "
+                        "TensorFlow and tfrun")
+    parser.add_argument("--kind", choices=("jobset", "tfjob"), default="jobset",
+                        help="jobset (default, jobset.x-k8s.io) or tfjob (kubeflow.org/v1)")
+    parser.add_argument("--name", default=None, help="job name (default: from the script)")
+    parser.add_argument("--namespace", default=None)
+    parser.add_argument("--port", type=int, default=2222, help="TensorFlow port in every pod")
+    parser.add_argument("--cpu", default=None, help="CPU per task, e.g. 4")
+    parser.add_argument("--memory", default=None, help="memory per task, e.g. 8Gi")
+    parser.add_argument("--gpus-per-task", type=_non_negative_int, default=0)
+    parser.add_argument("--max-restarts", type=_non_negative_int, default=0,
+                        help="gang restarts (JobSet failurePolicy.maxRestarts; TFJob backoffLimit)")
+    parser.add_argument("--keras", choices=("3", "2"), default="3")
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--roles", choices=("auto", "script"), default="auto")
+    parser.add_argument("--env", action="append", default=None, metavar="NAME=VALUE",
+                        help="an environment variable for every pod (repeatable)")
+    parser.add_argument("--python", default="python", help="the Python in the image")
+    parser.add_argument("-m", dest="module", default=None, help="run a module, like python -m")
+    parser.add_argument("target", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def _default_job_name(target: str) -> str:
+    stem = target.rsplit("/", 1)[-1].removesuffix(".py").rsplit(".", 1)[-1]
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")
+    return (name if name[:1].isalpha() else f"tf-{name}")[:40].rstrip("-") or "tfrun-job"
+
+
+def _run_k8s(argv: Sequence[str]) -> int:
+    from .k8s import K8sJob, check_manifest, job_manifest, load_manifests, render_yaml
+
+    parser = _build_k8s_parser()
+    from .launch.cli import _split_module
+
+    own, module_args = _split_module(parser, list(argv))
+    args = parser.parse_args(own)
+    if args.hosts is not None or args.layout != "default":
+        raise ConfigError("tfrun k8s places the tasks in pods, named by Kubernetes",
+                          expected="no --hosts/--layout", fix="Drop --hosts/--layout",
+                          received=f"--hosts {','.join(args.hosts or [])} --layout {args.layout}")
+    if args.check is not None:
+        try:
+            text = open(args.check, encoding="utf-8").read()
+        except OSError as exc:
+            raise ConfigError(f"Cannot read {args.check}: {exc.strerror}",
+                              expected="a manifest file", fix="Check the path",
+                              received=args.check) from None
+        docs = load_manifests(text, args.check)
+        if not docs:
+            raise ConfigError(f"{args.check} has no manifest in it", expected="a JobSet or TFJob",
+                              fix="Pass the file tfrun k8s wrote", received=args.check)
+        for i, doc in enumerate(docs):
+            kind = check_manifest(doc, f"{args.check} (document {i + 1})" if len(docs) > 1
+                                  else args.check)
+            print(f"{args.check}: {kind} {doc['metadata']['name']}: ok")
+        return 0
+    if args.module:
+        command = ("-m", args.module, *([args.target] if args.target else []), *args.args,
+                   *module_args)
+        target = args.module
+    elif args.target:
+        command, target = (args.target, *args.args), args.target
+    else:
+        parser.print_usage(sys.stderr)
+        raise ConfigError("No script given", expected="a script path (inside the image) or -m "
+                          "module", fix="Call e.g. tfrun k8s --image IMG train.py",
+                          received=list(argv))
+    if not args.image:
+        raise ConfigError("tfrun k8s needs --image", expected="the image that has the script, "
+                          "TensorFlow and tfrun", fix="Pass e.g. --image registry/train:1",
+                          received="no --image")
+    env = []
+    for entry in args.env or []:
+        key, sep, value = entry.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--env {entry!r} is not NAME=VALUE", expected="NAME=VALUE",
+                              fix="Pass e.g. --env WANDB_MODE=offline", received=repr(entry))
+        env.append((key, value))
+    job = K8sJob(name=args.name or _default_job_name(target), image=args.image,
+                 command=tuple(command), topology=_topology_from(args), kind=args.kind,
+                 namespace=args.namespace, port=args.port, cpu=args.cpu, memory=args.memory,
+                 gpus_per_task=args.gpus_per_task, max_restarts=args.max_restarts,
+                 keras=args.keras, strategy=args.strategy, roles=args.roles, env=tuple(env),
+                 python=args.python)
+    print(render_yaml(job_manifest(job)), end="")
+    return 0
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -201,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "config":
             return _run_config(argv[1:])
+        if argv and argv[0] == "k8s":
+            return _run_k8s(argv[1:])
         if argv and argv[0] == "slurm":
             from .launch.cli import run_sbatch_script
 

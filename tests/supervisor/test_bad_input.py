@@ -133,6 +133,11 @@ CASES = [
      "127.0.0.9:9"),
     ("ray-address-no-port", [*W2, "--backend", "ray", "--ray-address", "127.0.0.9", GOOD],
      "'127.0.0.9' has no port"),
+    # ---- Kubernetes
+    ("k8s-no-image", ["k8s", GOOD], "--image"),
+    ("k8s-bad-name", ["k8s", "--image", "i", "--name", "Bad_Name", GOOD], "'Bad_Name'"),
+    ("k8s-check-missing", ["k8s", "--check", "nope.yaml"], "nope.yaml"),
+    ("k8s-check-not-a-manifest", ["k8s", "--check", GOOD], "good.py"),
     # ---- environment defaults
     ("env-max-restarts", ["--workers", "2", GOOD], "TFRUN_MAX_RESTARTS"),
 ]

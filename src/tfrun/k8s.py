@@ -1,0 +1,450 @@
+"""Kubernetes: a tfrun cluster as a JobSet (default) or TFJob manifest; TF_CONFIG made in the pod.
+
+``tfrun k8s --image IMG --workers 2 train.py > job.yaml`` prints the manifest
+(``job_manifest``); ``tfrun k8s --check job.yaml`` checks one offline (``check_manifest``).
+
+JobSet (``jobset.x-k8s.io/v1alpha2``): one replicated job per role (chief, worker, ps,
+evaluator), each a single Indexed Job whose pods are that role's tasks (the pod's
+``JOB_COMPLETION_INDEX`` is the task index). With DNS hostnames on, the pods are
+``<jobset>-<role>-0-<index>.<subdomain>``; every pod's container runs the script through
+``python -m tfrun.bootstrap``, which builds TF_CONFIG from the labels JobSet puts on the
+pod (read through the downward API) and the role counts in ``TFRUN_K8S_ROLES``
+(``jobset_tf_config``), identically in every pod, and waits until every peer's DNS name
+resolves before training starts. ``failurePolicy.maxRestarts`` is the gang restart; the
+``successPolicy`` ends the JobSet when the tracked roles (chief/workers, or the chief of
+a parameter-server cluster) succeed, and JobSet then deletes the ps/evaluator jobs.
+
+TFJob (``kubeflow.org/v1``, training-operator v1): the operator writes TF_CONFIG; the
+bootstrap normalises its dialect (``master`` -> ``chief``) and uses it as is.
+
+Pure: dicts in, dicts out (``render_yaml`` / ``load_manifests`` are the only YAML).
+
+    >>> manifest = job_manifest(K8sJob(name="mnist", image="me/train:1",
+    ...                                command=("train.py",), topology=Topology(workers=2)))
+    >>> manifest["kind"], [r["name"] for r in manifest["spec"]["replicatedJobs"]]
+    ('JobSet', ['worker'])
+    >>> jobset_tf_config({"TFRUN_K8S_ROLES": "worker=2", "TFRUN_K8S_PORT": "2222",
+    ...     "TFRUN_K8S_JOBSET": "mnist", "TFRUN_K8S_SUBDOMAIN": "mnist",
+    ...     "TFRUN_K8S_REPLICATED_JOB": "worker", "JOB_COMPLETION_INDEX": "1"}).to_dict()["task"]
+    {'type': 'worker', 'index': 1}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .cluster import ClusterSpec, TaskConfig, TaskId, Topology
+from .errors import ConfigError
+
+__all__ = ["JOBSET_API", "TFJOB_API", "K8sJob", "check_manifest", "job_manifest",
+           "jobset_tf_config", "load_manifests", "pod_hostnames", "render_yaml"]
+
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+TFJOB_API = "kubeflow.org/v1"
+KINDS = ("jobset", "tfjob")
+ROLES = ("chief", "worker", "ps", "evaluator")
+#: TFJob's replica type for each tfrun role (training-operator v1 spelling).
+TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+_TFJOB_ACCEPTED = ("Chief", "Master", "Worker", "PS", "Evaluator")
+CONTAINER = "tensorflow"   # TFJob requires this container name; JobSet pods use it too
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_LABEL = "jobset.sigs.k8s.io/"
+
+
+@dataclass(frozen=True)
+class K8sJob:
+    """What ``tfrun k8s`` turns into a manifest.
+
+    ``command``: what follows ``python -m tfrun.bootstrap`` (``train.py args`` or
+    ``-m module args``). ``cpu``/``memory``: Kubernetes quantities per task ("2", "4Gi").
+    """
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    topology: Topology = field(default_factory=Topology)
+    kind: str = "jobset"
+    namespace: str | None = None
+    port: int = 2222
+    cpu: str | None = None
+    memory: str | None = None
+    gpus_per_task: int = 0
+    max_restarts: int = 0
+    keras: str = "3"
+    strategy: str = "auto"
+    roles: str = "auto"
+    env: tuple[tuple[str, str], ...] = ()
+    python: str = "python"
+    dns_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "--name", longest_suffix=len("-evaluator-0-") + 4)
+        if self.kind not in KINDS:
+            raise ConfigError(f"Unknown manifest kind {self.kind!r}", expected="jobset or tfjob",
+                              fix="Pass --kind jobset (default) or --kind tfjob",
+                              received=repr(self.kind))
+        if not self.image.strip():
+            raise ConfigError("No container image", expected="the image that has your script, "
+                              "TensorFlow and tfrun", fix="Pass --image registry/train:tag",
+                              received=repr(self.image))
+        if not self.command:
+            raise ConfigError("Nothing to run", expected="a script (or -m module)",
+                              fix="Call e.g. tfrun k8s --image IMG train.py", received=self.command)
+        if self.namespace is not None:
+            _check_name(self.namespace, "--namespace", dns1123=True)
+        if not 1 <= self.port <= 65535:
+            raise ConfigError("--port is not a port", expected="1..65535",
+                              fix="Pass e.g. --port 2222", received=self.port)
+        if self.gpus_per_task < 0 or self.max_restarts < 0:
+            raise ConfigError("--gpus-per-task and --max-restarts cannot be negative",
+                              expected="0 or more", fix="Pass e.g. --gpus-per-task 1",
+                              received=(self.gpus_per_task, self.max_restarts))
+
+    def counts(self) -> dict[str, int]:
+        """Tasks per role, in ``ROLES`` order, roles with none left out."""
+        t = self.topology
+        counts = {"chief": int(t.chief), "worker": t.workers, "ps": t.ps,
+                  "evaluator": int(t.evaluator)}
+        return {role: n for role, n in counts.items() if n}
+
+    def tracked_roles(self) -> list[str]:
+        """The roles whose success is the job's (tfrun's LaunchConfig.tracked)."""
+        counts = self.counts()
+        if counts.get("ps") and counts.get("chief"):
+            return ["chief"]
+        return [r for r in ("chief", "worker") if r in counts]
+
+
+def _check_name(name: str, flag: str, *, longest_suffix: int = 0, dns1123: bool = False) -> None:
+    pattern = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?") if dns1123 else _DNS_1035
+    limit = 63 - longest_suffix
+    if not isinstance(name, str) or not pattern.fullmatch(name) or len(name) > limit:
+        raise ConfigError(f"{flag} {name!r} is not a valid Kubernetes name",
+                          expected=f"lower-case letters, digits and '-', starting with a "
+                                   f"{'letter or digit' if dns1123 else 'letter'}, ending with "
+                                   f"a letter or digit, at most {limit} characters"
+                                   + (" (pod host names add '-<role>-0-<index>')"
+                                      if longest_suffix else ""),
+                          fix=f"Pass e.g. {flag} mnist-train", received=repr(name))
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def job_manifest(job: K8sJob) -> dict:
+    """The JobSet or TFJob manifest for ``job`` (a plain dict, ready for ``render_yaml``)."""
+    return _jobset(job) if job.kind == "jobset" else _tfjob(job)
+
+
+def _metadata(job: K8sJob) -> dict:
+    meta: dict[str, Any] = {"name": job.name, "labels": {"app.kubernetes.io/managed-by": "tfrun"}}
+    if job.namespace:
+        meta["namespace"] = job.namespace
+    return meta
+
+
+def _common_env(job: K8sJob) -> list[dict]:
+    env = {"PYTHONUNBUFFERED": "1", "TFRUN_STRATEGY": job.strategy, "TFRUN_KERAS": job.keras,
+           "TFRUN_ROLES": job.roles, "TFRUN_RUN_DIR": "/tmp/tfrun-run"}
+    if job.keras == "2":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    env.update(dict(job.env))
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _container(job: K8sJob, env: list[dict]) -> dict:
+    container: dict[str, Any] = {
+        "name": CONTAINER, "image": job.image,
+        "command": [job.python, "-m", "tfrun.bootstrap", *job.command],
+        "env": env,
+        "ports": [{"name": "tfjob-port" if job.kind == "tfjob" else "tfrun",
+                   "containerPort": job.port, "protocol": "TCP"}],
+    }
+    limits: dict[str, Any] = {}
+    if job.cpu:
+        limits["cpu"] = job.cpu
+    if job.memory:
+        limits["memory"] = job.memory
+    if job.gpus_per_task:
+        limits["nvidia.com/gpu"] = job.gpus_per_task
+    if limits:
+        container["resources"] = {"limits": limits, "requests": dict(limits)}
+    return container
+
+
+def _downward(name: str, label: str) -> dict:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath":
+                                                     f"metadata.labels['{_LABEL}{label}']"}}}
+
+
+def _jobset(job: K8sJob) -> dict:
+    counts = job.counts()
+    roles_env = ",".join(f"{role}={n}" for role, n in counts.items())
+    env = _common_env(job) + [
+        {"name": "TFRUN_K8S_ROLES", "value": roles_env},
+        {"name": "TFRUN_K8S_PORT", "value": str(job.port)},
+        {"name": "TFRUN_K8S_SUBDOMAIN", "value": job.name},
+        {"name": "TFRUN_K8S_DNS_TIMEOUT", "value": f"{job.dns_timeout:g}"},
+        _downward("TFRUN_K8S_JOBSET", "jobset-name"),
+        _downward("TFRUN_K8S_REPLICATED_JOB", "replicatedjob-name"),
+        _downward("TFRUN_K8S_JOB_INDEX", "job-index"),
+    ]
+    replicated = []
+    for role, n in counts.items():
+        replicated.append({"name": role, "replicas": 1, "template": {"spec": {
+            "parallelism": n, "completions": n, "completionMode": "Indexed",
+            "backoffLimit": 0,  # a failed pod fails its job: JobSet's failurePolicy decides
+            "template": {"metadata": {"labels": {"app.kubernetes.io/managed-by": "tfrun"}},
+                         "spec": {"restartPolicy": "Never",
+                                  "containers": [_container(job, env)]}}}}})
+    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(job), "spec": {
+        "network": {"enableDNSHostnames": True, "subdomain": job.name},
+        "failurePolicy": {"maxRestarts": job.max_restarts},
+        # Done when the tracked roles succeed; JobSet then deletes the ps/evaluator jobs.
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": job.tracked_roles()},
+        "replicatedJobs": replicated}}
+
+
+def _tfjob(job: K8sJob) -> dict:
+    env = _common_env(job) + [{"name": "TFRUN_K8S_KIND", "value": "tfjob"}]
+    specs = {}
+    for role, n in job.counts().items():
+        specs[TFJOB_TYPES[role]] = {
+            "replicas": n, "restartPolicy": "Never",
+            "template": {"spec": {"containers": [_container(job, env)]}}}
+    return {"apiVersion": TFJOB_API, "kind": "TFJob", "metadata": _metadata(job), "spec": {
+        # Running: ps/evaluator pods still running when training ends are deleted
+        # (kubeflow/trainer#774: they never exit by themselves).
+        "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": job.max_restarts},
+        "tfReplicaSpecs": specs}}
+
+
+def pod_hostnames(jobset: str, subdomain: str, counts: Mapping[str, int]) -> dict[str, list[str]]:
+    """Each training role's pod DNS names, in task order (JobSet's naming).
+
+    >>> pod_hostnames("mnist", "mnist", {"worker": 2})
+    {'worker': ['mnist-worker-0-0.mnist', 'mnist-worker-0-1.mnist']}
+    """
+    return {role: [f"{jobset}-{role}-0-{i}.{subdomain}" for i in range(n)]
+            for role, n in counts.items() if role != "evaluator"}
+
+
+# --------------------------------------------------------------------------- in the pod
+
+
+def jobset_tf_config(environ: Mapping[str, str]) -> TaskConfig | None:
+    """The TF_CONFIG of this JobSet pod (None when not a tfrun JobSet pod)."""
+    roles = environ.get("TFRUN_K8S_ROLES")
+    if not roles:
+        return None
+    counts: dict[str, int] = {}
+    for part in roles.split(","):
+        role, _, n = part.partition("=")
+        if role not in ROLES or not n.isdigit():
+            raise ConfigError(f"TFRUN_K8S_ROLES has a bad entry {part!r}",
+                              expected="role=count, e.g. chief=1,worker=2",
+                              fix="Regenerate the manifest with tfrun k8s", received=roles)
+        counts[role] = int(n)
+    missing = [k for k in ("TFRUN_K8S_JOBSET", "TFRUN_K8S_REPLICATED_JOB",
+                           "JOB_COMPLETION_INDEX") if not environ.get(k)]
+    if missing:
+        raise ConfigError(f"This pod lacks {', '.join(missing)}, which JobSet and the Indexed "
+                          "Job set", expected="a pod of a JobSet made by tfrun k8s",
+                          fix="Apply the manifest as generated (JobSet controller installed)",
+                          received=", ".join(missing))
+    role = environ["TFRUN_K8S_REPLICATED_JOB"]
+    if role not in counts:
+        raise ConfigError(f"Replicated job {role!r} is not a tfrun role",
+                          expected=f"one of {', '.join(counts)}",
+                          fix="Keep the replicated job names tfrun k8s generates", received=role)
+    port = int(environ.get("TFRUN_K8S_PORT", "2222"))
+    subdomain = environ.get("TFRUN_K8S_SUBDOMAIN") or environ["TFRUN_K8S_JOBSET"]
+    hosts = pod_hostnames(environ["TFRUN_K8S_JOBSET"], subdomain, counts)
+    cluster = ClusterSpec(**{r: tuple(f"{h}:{port}" for h in hs) for r, hs in hosts.items()})
+    return TaskConfig(cluster=cluster, task=TaskId(role, int(environ["JOB_COMPLETION_INDEX"])))
+
+
+# --------------------------------------------------------------------------- --check
+
+
+def check_manifest(doc: Any, where: str = "manifest") -> str:
+    """Check one manifest as the operators' webhooks would; return its kind, or raise a
+    ConfigError naming the field, what is wrong and the fix."""
+    if not isinstance(doc, dict):
+        _bad(where, "is not a mapping", "a Kubernetes object (apiVersion, kind, metadata, spec)",
+             doc)
+    kind = doc.get("kind")
+    api = doc.get("apiVersion")
+    if (kind, api) not in (("JobSet", JOBSET_API), ("TFJob", TFJOB_API)):
+        _bad(f"{where}: apiVersion/kind", "is not a JobSet or TFJob",
+             f"apiVersion {JOBSET_API} kind JobSet, or {TFJOB_API} kind TFJob", f"{api} {kind}")
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        _bad(f"{where}: metadata.name", "is missing", "a name", meta)
+    name = meta["name"]
+    if not _DNS_1035.fullmatch(name) or len(name) > 63:
+        _bad(f"{where}: metadata.name", "is not a DNS-1035 label",
+             "lower-case letters, digits and '-', starting with a letter, at most 63", name)
+    spec = doc.get("spec")
+    if not isinstance(spec, dict):
+        _bad(f"{where}: spec", "is missing", "a spec", spec)
+    if kind == "TFJob":
+        _check_tfjob(spec, where)
+    else:
+        _check_jobset(spec, name, where)
+    return kind
+
+
+def _bad(path: str, what: str, expected: str, received: Any) -> None:
+    raise ConfigError(f"{path} {what}", expected=expected,
+                      fix="Fix it, or regenerate the manifest with tfrun k8s",
+                      received=received if isinstance(received, str) else repr(received)[:200])
+
+
+def _replicas(value: Any, path: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _bad(path, f"is {type(value).__name__} {value!r}, not an integer",
+             "an integer (replicas: 2, not \"2\")", value)
+    if value < low:
+        _bad(path, f"is {value}", f"{low} or more", value)
+    return value
+
+
+def _check_pod(template: Any, path: str, *, need_tensorflow: bool) -> None:
+    spec = template.get("spec") if isinstance(template, dict) else None
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    if not isinstance(containers, list) or not containers:
+        _bad(f"{path}.spec.containers", "is missing or empty", "at least one container",
+             containers)
+    names = [c.get("name") if isinstance(c, dict) else None for c in containers]
+    if need_tensorflow and CONTAINER not in names:
+        _bad(f"{path}.spec.containers", f"has no container named {CONTAINER!r}",
+             f"the training container named {CONTAINER!r} (training-operator finds it by name)",
+             names)
+    for i, c in enumerate(containers):
+        if not isinstance(c, dict) or not str(c.get("image") or "").strip():
+            _bad(f"{path}.spec.containers[{i}].image", "is missing", "an image", c)
+
+
+def _check_tfjob(spec: dict, where: str) -> None:
+    replica_specs = spec.get("tfReplicaSpecs")
+    if not isinstance(replica_specs, dict) or not replica_specs:
+        _bad(f"{where}: spec.tfReplicaSpecs", "is missing", "Chief/Worker/PS/Evaluator entries",
+             replica_specs)
+    leaders = 0
+    for key, rspec in replica_specs.items():
+        path = f"{where}: spec.tfReplicaSpecs.{key}"
+        if key not in _TFJOB_ACCEPTED:
+            _bad(path, "is not a TFJob replica type", ", ".join(_TFJOB_ACCEPTED), key)
+        if not isinstance(rspec, dict):
+            _bad(path, "is not a mapping", "replicas, restartPolicy, template", rspec)
+        n = _replicas(rspec.get("replicas", 1), f"{path}.replicas")
+        if key in ("Chief", "Master"):
+            leaders += 1
+            if n > 1:
+                _bad(f"{path}.replicas", f"is {n}", "at most 1 chief", n)
+        if key == "Evaluator" and n > 1:
+            _bad(f"{path}.replicas", f"is {n}", "at most 1 evaluator", n)
+        _check_pod(rspec.get("template"), f"{path}.template", need_tensorflow=True)
+    if leaders > 1:
+        _bad(f"{where}: spec.tfReplicaSpecs", "has both Chief and Master", "one chief",
+             sorted(replica_specs))
+
+
+def _check_jobset(spec: dict, name: str, where: str) -> None:
+    jobs = spec.get("replicatedJobs")
+    if not isinstance(jobs, list) or not jobs:
+        _bad(f"{where}: spec.replicatedJobs", "is missing or empty", "one entry per role", jobs)
+    seen = set()
+    for i, rjob in enumerate(jobs):
+        path = f"{where}: spec.replicatedJobs[{i}]"
+        if not isinstance(rjob, dict):
+            _bad(path, "is not a mapping", "name, replicas, template", rjob)
+        rname = rjob.get("name")
+        if not isinstance(rname, str) or not _DNS_1035.fullmatch(rname):
+            _bad(f"{path}.name", "is not a DNS-1035 label", "e.g. worker", rname)
+        if rname in seen:
+            _bad(f"{path}.name", f"repeats {rname!r}", "distinct replicated job names", rname)
+        seen.add(rname)
+        if rname not in ROLES:
+            _bad(f"{path}.name", f"{rname!r} is not a tfrun role",
+                 f"one of {', '.join(ROLES)} (the pod's TF_CONFIG role)", rname)
+        replicas = _replicas(rjob.get("replicas", 1), f"{path}.replicas", low=1)
+        if replicas != 1:
+            _bad(f"{path}.replicas", f"is {replicas}",
+                 "1 (a role's tasks are the pods of one Indexed Job: use parallelism)", replicas)
+        job_spec = (rjob.get("template") or {}).get("spec") if isinstance(rjob.get("template"),
+                                                                            dict) else None
+        if not isinstance(job_spec, dict):
+            _bad(f"{path}.template.spec", "is missing", "a Job spec", job_spec)
+        parallelism = _replicas(job_spec.get("parallelism", 1), f"{path}.template.spec.parallelism",
+                                low=1)
+        completions = _replicas(job_spec.get("completions", parallelism),
+                                f"{path}.template.spec.completions", low=1)
+        if completions != parallelism or job_spec.get("completionMode") != "Indexed":
+            _bad(f"{path}.template.spec", "is not an Indexed Job with completions = parallelism",
+                 "completionMode: Indexed, completions equal to parallelism (one pod per task)",
+                 {k: job_spec.get(k) for k in ("parallelism", "completions", "completionMode")})
+        if rname in ("chief", "evaluator") and parallelism > 1:
+            _bad(f"{path}.template.spec.parallelism", f"is {parallelism}",
+                 f"1 ({rname} has one task)", parallelism)
+        longest = f"{name}-{rname}-0-{parallelism - 1}"
+        if len(longest) > 63:
+            _bad(f"{path}", f"makes pod host names like {longest!r}, longer than 63",
+                 "a shorter JobSet name", longest)
+        _check_pod(job_spec.get("template"), f"{path}.template.spec.template",
+                   need_tensorflow=False)
+    if "worker" not in seen and "chief" not in seen:
+        _bad(f"{where}: spec.replicatedJobs", "has no chief and no worker", "a worker job",
+             sorted(seen))
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+def render_yaml(manifest: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
+
+
+def load_manifests(text: str, source: str) -> list[Any]:
+    """Every document of a YAML (or JSON) file; a ConfigError naming the line if unreadable."""
+    import yaml
+
+    try:
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{source} is not valid YAML{where}",
+                          expected="a JobSet or TFJob manifest", fix="Fix the YAML syntax",
+                          received=str(exc).splitlines()[0]) from None
+
+
+def wait_for_peers(config: TaskConfig, timeout: float, *, resolve=None, sleep=None) -> list[str]:
+    """Wait until every host of ``config``'s cluster resolves (pods get their DNS records
+    only once scheduled: TFJob's start-up DNS race); return those that never did."""
+    import socket
+    import time
+
+    resolve = resolve or (lambda host: socket.getaddrinfo(host, None))
+    sleep = sleep or time.sleep
+    hosts = sorted({a.rsplit(":", 1)[0] for a in config.cluster.addresses().values()})
+    deadline = time.monotonic() + timeout
+    told = False
+    while True:
+        missing = []
+        for host in hosts:
+            try:
+                resolve(host)
+            except OSError:
+                missing.append(host)
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        if not told:
+            print(f"tfrun: waiting for the DNS names of {', '.join(missing)}", flush=True)
+            told = True
+        sleep(1.0)
