@@ -184,3 +184,13 @@ def test_launcher_killed_leaves_nothing_in_ray(ray_cluster, tmp_path):
         time.sleep(1)
     assert processes_of_run(run) == []
     assert ray_leftovers(ray_cluster)["actors"] == 0
+
+
+def test_pack_placement_puts_the_tasks_together(ray_cluster, tmp_path):
+    run = tmp_path / "run"
+    code, out = finish(tfrun(ray_cluster, run, "--workers", "2", "--ray-placement", "pack",
+                             NODE_TASK, "ok"))
+    assert code == 0, out[-3000:]
+    assert "placement group (pack)" in out
+    hosts = {t["host"] for t in tasks_of(run).values()}
+    assert len(hosts) == 1 and hosts <= {HEAD, SECOND}  # 2 CPUs per node: both fit on one
