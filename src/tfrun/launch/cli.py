@@ -70,13 +70,18 @@ def build_launch_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfrun",
         usage="tfrun [options] (script.py | -m module) [script args]\n"
-              "       tfrun config [options]",
-        description="Run a distributed TensorFlow/Keras training on this machine: every task of "
-                    "the cluster is started, supervised, logged and cleaned up.",
+              "       tfrun config [options]          (TF_CONFIG of every task)\n"
+              "       tfrun slurm --nodes N [...]     (a ready sbatch script)\n"
+              "       tfrun k8s --image IMG [...]     (a JobSet/TFJob manifest)\n"
+              "       tfrun doctor --hosts ... [...]  (preflight of an SSH launch)",
+        description="Run a distributed TensorFlow/Keras training: every task of the cluster is "
+                    "started (on this machine, over SSH, in a Slurm allocation or on Ray), "
+                    "supervised, logged and cleaned up.",
         epilog="examples:\n"
                "  tfrun --workers 2 examples/mnist_mlp.py\n"
                "  tfrun --chief --workers 2 --ps 1 examples/ps_training.py\n"
                "  tfrun --devices 2 --strategy mirrored train.py --epochs 3\n"
+               "  tfrun --backend ray --workers 2 train.py\n"
                "every flag also reads TFRUN_<FLAG> (e.g. TFRUN_MAX_RESTARTS=2)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_topology_flags(parser)
