@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import socket
 from dataclasses import dataclass, field
 
@@ -68,12 +69,42 @@ class PortReservation:
 
 
 def hold_port(port: int, host: str = "0.0.0.0") -> socket.socket:
-    """Hold one specific port (explicit ``localhost:PORT`` hosts). Raises OSError if taken."""
+    """Hold one specific port (explicit ``localhost:PORT`` hosts). Raises OSError if taken.
+
+    A port whose only sockets are closed connections in TIME_WAIT (a run that just ended
+    on it: up to a minute on Linux) is free for TensorFlow, whose gRPC server binds with
+    SO_REUSEADDR; it is held too, with SO_REUSEADDR. A port something listens on is refused.
+    """
+    try:
+        return _bind(port, host, reuse_address=False)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE or not _only_time_wait(port, host):
+            raise
+    return _bind(port, host, reuse_address=True)
+
+
+def _bind(port: int, host: str, *, reuse_address: bool) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def _only_time_wait(port: int, host: str) -> bool:
+    """Whether binding fails only because of TIME_WAIT connections: a probe with
+    SO_REUSEADDR alone binds past those, but not past a listener."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
