@@ -146,10 +146,10 @@ def _metadata(job: K8sJob) -> dict:
 
 
 def _common_env(job: K8sJob) -> list[dict]:
-    env = {"PYTHONUNBUFFERED": "1", "TFRUN_STRATEGY": job.strategy, "TFRUN_KERAS": job.keras,
-           "TFRUN_ROLES": job.roles, "TFRUN_RUN_DIR": "/tmp/tfrun-run"}
-    if job.keras == "2":
-        env["TF_USE_LEGACY_KERAS"] = "1"
+    from .launch.specs import script_env  # the same contract as a launch's tasks
+
+    env = script_env(strategy=job.strategy, keras=job.keras, roles=job.roles,
+                     run_dir="/tmp/tfrun-run")
     env.update(dict(job.env))
     return [{"name": k, "value": v} for k, v in env.items()]
 

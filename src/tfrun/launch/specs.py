@@ -21,7 +21,8 @@ from .backends.base import CONTROLLED_ENV, TaskSpec
 from .config import LaunchConfig
 from .ports import TF_REUSE_PORT_ENV
 
-__all__ = ["FORWARDED_PREFIXES", "forwarded_env", "task_argv", "spec_factory", "task_hosts"]
+__all__ = ["FORWARDED_PREFIXES", "forwarded_env", "script_env", "task_argv", "spec_factory",
+           "task_hosts"]
 
 #: Launcher variables every remote task gets too (prefix match).
 FORWARDED_PREFIXES = ("TF_", "TFRUN_", "KERAS_", "XLA_", "NCCL_", "OMP_", "MKL_",
@@ -42,6 +43,20 @@ def forwarded_env(environ: Mapping[str, str], extra: Sequence[str]) -> dict[str,
         elif name in environ:
             out[name] = environ[name]
     return out
+
+
+def script_env(*, strategy: str, keras: str, roles: str, run_dir: str) -> dict[str, str]:
+    """The variables every task's script reads, however it was started (a launch here, a
+    pod of a ``tfrun k8s`` manifest).
+
+    >>> script_env(strategy="auto", keras="2", roles="auto", run_dir="/r")["TF_USE_LEGACY_KERAS"]
+    '1'
+    """
+    env = {"PYTHONUNBUFFERED": "1", "TFRUN_RUN_DIR": run_dir, "TFRUN_STRATEGY": strategy,
+           "TFRUN_KERAS": keras, "TFRUN_ROLES": roles}
+    if keras == "2":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
 
 
 def task_argv(config: LaunchConfig) -> tuple[str, ...]:
@@ -73,17 +88,10 @@ def spec_factory(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, *, with
     base = dict(TF_REUSE_PORT_ENV)
     if remote:
         base.update(forwarded_env(environ, config.forward_env))
-    base.update({
-        "PYTHONUNBUFFERED": "1",
-        "TFRUN_RUN_DIR": str(run_dir),
-        "TFRUN_STRATEGY": config.strategy,
-        "TFRUN_KERAS": config.keras,
-        "TFRUN_ROLES": config.roles,
-    })
+    base.update(script_env(strategy=config.strategy, keras=config.keras, roles=config.roles,
+                           run_dir=str(run_dir)))
     if config.devices:
         base["TFRUN_DEVICES"] = str(config.devices)
-    if config.keras == "2":
-        base["TF_USE_LEGACY_KERAS"] = "1"
     argv = task_argv(config)
     addresses = plan.cluster.addresses()
     hosts = task_hosts(plan) if remote else {}
