@@ -54,10 +54,9 @@ def prepare() -> None:
         from .runtime import configure_logical_devices
 
         configure_logical_devices(int(os.environ["TFRUN_DEVICES"]))
-    if not legacy:  # tf_keras needs no fixes (measured: every scenario works as is)
-        from . import compat
+    from . import compat
 
-        compat.install()
+    compat.install()  # Keras 3 fixes on `import keras`, tf_keras fixes on `import tf_keras`
     if os.environ.get("TFRUN_KEEP_TF_SIGTERM", "") in ("", "0"):
         when_imported("tensorflow.python.eager.context", _keep_sigterm_disposition)
 

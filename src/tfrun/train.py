@@ -122,13 +122,118 @@ def _inline_evaluate(model, dataset_fn, steps=None, prefix: str = "") -> dict:
 
 def _fit_tf_keras_ps(model, dataset_fn, epochs, steps_per_epoch, val_fn, val_steps, callbacks,
                      verbose, initial_epoch):
+    """tf_keras' own PS ``fit`` on a ``DatasetCreator``; validation inline on the coordinator
+    (as for Keras 3): tf_keras' PS validation needs ``validation_steps`` and reads a
+    repeated dataset from every worker, so a plain validation set could not be used."""
     import tf_keras
 
     creator = tf_keras.utils.experimental.DatasetCreator
+    callbacks = list(callbacks)
+    if val_fn is not None or verbose:
+        callbacks.insert(0, _epoch_end_class(tf_keras)(model, val_fn, val_steps, epochs, verbose))
     return model.fit(creator(dataset_fn), epochs=epochs, steps_per_epoch=steps_per_epoch,
-                     validation_data=creator(val_fn) if val_fn else None,
-                     validation_steps=val_steps, callbacks=list(callbacks), verbose=verbose,
-                     initial_epoch=initial_epoch)
+                     callbacks=callbacks, verbose=0, initial_epoch=initial_epoch)
+
+
+def _epoch_end_class(keras_module):
+    class _EpochEnd(keras_module.callbacks.Callback):
+        """First at each epoch end: adds the ``val_*`` logs (inline evaluation) for the
+        callbacks after it (EarlyStopping, History, ...) and prints the epoch line."""
+
+        def __init__(self, model, val_fn, val_steps, epochs, verbose):
+            super().__init__()
+            self._model, self.val_fn, self.val_steps = model, val_fn, val_steps
+            self.epochs, self.verbose = epochs, verbose
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs = logs if logs is not None else {}
+            if self.val_fn is not None:
+                logs.update(_inline_evaluate(self._model, self.val_fn, self.val_steps,
+                                             prefix="val_"))
+            if self.verbose:
+                _print_epoch(epoch, self.epochs, logs)
+
+    return _EpochEnd
+
+
+def _print_epoch(epoch: int, epochs: int, logs: dict) -> None:
+    print(f"Epoch {epoch + 1}/{epochs} - " + " - ".join(
+        f"{k}: {float(v):.4f}" for k, v in logs.items()), flush=True)
+
+
+# ------------------------------------------------------------- plain model.fit under PS (Keras 3)
+
+#: model.fit arguments the PS trainer has no use for, with Keras' defaults (accepted).
+_NOT_UNDER_PS = {"batch_size": None, "validation_split": 0.0, "class_weight": None,
+                 "sample_weight": None, "validation_batch_size": None, "validation_freq": 1}
+
+
+def _ps_dataset_fn(x, what: str = "x"):
+    """A dataset function for ``x`` as ``model.fit`` under PS accepts it."""
+    import tensorflow as tf
+
+    if callable(x) and not isinstance(x, tf.data.Dataset):
+        return x
+    dataset_fn = getattr(x, "_dataset_fn", None)  # strategy.distribute_datasets_from_function(fn)
+    if callable(dataset_fn):
+        return dataset_fn
+    if isinstance(x, tf.data.Dataset):
+        return lambda _context: x  # every worker reads the whole dataset, as in tf_keras
+    raise ConfigError(
+        f"model.fit under ParameterServerStrategy cannot train on {what} of type "
+        f"{type(x).__name__}",
+        expected="a dataset function (input_context -> tf.data.Dataset), "
+                 "strategy.distribute_datasets_from_function(fn), or a repeated tf.data.Dataset",
+        fix="Pass a dataset function with steps_per_epoch, or call "
+            "tfrun.fit(model, dataset_fn, steps_per_epoch=N)",
+        received=type(x).__name__)
+
+
+def fit_from_keras_arguments(model, x=None, y=None, *args, **kwargs):
+    """``model.fit(...)`` under ParameterServerStrategy in Keras 3 (the compat fix calls it):
+    the standard PS pattern, handed to the same ClusterCoordinator trainer as ``tfrun.fit``."""
+    if args:
+        raise ConfigError("model.fit under ParameterServerStrategy takes keyword arguments "
+                          "after x", expected="model.fit(dataset_fn, epochs=E, steps_per_epoch=N)",
+                          fix="Name the arguments, or call tfrun.fit(model, dataset_fn, ...)",
+                          received=f"{len(args)} more positional argument(s)")
+    unsupported = sorted(k for k, default in _NOT_UNDER_PS.items()
+                         if kwargs.get(k, default) != default)
+    if y is not None or unsupported:
+        bad = (["y"] if y is not None else []) + unsupported
+        raise ConfigError(
+            f"model.fit under ParameterServerStrategy does not take {', '.join(bad)}",
+            expected="x as a dataset function or dataset yielding (features, labels)",
+            fix="Put labels and weights in the dataset; batch inside the dataset function "
+                "(input_context.get_per_replica_batch_size); or call tfrun.fit",
+            received=", ".join(bad))
+    steps = kwargs.get("steps_per_epoch")
+    if not steps:
+        raise ConfigError("model.fit under ParameterServerStrategy needs steps_per_epoch",
+                          expected="steps_per_epoch=N with a dataset that repeats",
+                          fix="Pass steps_per_epoch=N and end the dataset with .repeat()",
+                          received=f"steps_per_epoch={steps!r}")
+    validation = kwargs.get("validation_data")
+    val_fn = _ps_dataset_fn(validation, "validation_data") if validation is not None else None
+    return _PsTrainer(model).fit(
+        _ps_dataset_fn(x), kwargs.get("epochs", 1), steps, val_fn,
+        kwargs.get("validation_steps"), list(kwargs.get("callbacks") or ()),
+        kwargs.get("verbose", "auto") not in (0, False), kwargs.get("initial_epoch", 0))
+
+
+def evaluate_from_keras_arguments(model, x=None, y=None, *args, **kwargs):
+    """``model.evaluate(dataset)`` under ParameterServerStrategy in Keras 3: inline on the
+    coordinator; a list (Keras' default) or a dict with ``return_dict=True``."""
+    if y is not None or args:
+        raise ConfigError("model.evaluate under ParameterServerStrategy takes a dataset",
+                          expected="model.evaluate(dataset_or_fn, steps=N)",
+                          fix="Put the labels in the dataset, or call tfrun.evaluate",
+                          received="y" if y is not None else f"{len(args)} positional argument(s)")
+    result = _inline_evaluate(model, _ps_dataset_fn(x), kwargs.get("steps"))
+    if kwargs.get("return_dict"):
+        return result
+    values = list(result.values())
+    return values[0] if len(values) == 1 else values
 
 
 def _warn_batch_hooks(callbacks) -> None:
@@ -208,8 +313,7 @@ class _PsTrainer:
                 logs.update(_inline_evaluate(model, val_fn, val_steps, prefix="val_"))
             callback_list.on_epoch_end(epoch, logs)
             if verbose:
-                print(f"Epoch {epoch + 1}/{epochs} - " + " - ".join(
-                    f"{k}: {v:.4f}" for k, v in logs.items()), flush=True)
+                _print_epoch(epoch, epochs, logs)
             if model.stop_training:
                 break
         callback_list.on_train_end(logs)

@@ -23,10 +23,11 @@ import warnings
 
 from .._post_import import when_imported
 
-__all__ = ["install", "apply_keras3_fixes", "applied", "FIX_NAMES"]
+__all__ = ["install", "apply_keras3_fixes", "apply_tf_keras_fixes", "applied", "FIX_NAMES"]
 
 _applied: list[str] = []
 _done = False
+_tf_keras_done = False
 
 
 def applied() -> list[str]:
@@ -36,6 +37,22 @@ def applied() -> list[str]:
 
 def _disabled() -> set[str]:
     return {n.strip() for n in os.environ.get("TFRUN_COMPAT_DISABLE", "").split(",") if n.strip()}
+
+
+def _apply(module, fixes, version: str) -> list[str]:
+    disabled = _disabled()
+    force = os.environ.get("TFRUN_COMPAT_FORCE", "") not in ("", "0")
+    for fix in fixes:
+        if "all" in disabled or fix.name in disabled or fix.name in _applied:
+            continue
+        if not fix.supports(version) and not force:
+            warnings.warn(f"tfrun: {module} compat fix {fix.name!r} was tested on {module} "
+                          f"{', '.join(fix.tested)}; found {version}: skipped. Set "
+                          "TFRUN_COMPAT_FORCE=1 to apply it anyway.", stacklevel=3)
+            continue
+        fix.apply()
+        _applied.append(fix.name)
+    return applied()
 
 
 def apply_keras3_fixes() -> list[str]:
@@ -51,29 +68,31 @@ def apply_keras3_fixes() -> list[str]:
     version = getattr(keras, "__version__", "0")
     if not version.startswith("3.") or keras.backend.backend() != "tensorflow":
         return applied()
-    disabled = _disabled()
-    force = os.environ.get("TFRUN_COMPAT_FORCE", "") not in ("", "0")
-    for fix in keras3.FIXES:
-        if "all" in disabled or fix.name in disabled:
-            continue
-        if not fix.supports(version) and not force:
-            warnings.warn(f"tfrun: Keras compat fix {fix.name!r} was tested on Keras "
-                          f"{', '.join(fix.tested)}; found {version}: skipped. Set "
-                          "TFRUN_COMPAT_FORCE=1 to apply it anyway.", stacklevel=2)
-            continue
-        fix.apply()
-        _applied.append(fix.name)
-    return applied()
+    return _apply("Keras", keras3.FIXES, version)
+
+
+def apply_tf_keras_fixes() -> list[str]:
+    """Apply every enabled fix to the imported tf_keras (idempotent)."""
+    global _tf_keras_done
+    if _tf_keras_done:
+        return applied()
+    _tf_keras_done = True
+    import tf_keras
+
+    from . import tf_keras as fixes
+
+    return _apply("tf_keras", fixes.FIXES, getattr(tf_keras, "__version__", "0"))
 
 
 def install() -> None:
     """Apply the fixes now if Keras is imported, else as soon as it is."""
     when_imported("keras", lambda _module: apply_keras3_fixes())
+    when_imported("tf_keras", lambda _module: apply_tf_keras_fixes())
 
 
 def __getattr__(name: str):
     if name == "FIX_NAMES":  # derived from the fix table (keras3 imports nothing heavy)
-        from .keras3 import FIXES
+        from . import keras3, tf_keras
 
-        return tuple(fix.name for fix in FIXES)
+        return tuple(fix.name for fix in keras3.FIXES + tf_keras.FIXES)
     raise AttributeError(name)

@@ -272,6 +272,167 @@ def _fix_optimizer_build_in_replica_context() -> None:
     BaseOptimizer.apply = apply
 
 
+# --------------------------------------------------------------------------- 7
+
+
+def _fix_layer_build_in_replica_context() -> None:
+    """keras-team/keras#19308 (the layer-weights half).
+
+    A model made without an input shape builds its layers on the first call. In a custom
+    training loop that first call is inside ``strategy.run``: every layer creates its
+    weights in a replica context, inside the ``tf.function``, where the initialisers end
+    up in a ``tf.cond`` and the step fails under MirroredStrategy with "You must feed a
+    value for placeholder tensor '.../cond/Placeholder_1'". As for the optimizer (fix 6),
+    we build the layer once, in cross-replica context (``merge_call``), eagerly
+    (``init_scope``): every replica then finds it built, with mirrored weights.
+    """
+    import tensorflow as tf
+    from keras.src.layers.layer import Layer
+
+    original = Layer._maybe_build
+
+    @functools.wraps(original)
+    def _maybe_build(self, call_spec):
+        if (not self.built and tf.distribute.has_strategy()
+                and not tf.distribute.in_cross_replica_context()):
+            def build(_strategy):
+                with tf.init_scope():
+                    if not self.built:
+                        original(self, call_spec)
+
+            tf.distribute.get_replica_context().merge_call(build)
+            return None
+        return original(self, call_spec)
+
+    Layer._maybe_build = _maybe_build
+
+
+# --------------------------------------------------------------------------- 8
+
+
+def _fix_backup_and_restore_multi_worker() -> None:
+    """keras-team/keras#18624 family (no multi-worker support in Keras 3's callbacks).
+
+    The stock ``keras.callbacks.BackupAndRestore(backup_dir)`` in a multi-worker
+    program has every worker write the same files: they race (``FileExistsError``, h5py's
+    "unable to lock file") and the run dies. tf_keras gave non-chief workers temporary
+    directories. In a MultiWorkerMirroredStrategy cluster we hand the callback's work to
+    ``tfrun.backup_and_restore``'s consistent backup on ``<backup_dir>/<role>-<index>``:
+    per-worker epoch backups, and on resume every worker loads the newest epoch that
+    *every* worker completed (agreed by one all-reduce), so the resume is exact even when a
+    worker died between two workers' backups. ``save_freq=N`` (steps) keeps Keras' own
+    logic, each worker in its own ``<backup_dir>/<role>-<index>`` (no race; Keras re-runs
+    the interrupted epoch from its start, as without tfrun).
+    """
+    import os
+    import shutil
+
+    from keras.src.callbacks.backup_and_restore import BackupAndRestore
+
+    originals = {name: getattr(BackupAndRestore, name)
+                 for name in ("on_train_begin", "on_epoch_end", "on_train_batch_end",
+                              "on_train_end")}
+
+    def _mode(self):
+        """None (not multi-worker: Keras as is), "consistent" or "per_worker"."""
+        if not hasattr(self, "_tfrun_mode"):
+            self._tfrun_mode = None
+            if self.model is not None and _is_multi_worker(self.model.distribute_strategy):
+                from ..runtime import task
+
+                info = task()
+                own = os.path.join(self.backup_dir, f"{info.role}-{info.index}")
+                if self.save_freq == "epoch":
+                    import keras
+
+                    from ..callbacks import _consistent_backup_class
+
+                    self._tfrun_delegate = _consistent_backup_class(keras)(
+                        own, delete_checkpoint=self.delete_checkpoint)
+                    self._tfrun_mode = "consistent"
+                else:
+                    self._tfrun_own_dir = own
+                    self._weights_path = os.path.join(own, "latest.weights.h5")
+                    self._training_metadata_path = os.path.join(own, "training_metadata.json")
+                    self._prev_weights_path = f"{self._weights_path}.bkp"
+                    self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
+                    self._tfrun_mode = "per_worker"
+        return self._tfrun_mode
+
+    def _delegate(name):
+        original = originals[name]
+
+        @functools.wraps(original)
+        def hook(self, *args, **kwargs):
+            mode = _mode(self)
+            if mode == "consistent":
+                delegate = self._tfrun_delegate
+                delegate.set_model(self.model)
+                delegate.set_params(self.params)
+                result = getattr(delegate, name)(*args, **kwargs)
+                if name == "on_train_end" and self.delete_checkpoint:
+                    _remove_if_empty(delegate.directory)
+                    _remove_if_empty(self.backup_dir)
+                return result
+            if mode == "per_worker" and name == "on_train_end":
+                if self.delete_checkpoint:
+                    shutil.rmtree(self._tfrun_own_dir, ignore_errors=True)
+                    _remove_if_empty(self.backup_dir)
+                return None
+            if mode == "per_worker" and name in ("on_epoch_end", "on_train_batch_end"):
+                # Keras creates backup_dir, not our subdirectory, before saving.
+                os.makedirs(self._tfrun_own_dir, exist_ok=True)
+            return original(self, *args, **kwargs)
+
+        return hook
+
+    def _remove_if_empty(directory):
+        try:
+            os.rmdir(directory)  # the last worker to finish removes the shared parent
+        except OSError:
+            pass
+
+    for name in originals:
+        setattr(BackupAndRestore, name, _delegate(name))
+
+
+# --------------------------------------------------------------------------- 9
+
+
+def _fix_fit_under_parameter_server() -> None:
+    """keras-team/keras#18624: Keras 3's ``model.fit`` has no ParameterServerStrategy path.
+
+    Under PS it fails with a raw error ("Cannot get the cardinality of a dataset that is
+    not built", ...). The standard PS pattern (``model.fit(dataset_fn or
+    strategy.distribute_datasets_from_function(fn) or a repeated dataset, epochs=...,
+    steps_per_epoch=...)``) is handed to ``tfrun.fit``'s ClusterCoordinator trainer;
+    ``model.evaluate(dataset)`` is evaluated inline on the coordinator. Arguments that
+    have no meaning there get an error that names them and ``tfrun.fit``.
+    """
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    original_fit, original_evaluate = TensorFlowTrainer.fit, TensorFlowTrainer.evaluate
+
+    @functools.wraps(original_fit)
+    def fit(self, x=None, y=None, *args, **kwargs):
+        from .. import train
+
+        if not train._is_parameter_server(self.distribute_strategy):
+            return original_fit(self, x, y, *args, **kwargs)
+        return train.fit_from_keras_arguments(self, x, y, *args, **kwargs)
+
+    @functools.wraps(original_evaluate)
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        from .. import train
+
+        if not train._is_parameter_server(self.distribute_strategy):
+            return original_evaluate(self, x, y, *args, **kwargs)
+        return train.evaluate_from_keras_arguments(self, x, y, *args, **kwargs)
+
+    TensorFlowTrainer.fit = fit
+    TensorFlowTrainer.evaluate = evaluate
+
+
 FIXES: tuple[Fix, ...] = (
     Fix("mwms_symbolic_build", "keras-team/keras#20585", _fix_mwms_symbolic_build),
     Fix("mwms_reduce_logs", "keras-team/keras#20585", _fix_mwms_reduce_logs),
@@ -280,4 +441,9 @@ FIXES: tuple[Fix, ...] = (
     Fix("steps_per_execution", "keras-team/keras#19246", _fix_steps_per_execution),
     Fix("optimizer_build_in_replica_context", "keras-team/keras#19308",
         _fix_optimizer_build_in_replica_context),
+    Fix("layer_build_in_replica_context", "keras-team/keras#19308",
+        _fix_layer_build_in_replica_context),
+    Fix("backup_and_restore_multi_worker", "keras-team/keras#18624",
+        _fix_backup_and_restore_multi_worker),
+    Fix("fit_under_parameter_server", "keras-team/keras#18624", _fix_fit_under_parameter_server),
 )
