@@ -197,3 +197,27 @@ def configure_logical_devices(count: int) -> None:
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(
         cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    _warn_when_devices_are_replaced(cpus[0], count)
+
+
+def _warn_when_devices_are_replaced(cpu, count: int) -> None:
+    """A script that configures its own logical CPUs replaces ``tfrun --devices``: say so,
+    with the count the run really gets (the launch banner printed tfrun's)."""
+    import warnings
+
+    from tensorflow.python.eager import context
+
+    original = context.Context.set_logical_device_configuration
+
+    def set_logical_device_configuration(self, dev, virtual_devices):
+        result = original(self, dev, virtual_devices)
+        if dev == cpu and len(virtual_devices) != count:
+            warnings.warn(
+                f"tfrun: the script configures {len(virtual_devices)} logical CPU device(s) "
+                f"itself, replacing tfrun --devices {count}: this task runs with "
+                f"{len(virtual_devices)}. Fix: drop one of the two (tfrun --devices, or the "
+                "script's tf.config.set_logical_device_configuration).", stacklevel=3)
+        return result
+
+    set_logical_device_configuration.__wrapped__ = original
+    context.Context.set_logical_device_configuration = set_logical_device_configuration

@@ -344,6 +344,7 @@ def _supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
                backends: dict[TaskId, Backend], make_spec, console: ConsoleSink,
                started: float) -> RunResult:
     result = Supervisor(config, plan, run_dir, backends, console, make_spec).run()
+    console.end_progress()  # a bar whose task ended mid-line is not redrawn under the summary
     console.info(describe_result(result, started))
     return result
 

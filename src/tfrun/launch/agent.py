@@ -31,7 +31,7 @@ from .. import __version__
 from ..errors import TfrunError
 from .backends.base import TaskHandle, TaskSpec
 from .backends.local import LocalBackend
-from .logs import ConsoleSink, NoiseFilter
+from .logs import ConsoleSink, NoiseFilter, OutputSplitter, read_chunks
 from .protocol import HEARTBEAT_INTERVAL, Channel, ProtocolError
 
 __all__ = ["NodeAgent", "main", "LOST_GRACE"]
@@ -151,11 +151,22 @@ class NodeAgent:
 
     def _pump(self, task_id: int, task: str, stream) -> None:
         noise = NoiseFilter()
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            self.channel.send("out", id=task_id, line=line)
-            if self.console is not None:
-                self.console.task_line(task, 0, line, noise=noise(line))
+        splitter = OutputSplitter()
+
+        def send(events) -> None:
+            for kind, text in events:
+                if kind == "progress":
+                    self.channel.send("out", id=task_id, progress=text)
+                    if self.console is not None:
+                        self.console.task_progress(task, 0, text)
+                    continue
+                self.channel.send("out", id=task_id, line=text)
+                if self.console is not None:
+                    self.console.task_line(task, 0, text, noise=noise(text))
+
+        for chunk in read_chunks(stream):
+            send(splitter.feed(chunk))
+        send(splitter.close())
         stream.close()
 
     def _poll_tasks(self) -> None:

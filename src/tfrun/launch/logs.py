@@ -10,6 +10,7 @@ the files only unless ``--tf-noise`` is given.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import threading
 import time
@@ -18,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable
 
-__all__ = ["ConsoleSink", "NoiseFilter", "TaskLogger", "describe_write_error", "is_tf_noise",
-           "last_traceback", "parse_task_filter"]
+__all__ = ["ConsoleSink", "NoiseFilter", "OutputSplitter", "TaskLogger", "describe_write_error",
+           "is_tf_noise", "last_traceback", "parse_task_filter", "read_chunks", "strip_ansi"]
 
 _NOISE_PATTERNS = [
     r"oneDNN custom operations are on",
@@ -58,7 +59,10 @@ def is_tf_noise(line: str) -> bool:
 
 
 _PROTO_CONTINUATION = re.compile(
-    r'^\s*(\}|[a-z_][a-z0-9_]* \{|[a-z_][a-z0-9_]*: ("[^"]*"|-?[0-9.e+-]+|true|false|[A-Z][A-Z0-9_]*))?\s*$')
+    r'^\s*(\}|[a-z_][a-z0-9_]* \{|[a-z_][a-z0-9_]*: ("[^"]*"|-?[0-9.e+-]+|true|false|[A-Z][A-Z0-9_]*))?\s*$'
+    # Other continuations of TensorFlow's multi-line log messages: the task list after
+    # "Example stragglers:", type inference's "while inferring type of node '...'".
+    r"|^/job:[\w/:.-]+$|^\s*while inferring type of node ")
 
 
 class NoiseFilter:
@@ -71,6 +75,9 @@ class NoiseFilter:
     >>> [f(l) for l in ["I0000 00:00:1.0 1 e.cc:3] SessionOptions:", "device_count {", "  value: 1",
     ...                 "}", "MirroredStrategy: 2 replicas"]]
     [True, True, True, True, False]
+    >>> [f(l) for l in ["I0000 00:00:1.0 1 c.cc:505] Example stragglers:",
+    ...                 "/job:worker/replica:0/task:1", "Epoch 1/2"]]
+    [True, True, False]
     """
 
     def __init__(self) -> None:
@@ -86,6 +93,80 @@ class NoiseFilter:
         return False
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    r"""``text`` without terminal escape sequences (colours, cursor moves).
+
+    >>> strip_ansi("\x1b[1m 1/8\x1b[0m loss: 0.5")
+    ' 1/8 loss: 0.5'
+    """
+    return _ANSI.sub("", text)
+
+
+def _final_text(raw: bytes) -> str:
+    r"""What a terminal would show for one line: the last ``\r`` segment, without ``\b``."""
+    text = raw.decode("utf-8", errors="replace").rstrip("\r\n").replace("\b", "")
+    segments = [seg for seg in text.split("\r") if seg.strip()]
+    return segments[-1] if segments else ""
+
+
+class OutputSplitter:
+    r"""Splits a task's raw output into complete lines and live progress updates.
+
+    Keras' progress bar (``verbose=1``) redraws one line with ``\r`` (and ``\b``) and only
+    ends it with a newline at the end of the epoch. ``feed`` returns ``("line", text)`` for
+    each complete line (the text a terminal would show) and ``("progress", text)`` for the
+    newest update of a line still being redrawn.
+
+    >>> s = OutputSplitter()
+    >>> s.feed(b"Epoch 1/2\n\r 1/8 loss: 0.9")
+    [('line', 'Epoch 1/2'), ('progress', ' 1/8 loss: 0.9')]
+    >>> s.feed(b"\x08\x08\r 8/8 loss: 0.5\n")
+    [('line', ' 8/8 loss: 0.5')]
+    """
+
+    #: A line longer than this (no newline) is passed on as a line anyway.
+    MAX_PENDING = 1 << 16
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[tuple[str, str]]:
+        events: list[tuple[str, str]] = []
+        buffer = self._pending + data
+        start = 0
+        while (newline := buffer.find(b"\n", start)) >= 0:
+            events.append(("line", _final_text(buffer[start:newline + 1])))
+            start = newline + 1
+        pending = buffer[start:]
+        if b"\r" in pending:
+            # Only the newest redraw matters: keep it (from its \r) and show it.
+            pending = pending[pending.rindex(b"\r"):]
+            text = _final_text(pending)
+            if text:
+                events.append(("progress", text))
+        if len(pending) > self.MAX_PENDING:
+            events.append(("line", _final_text(pending)))
+            pending = b""
+        self._pending = pending
+        return events
+
+    def close(self) -> list[tuple[str, str]]:
+        """The unterminated last line, if any."""
+        pending, self._pending = self._pending, b""
+        text = _final_text(pending)
+        return [("line", text)] if text else []
+
+
+def read_chunks(stream: IO[bytes], size: int = 1 << 16) -> Iterable[bytes]:
+    """Whatever ``stream`` has, as soon as it has it (not line by line), until EOF."""
+    read = getattr(stream, "read1", None) or stream.read
+    while chunk := read(size):
+        yield chunk
+
+
 _COLORS = ["36", "33", "35", "32", "34", "91", "96", "93"]
 
 
@@ -97,17 +178,27 @@ def parse_task_filter(text: str | None) -> frozenset[str] | None:
 
 
 class ConsoleSink:
-    """Writes prefixed lines to one stream from many threads, whole lines at a time."""
+    r"""Writes prefixed lines to one stream from many threads, whole lines at a time.
+
+    On a live terminal (``live``, default: the stream is a TTY) a task's progress updates
+    (Keras' ``verbose=1`` bar) are drawn on one status line at the bottom, prefixed, and
+    redrawn after every other line; without one they are left out (the line that ends
+    the bar still comes). Without colour, terminal escapes are stripped from task lines.
+    """
 
     def __init__(self, stream: IO[str] | None = None, *, color: bool | None = None,
                  show: frozenset[str] | None = None, quiet: bool = False,
-                 tf_noise: bool = False) -> None:
+                 tf_noise: bool = False, live: bool | None = None) -> None:
         self.stream = stream or sys.stdout
-        self.color = self.stream.isatty() if color is None else color
+        tty = self.stream.isatty()
+        self.color = tty if color is None else color
+        self.live = tty if live is None else live
         self.show = show
         self.quiet = quiet
         self.tf_noise = tf_noise
         self._lock = threading.Lock()
+        self._progress: dict[str, str] = {}   # task -> its newest rendered update
+        self._drawn = False                   # a progress line is on screen, unterminated
 
     def visible(self, task: str) -> bool:
         if self.quiet:
@@ -116,16 +207,52 @@ class ConsoleSink:
             return True
         return task in self.show or task.split(":")[0] in self.show
 
+    def _prefix(self, task: str, color_index: int) -> str:
+        prefix = f"[{task}]"
+        if self.color:
+            prefix = f"\x1b[{_COLORS[color_index % len(_COLORS)]}m{prefix}\x1b[0m"
+        return prefix
+
     def task_line(self, task: str, color_index: int, line: str, noise: bool | None = None) -> None:
         """Show one line of ``task`` (``noise``: the caller's stateful verdict, if any)."""
         if noise is None:
             noise = is_tf_noise(line)
+        with self._lock:
+            self._progress.pop(task, None)  # the line ends (or replaces) the task's bar
         if not self.visible(task) or (noise and not self.tf_noise):
             return
-        prefix = f"[{task}]"
-        if self.color:
-            prefix = f"\x1b[{_COLORS[color_index % len(_COLORS)]}m{prefix}\x1b[0m"
-        self.write(f"{prefix} {line}")
+        if not self.color:
+            line = strip_ansi(line)
+        self.write(f"{self._prefix(task, color_index)} {line}")
+
+    def task_progress(self, task: str, color_index: int, text: str) -> None:
+        """Redraw ``task``'s live progress line (terminals only)."""
+        if not self.live or not self.visible(task):
+            return
+        if not self.color:
+            text = strip_ansi(text)
+        rendered = f"{self._prefix(task, color_index)} {text}"
+        with self._lock:
+            self._progress.pop(task, None)
+            self._progress[task] = rendered  # newest last: the one drawn
+            self._draw_progress()
+
+    def _draw_progress(self) -> None:
+        try:
+            if not self._progress:
+                if self._drawn:
+                    self.stream.write("\r\x1b[K")
+                self._drawn = False
+            else:
+                rendered = next(reversed(self._progress.values()))
+                width = shutil.get_terminal_size((120, 24)).columns - 1
+                if len(strip_ansi(rendered)) > width:  # a wrapped line cannot be redrawn
+                    rendered = strip_ansi(rendered)[:width]
+                self.stream.write("\r\x1b[K" + rendered)
+                self._drawn = True
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
 
     def info(self, text: str) -> None:
         """A tfrun message (always shown)."""
@@ -136,10 +263,21 @@ class ConsoleSink:
     def write(self, text: str) -> None:
         with self._lock:
             try:
+                if self._drawn:  # the line goes above the progress line, which is redrawn
+                    self.stream.write("\r\x1b[K")
+                    self._drawn = False
                 self.stream.write(text.rstrip("\n") + "\n")
                 self.stream.flush()
             except (OSError, ValueError):  # closed, broken pipe, disk full: keep going
                 pass
+            if self._progress:
+                self._draw_progress()
+
+    def end_progress(self) -> None:
+        """Forget every progress line (the run is over: the summary follows)."""
+        with self._lock:
+            self._progress.clear()
+            self._draw_progress()
 
 
 @dataclass
@@ -176,25 +314,35 @@ class TaskLogger:
 
     def _copy(self, stream: IO[bytes]) -> None:
         noise = NoiseFilter()
+        splitter = OutputSplitter()
         log = self._open_log()
         try:
-            for raw in iter(stream.readline, b""):
+            for chunk in read_chunks(stream):
                 if log is not None:
                     try:
-                        log.write(raw)
+                        log.write(chunk)
                     except OSError as exc:
                         self._failed(exc)
                         _close_quietly(log)
                         log = None
-                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                self.last_line_at = time.monotonic()
-                with self._recent_lock:
-                    self._recent.append(line)
-                    self.lines_read += 1
-                self.console.task_line(self.task, self.color_index, line, noise=noise(line))
+                self._show(splitter.feed(chunk), noise)
+            self._show(splitter.close(), noise)
         finally:
             _close_quietly(log)
             stream.close()
+
+    def _show(self, events: list[tuple[str, str]], noise: NoiseFilter) -> None:
+        if not events:
+            return
+        self.last_line_at = time.monotonic()
+        for kind, text in events:
+            if kind == "progress":
+                self.console.task_progress(self.task, self.color_index, text)
+                continue
+            with self._recent_lock:
+                self._recent.append(text)
+                self.lines_read += 1
+            self.console.task_line(self.task, self.color_index, text, noise=noise(text))
 
     def _open_log(self) -> IO[bytes] | None:
         try:
@@ -245,7 +393,13 @@ _ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ ")
 
 
 def last_traceback(lines: Iterable[str], max_lines: int = 80) -> str | None:
-    """The last Python traceback in ``lines`` (with its exception line), or None.
+    """The last Python traceback in ``lines``, with its whole exception message, or None.
+
+    TensorFlow's errors carry their explanation *after* the exception line ("End of
+    sequence", ``[[{{node IteratorGetNext}}]]``, "N root error(s) found"): the message
+    runs until the first TensorFlow log line (or the end). Its "Detected at node ...
+    defined at" frame lists, which repeat the traceback, are cut to their last frame.
+    Over ``max_lines``, frames are dropped from the middle, never the message.
 
     >>> log = ["hello", "Traceback (most recent call last):", '  File "x.py", line 1',
     ...        "    boom()", "ValueError: bad", "I0000 00:00:1.0 1 x.cc:1] noise"]
@@ -264,26 +418,49 @@ def last_traceback(lines: Iterable[str], max_lines: int = 80) -> str | None:
     start = starts[-1]
     for earlier in reversed(starts[:-1]):
         gap = lines[earlier:start]
-        if any(l.startswith(("During handling of the above exception",
-                             "The above exception was the direct cause")) for l in gap):
+        if any(l.startswith(_CHAIN_MARKERS) for l in gap):
             start = earlier
         else:
             break
     out: list[str] = []
+    in_message = False  # past the last frame: the exception line and what explains it
     for line in lines[start:]:
         if _ABSL_LINE.match(line) or is_tf_noise(line):
-            if out and not out[-1].startswith((" ", "Traceback")):
+            if in_message:
                 break
-            continue
+            continue  # a log line interleaved with the frames
+        if line.startswith("Traceback (most recent call last)") or line.startswith(_CHAIN_MARKERS):
+            in_message = False
+        elif line.strip() and not line.startswith((" ", "\t")):
+            in_message = True
         out.append(line)
-        if len(out) >= max_lines:
-            out.append("... (truncated; see the log file)")
-            break
-    # Trim trailing chatter after the exception line: stop after the first non-indented
-    # line that follows the last frame.
-    end = len(out)
-    for i in range(len(out) - 1, 0, -1):
-        if out[i - 1].startswith(" ") and not out[i].startswith(" "):
-            end = i + 1
-            break
-    return "\n".join(out[:end])
+    out = _shorten_detected_at(out)
+    while out and not out[-1].strip():
+        out.pop()
+    if len(out) > max_lines:
+        head = 6
+        out = out[:head] + ["  ... (frames left out; see the log file)"] + out[-(max_lines - head - 1):]
+    return "\n".join(out)
+
+
+_CHAIN_MARKERS = ("During handling of the above exception",
+                  "The above exception was the direct cause")
+
+
+def _shorten_detected_at(lines: list[str]) -> list[str]:
+    """TensorFlow's "Detected at node X defined at (most recent call last):" blocks list
+    every frame again, with blank lines between them: keep the header and the last frame."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        if line.startswith("Detected at node") and line.rstrip().endswith("(most recent call last):"):
+            frames = []
+            while i < len(lines) and (not lines[i].strip() or lines[i].startswith("  File ")):
+                if lines[i].strip():
+                    frames.append(lines[i])
+                i += 1
+            out.extend(frames[-1:])
+    return out

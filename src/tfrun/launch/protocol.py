@@ -7,6 +7,7 @@ and over a TCP connection to the hub (``tfrun --node-rank R``)::
     {"t": "start", "id": 7, "task": "worker:1", "restart": 0, "spec": {...}?}
                                              {"t": "started", "id": 7, "pid": 4242}
                                              {"t": "out", "id": 7, "line": "Epoch 1/3"}
+                                             {"t": "out", "id": 7, "progress": " 3/8 ..."}
     {"t": "signal", "id": 7, "sig": 15}      {"t": "exit", "id": 7, "code": 143, "note": null}
     {"t": "training-done"}
     {"t": "ping"}                            {"t": "ping"}

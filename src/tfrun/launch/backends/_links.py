@@ -29,6 +29,7 @@ class _RemoteTask:
     handle: TaskHandle
     pipe: int | None            # write end of the task's output pipe
     code: int | None = None
+    mid_line: bool = False      # a progress update was written, its line not yet ended
 
 
 class NodeLink:
@@ -126,8 +127,16 @@ class NodeLink:
                 entry.handle.note = message.get("note")
                 self._close_pipe(entry)
             pipe = entry.pipe if kind == "out" else None
+            if pipe is not None:
+                # A progress update is "\r<text>" with no newline, as the task wrote it; the
+                # line that ends it starts with "\r" too so that it replaces the update.
+                if "progress" in message:
+                    text, entry.mid_line = "\r" + str(message["progress"]), True
+                else:
+                    text = ("\r" if entry.mid_line else "") + str(message.get("line", "")) + "\n"
+                    entry.mid_line = False
         if pipe is not None:
-            data = (str(message.get("line", "")) + "\n").encode("utf-8", errors="replace")
+            data = text.encode("utf-8", errors="replace")
             try:
                 os.write(pipe, data)  # may block while the log pump catches up: fine
             except OSError:

@@ -87,9 +87,11 @@ class _TaskHost:
         return handle.pid  # type: ignore[return-value]
 
     def _read(self, stream: IO[bytes]) -> None:
-        for line in iter(stream.readline, b""):
+        from ..logs import read_chunks
+
+        for chunk in read_chunks(stream):  # as it comes: progress bars are not lines
             with self.lock:
-                self.lines.append(line)
+                self.lines.append(chunk)
         stream.close()
 
     def drain(self) -> tuple[bytes, int | None]:
