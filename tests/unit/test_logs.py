@@ -75,3 +75,117 @@ def test_noise_filter_hides_proto_dumps_but_not_user_lines_that_look_alike():
              "device_count {", '  key: "CPU"', "  value: 1", "}", "allow_soft_placement: true",
              "", "MirroredStrategy: 2 replicas", "accuracy: 0.95", "loss: 0.1"]
     assert [noise(l) for l in lines] == [True] * 7 + [False, False, False]
+
+
+# --------------------------------------------------------------------------- issue 12.6, 12.7, 12.9
+
+from tfrun.launch.logs import NoiseFilter, OutputSplitter  # noqa: E402
+
+KERAS_BAR = (b"Epoch 1/2\n\r\x1b[1m 1/8\x1b[0m loss: 0.9" + b"\x08" * 30 +
+             b"\r\x1b[1m 4/8\x1b[0m loss: 0.7" + b"\x08" * 30 + b"\r\x1b[1m8/8\x1b[0m loss: 0.5\n")
+
+
+@pytest.mark.parametrize("chunk", [len(KERAS_BAR), 1, 7, 40])
+def test_splitter_gives_progress_as_it_comes_and_the_final_line(chunk):
+    splitter, events = OutputSplitter(), []
+    for i in range(0, len(KERAS_BAR), chunk):
+        events += splitter.feed(KERAS_BAR[i:i + chunk])
+    events += splitter.close()
+    lines = [text for kind, text in events if kind == "line"]
+    assert lines == ["Epoch 1/2", "\x1b[1m8/8\x1b[0m loss: 0.5"]
+    progress = [text for kind, text in events if kind == "progress"]
+    assert all("\r" not in p and "\x08" not in p for p in progress)
+    if chunk < len(KERAS_BAR):  # read while the bar is drawn: its updates are shown
+        assert any("4/8" in p for p in progress)
+    else:  # all at once: only the line that ends it matters
+        assert progress == []
+
+
+def test_splitter_keeps_only_the_newest_redraw_and_flushes_endless_lines():
+    splitter = OutputSplitter()
+    for i in range(10_000):
+        splitter.feed(f"\rstep {i}".encode())
+    assert len(splitter._pending) < 100
+    assert splitter.close() == [("line", "step 9999")]
+    huge = OutputSplitter()
+    events = huge.feed(b"x" * (OutputSplitter.MAX_PENDING + 1))
+    assert events == [("line", "x" * (OutputSplitter.MAX_PENDING + 1))]
+
+
+def test_live_console_draws_progress_under_the_lines_and_erases_it():
+    out = io.StringIO()
+    sink = ConsoleSink(out, color=False, live=True)
+    sink.task_line("worker:0", 0, "Epoch 1/2")
+    sink.task_progress("worker:0", 0, "\x1b[1m 1/8\x1b[0m loss: 0.9")
+    sink.task_line("worker:1", 1, "a warning")       # goes above the bar, which is redrawn
+    sink.task_line("worker:0", 0, " 8/8 loss: 0.5")   # ends the bar
+    sink.info("run succeeded")
+    assert out.getvalue() == ("[worker:0] Epoch 1/2\n"
+                              "\r\x1b[K[worker:0]  1/8 loss: 0.9"
+                              "\r\x1b[K[worker:1] a warning\n"
+                              "\r\x1b[K[worker:0]  1/8 loss: 0.9"
+                              "\r\x1b[K[worker:0]  8/8 loss: 0.5\n"
+                              "tfrun: run succeeded\n")
+
+
+def test_console_without_a_terminal_leaves_progress_out():
+    out = io.StringIO()
+    sink = ConsoleSink(out, color=False)
+    sink.task_progress("worker:0", 0, " 1/8")
+    sink.task_line("worker:0", 0, "\x1b[1m8/8\x1b[0m done")
+    assert out.getvalue() == "[worker:0] 8/8 done\n"
+
+
+TF_GRAPH_ERROR = """\
+Traceback (most recent call last):
+  File "/tmp/end_of_data.py", line 8, in <module>
+    print(int(double_next(iterator)), flush=True)
+  File "/usr/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", line 59, in quick_execute
+    except TypeError as e:
+tensorflow.python.framework.errors_impl.OutOfRangeError: Graph execution error:
+
+Detected at node IteratorGetNext defined at (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+
+  File "/tmp/end_of_data.py", line 8, in <module>
+
+  File "/tmp/end_of_data.py", line 6, in double_next
+
+End of sequence
+\t [[{{node IteratorGetNext}}]] [Op:__inference_double_next_12]
+I0000 00:00:1795344978.9 18069 server.cc:1] shutting down
+""".splitlines()
+
+
+def test_last_traceback_keeps_tensorflows_message_after_the_exception_line():
+    text = last_traceback(TF_GRAPH_ERROR)
+    assert text.splitlines()[-2:] == ["End of sequence",
+                                      "\t [[{{node IteratorGetNext}}]] [Op:__inference_double_next_12]"]
+    assert "OutOfRangeError: Graph execution error:" in text
+    # The "Detected at" frame list is cut to its last frame, and the log line is not kept.
+    assert "Detected at node IteratorGetNext" in text and "_run_module_as_main" not in text
+    assert '  File "/tmp/end_of_data.py", line 6, in double_next' in text
+    assert "shutting down" not in text
+
+
+def test_last_traceback_drops_frames_not_the_message_when_too_long():
+    frames = [f'  File "f{i}.py", line {i}, in f' for i in range(200)]
+    text = last_traceback(["Traceback (most recent call last):", *frames, "ValueError: the reason",
+                           "more detail"], max_lines=20)
+    lines = text.splitlines()
+    assert len(lines) == 20 and lines[-2:] == ["ValueError: the reason", "more detail"]
+    assert "frames left out" in text
+
+
+def test_noise_filter_hides_continuations_of_hidden_log_lines_only():
+    noise = NoiseFilter()
+    verdicts = [noise(line) for line in [
+        "I0000 00:00:1.0 1 coordination_service.cc:505] Example stragglers:",
+        "/job:worker/replica:0/task:1",
+        "W0000 00:00:1.0 1 type_inference.cc:3] Type inference failed.",
+        "\twhile inferring type of node 'AutoShardDataset'",
+        "/job:worker/replica:0/task:1 is my own print",
+    ]]
+    assert verdicts == [True, True, True, True, False]
+    fresh = NoiseFilter()
+    assert fresh("/job:worker/replica:0/task:1") is False  # not after a hidden line: shown
