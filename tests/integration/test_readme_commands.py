@@ -1,0 +1,156 @@
+"""Issue 12: every command the README shows is run by a CI test.
+
+The README's command lines are read from its code blocks. Each is either run here, as
+written (plus short step counts), or by the named test that runs its engine's commands
+(multi-host fake hosts, Slurm, Ray, Kubernetes manifests), or by CI itself; the one that
+cannot run on this machine says why. A command added to the README without a runner fails
+this test.
+"""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.tf
+
+_COMMAND = re.compile(r"^(tfrun|python3?|srun|salloc|sbatch|kubectl)\s")
+_COMMENT = re.compile(r"\s{2,}#.*$")
+
+
+def readme_commands() -> list[str]:
+    commands, in_code = [], False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code and _COMMAND.match(line):
+            commands.append(_COMMENT.sub("", line).strip())
+    return commands
+
+
+# README line -> extra arguments for a short run (appended to the script's arguments).
+RUN_HERE = {
+    "tfrun --workers 2 examples/mnist_mlp.py": [],  # the main job, as written
+    "tfrun --workers 2 train.py --epochs 3": [],
+    "tfrun --chief --workers 2 --ps 1 train.py": [],
+    "tfrun --devices 2 --strategy mirrored train.py": [],
+    "tfrun --keras 2 --workers 2 train.py": [],
+    "tfrun --workers 2 -m mypkg.train --lr 0.1": [],
+    "tfrun --workers 2 --evaluator examples/sidecar_evaluator.py": ["--epochs", "2"],
+    "tfrun --chief --workers 2 --ps 1 examples/ps_training.py": ["--epochs", "2"],
+    "tfrun --keras 2 --chief --workers 2 --ps 1 examples/ps_training.py": ["--epochs", "2"],
+    "tfrun --layout uai --hosts localhost,localhost,localhost examples/ps_training.py": ["--epochs", "2"],
+    "tfrun config --workers 2": [],
+    "tfrun config --chief --workers 2 --ps 1 --evaluator": [],
+    "tfrun config --hosts ip0,ip1,ip2,ip3 --layout uai --format env": [],
+    'tfrun config --check "$TF_CONFIG"': [],
+}
+# README line -> the test file whose test runs it as written.
+ELSEWHERE = {
+    "tfrun --hosts node-1,node-2 examples/seed000_multiworker_mobilenet.py": "tests/multihost/test_multihost.py",
+    "tfrun --hosts node-1,node-2 --node-rank auto examples/seed000_multiworker_mobilenet.py":
+        "tests/multihost/test_multihost.py",
+    "tfrun doctor --hosts node-1,node-2 examples/seed000_multiworker_mobilenet.py":
+        "tests/multihost/test_multihost.py",
+    "tfrun slurm --nodes 2 --time 10:00 examples/mnist_mlp.py > job.sh && sbatch job.sh":
+        "tests/slurm/test_slurm.py",
+    "srun --ntasks-per-node=1 tfrun examples/mnist_mlp.py": "tests/slurm/test_slurm.py",
+    "salloc -N2 tfrun config --slurm": "tests/slurm/test_slurm.py",
+    "tfrun --backend ray --workers 2 examples/mnist_mlp.py": "tests/ray/test_ray.py",
+    "tfrun --backend ray --chief --workers 2 --ps 1 examples/ps_training.py --epochs 2": "tests/ray/test_ray.py",
+    "tfrun k8s --image registry.example.com/train:1 --workers 2 examples/mnist_mlp.py > job.yaml":
+        "tests/unit/test_k8s.py",
+}
+BY_CI = ["python3 -m pip install -e '.[dev]'", "python3 -m pytest"]
+NOT_RUN = {"kubectl apply -f job.yaml":
+           "no Kubernetes cluster here; tests/unit/test_k8s.py validates job.yaml against the "
+           "JobSet CRD schema, as kubectl apply's server-side validation would"}
+
+# The user's train.py of the README's first examples: any topology, tfrun.fit.
+TRAIN_PY = '''
+import argparse
+import numpy as np
+import tensorflow as tf
+import keras
+import tfrun
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--lr", type=float, default=0.05)
+args = parser.parse_args()
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 8)).astype("float32")
+y = (x.sum(axis=1) > 0).astype("int32")
+
+
+def dataset_fn(ctx):
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    return ds.repeat().batch(ctx.get_per_replica_batch_size(64))
+
+
+with tfrun.strategy().scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(args.lr), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+tfrun.fit(model, dataset_fn, epochs=args.epochs, steps_per_epoch=10)
+print(f"train.py done: {type(tfrun.strategy()).__name__}", flush=True)
+'''
+
+
+def declared_readme_commands(test_file: str) -> list[str]:
+    """The README_COMMAND(S) constants of a test module (which its README test runs)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse((ROOT / test_file).read_text())):
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id.startswith("README_COMMAND") for t in node.targets):
+            value = ast.literal_eval(node.value)
+            found += [value] if isinstance(value, str) else list(value)
+    return found
+
+
+def test_every_readme_command_has_a_runner():
+    commands = readme_commands()
+    assert len(commands) >= 25, commands  # the parser found the README's code blocks
+    runners = set(RUN_HERE) | set(ELSEWHERE) | set(BY_CI) | set(NOT_RUN)
+    assert [c for c in commands if c not in runners] == [], "README commands nobody runs"
+    assert sorted(runners - set(commands)) == [], "runners of commands the README no longer shows"
+    for command, test_file in ELSEWHERE.items():
+        assert command in declared_readme_commands(test_file), f"{test_file} does not run {command!r}"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert all(line in ci.splitlines() for line in BY_CI)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    work = tmp_path_factory.mktemp("readme")
+    (work / "examples").symlink_to(ROOT / "examples")
+    (work / "train.py").write_text(TRAIN_PY)
+    (work / "mypkg").mkdir()
+    (work / "mypkg" / "__init__.py").write_text("")
+    (work / "mypkg" / "train.py").write_text(TRAIN_PY)
+    return work
+
+
+@pytest.mark.parametrize("command", sorted(RUN_HERE))
+def test_readme_command_runs_as_written(command, workdir):
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", TFRUN_RUN_DIR=str(workdir / "runs" / re.sub(r"\W+", "-", command)))
+    if "$TF_CONFIG" in command:  # a hand-written legacy TF_CONFIG, as a user would have
+        env["TF_CONFIG"] = json.dumps({"cluster": {"master": ["h0:2222"], "worker": ["h1:2222"]},
+                                       "task": {"type": "master", "index": 0}})
+    line = " ".join([command, *RUN_HERE[command]])
+    result = subprocess.run(["bash", "-c", line], cwd=workdir, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, f"{line}\n{result.stdout[-4000:]}\n{result.stderr[-2000:]}"
+    if "train.py" in command:
+        assert "train.py done:" in result.stdout
+    if "--check" in command:
+        assert '"chief"' in result.stdout and "master" not in result.stdout.split("cluster")[-1]
