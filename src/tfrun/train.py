@@ -56,6 +56,14 @@ def _split_validation(validation):
                       received=repr(validation))
 
 
+def _require_steps(steps, what: str, fix: str, received) -> None:
+    """PS training counts steps: a dataset that repeats and ``steps_per_epoch`` are needed."""
+    if not steps:
+        raise ConfigError(f"{what} needs steps_per_epoch",
+                          expected="steps_per_epoch=N with a dataset that repeats",
+                          fix=fix, received=received)
+
+
 def _local_dataset(dataset_fn):
     import tensorflow as tf
 
@@ -74,11 +82,8 @@ def fit(model, dataset_fn: Callable, *, epochs: int = 1, steps_per_epoch: int | 
     strategy = model.distribute_strategy
     legacy = is_legacy_keras_model(model)
     if _is_parameter_server(strategy):
-        if not steps_per_epoch:
-            raise ConfigError("Parameter-server training needs steps_per_epoch",
-                              expected="steps_per_epoch=N with a dataset that repeats",
-                              fix="Pass steps_per_epoch and end dataset_fn with .repeat()",
-                              received=steps_per_epoch)
+        _require_steps(steps_per_epoch, "Parameter-server training",
+                       "Pass steps_per_epoch and end dataset_fn with .repeat()", steps_per_epoch)
         if legacy:
             return _fit_tf_keras_ps(model, dataset_fn, epochs, steps_per_epoch, val_fn, val_steps,
                                     callbacks, verbose, initial_epoch)
@@ -208,11 +213,9 @@ def fit_from_keras_arguments(model, x=None, y=None, *args, **kwargs):
                 "(input_context.get_per_replica_batch_size); or call tfrun.fit",
             received=", ".join(bad))
     steps = kwargs.get("steps_per_epoch")
-    if not steps:
-        raise ConfigError("model.fit under ParameterServerStrategy needs steps_per_epoch",
-                          expected="steps_per_epoch=N with a dataset that repeats",
-                          fix="Pass steps_per_epoch=N and end the dataset with .repeat()",
-                          received=f"steps_per_epoch={steps!r}")
+    _require_steps(steps, "model.fit under ParameterServerStrategy",
+                   "Pass steps_per_epoch=N and end the dataset with .repeat()",
+                   f"steps_per_epoch={steps!r}")
     validation = kwargs.get("validation_data")
     val_fn = _ps_dataset_fn(validation, "validation_data") if validation is not None else None
     return _PsTrainer(model).fit(

@@ -411,26 +411,21 @@ def _fix_fit_under_parameter_server() -> None:
     """
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
-    original_fit, original_evaluate = TensorFlowTrainer.fit, TensorFlowTrainer.evaluate
+    def _route(method: str, handler: str) -> None:
+        original = getattr(TensorFlowTrainer, method)
 
-    @functools.wraps(original_fit)
-    def fit(self, x=None, y=None, *args, **kwargs):
-        from .. import train
+        @functools.wraps(original)
+        def routed(self, x=None, y=None, *args, **kwargs):
+            from .. import train
 
-        if not train._is_parameter_server(self.distribute_strategy):
-            return original_fit(self, x, y, *args, **kwargs)
-        return train.fit_from_keras_arguments(self, x, y, *args, **kwargs)
+            if not train._is_parameter_server(self.distribute_strategy):
+                return original(self, x, y, *args, **kwargs)
+            return getattr(train, handler)(self, x, y, *args, **kwargs)
 
-    @functools.wraps(original_evaluate)
-    def evaluate(self, x=None, y=None, *args, **kwargs):
-        from .. import train
+        setattr(TensorFlowTrainer, method, routed)
 
-        if not train._is_parameter_server(self.distribute_strategy):
-            return original_evaluate(self, x, y, *args, **kwargs)
-        return train.evaluate_from_keras_arguments(self, x, y, *args, **kwargs)
-
-    TensorFlowTrainer.fit = fit
-    TensorFlowTrainer.evaluate = evaluate
+    _route("fit", "fit_from_keras_arguments")
+    _route("evaluate", "evaluate_from_keras_arguments")
 
 
 FIXES: tuple[Fix, ...] = (
