@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._markers import DEVICES_REPLACED
 from .cluster import TaskConfig, parse_tf_config
 from .errors import ConfigError
 
@@ -213,7 +214,7 @@ def _warn_when_devices_are_replaced(cpu, count: int) -> None:
         result = original(self, dev, virtual_devices)
         if dev == cpu and len(virtual_devices) != count:
             warnings.warn(
-                f"tfrun: the script configures {len(virtual_devices)} logical CPU device(s) "
+                f"{DEVICES_REPLACED}{len(virtual_devices)} logical CPU device(s) "
                 f"itself, replacing tfrun --devices {count}: this task runs with "
                 f"{len(virtual_devices)}. Fix: drop one of the two (tfrun --devices, or the "
                 "script's tf.config.set_logical_device_configuration).", stacklevel=3)

@@ -202,6 +202,24 @@ def test_ctrl_c_during_collectives_stops_both_workers_by_sigterm_at_once(tmp_pat
     assert_nothing_left(run)
 
 
+# --------------------------------------------------------------------------- 12.9
+
+
+@pytest.mark.parametrize("lingering", [0, 1], ids=["worker0-lingers", "leader-leaves-first"])
+def test_a_peer_that_exits_cleanly_first_is_no_crash_on_the_console(tmp_path, lingering):
+    # TF's alarm comes ~10 s (heartbeat timeout) after a peer left, ~4 s after the leader did.
+    run = Run(tmp_path, ["--workers", "2", script("late_exit.py"), str(lingering), "16"])
+    assert run.run(300) == 0, run.stdout[-3000:]
+    alarm = ("tasks have crashed" if lingering == 0
+             else "Failed to send RPC to coordination service")
+    # The situation really happened: the lingering worker's log has TF's alarm ...
+    assert alarm in (run.run_dir / "logs" / f"worker-{lingering}.log").read_text()
+    # ... and the console, of a run where every task succeeded, does not.
+    assert "StartAbort" not in run.stdout and alarm not in run.stdout, run.stdout[-3000:]
+    assert "/job:worker/replica:0/task:" not in run.stdout
+    assert f"[worker:{lingering}] late_exit: worker {lingering} done" in run.stdout
+
+
 # --------------------------------------------------------------------------- 12.10
 
 
@@ -211,5 +229,13 @@ def test_a_script_that_replaces_devices_gets_a_warning(tmp_path):
     assert "own_devices: 3 replicas" in run.stdout
     assert ("tfrun: the script configures 3 logical CPU device(s) itself, replacing tfrun "
             "--devices 2: this task runs with 3") in run.stdout
+    # The banner can only say what tfrun asked for; the summary says what the task ran with.
+    assert "devices    : 2 logical CPU device(s) per task" in run.stdout
+    assert "ran with 3 logical CPU device(s): its script replaced --devices" in run.stdout
+    [task] = json.loads((run.run_dir / "summary.json").read_text())["tasks"]
+    assert task["devices_in_use"] == 3
     quiet = Run(tmp_path, ["--devices", "3", script("own_devices.py")], name="same")
     assert quiet.run(300) == 0 and "replacing tfrun --devices" not in quiet.stdout
+    assert "its script replaced --devices" not in quiet.stdout
+    [task] = json.loads((quiet.run_dir / "summary.json").read_text())["tasks"]
+    assert task["devices_in_use"] is None

@@ -189,3 +189,51 @@ def test_noise_filter_hides_continuations_of_hidden_log_lines_only():
     assert verdicts == [True, True, True, True, False]
     fresh = NoiseFilter()
     assert fresh("/job:worker/replica:0/task:1") is False  # not after a hidden line: shown
+
+
+# TensorFlow's "a peer crashed" alarms, as a lingering worker logged them after its peer's
+# (or the leader's) clean exit (tests/scripts/plain/late_exit.py).
+_PEER_CRASHED = [
+    "E0000 00:00:1795352796.291146   30023 base_collective_executor.cc:252] BaseCollectiveExecutor"
+    "::StartAbort UNAVAILABLE: Error reported from /job:worker/task:1: The following tasks are "
+    "unhealthy (stopped sending heartbeats):",
+    "/job:worker/replica:0/task:1",
+    "The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. "
+    "preemption, eviction) to debug further. [type.googleapis.com/tensorflow.CoordinationServiceError"
+    "='\\\"\\n\\n\\x06worker\\x10\\x01']",
+]
+_LEADER_GONE = [
+    "E0000 00:00:1795352761.635042   29770 base_collective_executor.cc:252] BaseCollectiveExecutor"
+    "::StartAbort UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task "
+    "was preempted/died/restarted unexpectedly or this task is experiencing network issues.",
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while "
+    "calling /tensorflow.CoordinationService/Heartbeat:",
+    ':UNKNOWN:Error received from peer  {grpc_message:"failed to connect to all addresses", '
+    "grpc_status:14}",
+]
+
+
+@pytest.mark.parametrize("alarm", [_PEER_CRASHED, _LEADER_GONE], ids=["peer", "leader"])
+def test_peer_crash_alarm_is_hidden_only_after_a_clean_exit_of_a_peer(alarm):
+    lines = [*alarm, "late_exit: worker 0 done"]
+    after_clean_exit = NoiseFilter(lambda: True)
+    assert [after_clean_exit(l) for l in lines] == [True] * len(alarm) + [False]
+    # A peer failed (or none has left yet): the alarm is news, shown in full.
+    for shown in (NoiseFilter(lambda: False), NoiseFilter()):
+        assert [shown(l) for l in lines] == [False] * len(lines)
+
+
+def test_peer_crash_alarm_continuations_stop_at_the_first_other_line():
+    shown = NoiseFilter(lambda: True)
+    lines = [_PEER_CRASHED[0], "Traceback (most recent call last):", "/job:worker/replica:0/task:1"]
+    assert [shown(l) for l in lines] == [True, False, False]
+
+
+def test_replaced_device_count_reads_the_task_warning():
+    from tfrun._markers import DEVICES_REPLACED
+    from tfrun.launch.logs import replaced_device_count
+
+    line = (f"/tmp/own.py:9: UserWarning: {DEVICES_REPLACED}3 logical CPU device(s) itself, "
+            "replacing tfrun --devices 2: this task runs with 3.")
+    assert replaced_device_count(line) == 3
+    assert replaced_device_count("Epoch 3 logical CPU device(s)") is None

@@ -251,7 +251,9 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
         f"  tracked    : {tracked}",
         f"  strategy   : {_strategy_description(config, plan)}",
         f"  keras      : {keras}",
-        f"  devices    : {config.devices or 'as found'}",
+        "  devices    : "
+        + (f"{config.devices} logical CPU device(s) per task (a script that sets its own "
+           "count replaces it: the summary then says so)" if config.devices else "as found"),
         f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
         f"stop grace {config.stop_grace:g}s"
         + (f"; hang timeout {config.hang_timeout:g}s" if config.hang_timeout else "")

@@ -17,10 +17,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO, Callable, Iterable
+
+from .._markers import DEVICES_REPLACED
 
 __all__ = ["ConsoleSink", "NoiseFilter", "OutputSplitter", "TaskLogger", "describe_write_error",
-           "is_tf_noise", "last_traceback", "parse_task_filter", "read_chunks", "strip_ansi"]
+           "is_tf_noise", "last_traceback", "parse_task_filter", "read_chunks",
+           "replaced_device_count", "strip_ansi"]
 
 _NOISE_PATTERNS = [
     r"oneDNN custom operations are on",
@@ -65,6 +68,18 @@ _PROTO_CONTINUATION = re.compile(
     r"|^/job:[\w/:.-]+$|^\s*while inferring type of node ")
 
 
+# TensorFlow's coordination service reports a peer that has *exited* as crashed ("stopped
+# sending heartbeats ... The tasks have crashed") and a leader that has exited as unreachable
+# ("Failed to send RPC to coordination service"). After a peer's clean exit that is a false
+# alarm; when a peer really failed (or training still needed it) the error surfaces anyway,
+# in a Python traceback and the failure summary.
+_PEER_LEFT = re.compile(r"^E\d{4} .*\] BaseCollectiveExecutor::StartAbort \w+: .*"
+                        r"(stopped sending heartbeats|Failed to send RPC to coordination service)")
+_PEER_LEFT_CONTINUATION = re.compile(
+    r"^(/job:\S+$|The tasks have crashed\. |Additional GRPC error information |"
+    r":UNKNOWN:Error received from peer )")
+
+
 class NoiseFilter:
     """Stateful ``is_tf_noise`` for one task's stream: TensorFlow sometimes logs a
     multi-line message (e.g. a SessionOptions proto dump after an absl INFO line); its
@@ -78,12 +93,24 @@ class NoiseFilter:
     >>> [f(l) for l in ["I0000 00:00:1.0 1 c.cc:505] Example stragglers:",
     ...                 "/job:worker/replica:0/task:1", "Epoch 1/2"]]
     [True, True, False]
+
+    ``peers_left_cleanly`` (the supervisor's view: a peer exited 0 and none failed) also
+    hides TensorFlow's "a peer crashed" alarm, which a clean exit of a peer sets off.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, peers_left_cleanly: Callable[[], bool] | None = None) -> None:
         self._in_block = False
+        self._in_alarm = False
+        self._peers_left_cleanly = peers_left_cleanly
 
     def __call__(self, line: str) -> bool:
+        if self._in_alarm and _PEER_LEFT_CONTINUATION.match(line):
+            return True
+        self._in_alarm = False
+        if (self._peers_left_cleanly is not None and _PEER_LEFT.match(line)
+                and self._peers_left_cleanly()):
+            self._in_alarm = True
+            return True
         if is_tf_noise(line):
             self._in_block = True
             return True
@@ -280,6 +307,20 @@ class ConsoleSink:
             self._draw_progress()
 
 
+_DEVICES_REPLACED = re.compile(re.escape(DEVICES_REPLACED) + r"(\d+) logical CPU")
+
+
+def replaced_device_count(line: str) -> int | None:
+    """The logical CPU count in a task's "the script configures N ..." warning, else None.
+
+    >>> replaced_device_count("x.py:3: UserWarning: tfrun: the script configures 3 logical "
+    ...                       "CPU device(s) itself, replacing tfrun --devices 2: ...")
+    3
+    """
+    match = _DEVICES_REPLACED.search(line)
+    return int(match.group(1)) if match else None
+
+
 @dataclass
 class TaskLogger:
     """Copies one task's output stream to its log file and the console (one thread).
@@ -300,6 +341,11 @@ class TaskLogger:
     last_line_at: float = field(default_factory=time.monotonic)
     #: lines read since the start of the run (to find the lines after a mark)
     lines_read: int = 0
+    #: logical CPUs the task really runs with, when its script replaced ``tfrun --devices``
+    #: (read from the task's warning; None when it did not)
+    devices_in_use: int | None = None
+    #: the supervisor's "a peer exited 0 and none failed" (see NoiseFilter)
+    peers_left_cleanly: Callable[[], bool] | None = None
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -313,7 +359,7 @@ class TaskLogger:
         return thread
 
     def _copy(self, stream: IO[bytes]) -> None:
-        noise = NoiseFilter()
+        noise = NoiseFilter(self.peers_left_cleanly)
         splitter = OutputSplitter()
         log = self._open_log()
         try:
@@ -342,6 +388,8 @@ class TaskLogger:
             with self._recent_lock:
                 self._recent.append(text)
                 self.lines_read += 1
+            if DEVICES_REPLACED in text:
+                self.devices_in_use = replaced_device_count(text) or self.devices_in_use
             self.console.task_line(self.task, self.color_index, text, noise=noise(text))
 
     def _open_log(self) -> IO[bytes] | None:

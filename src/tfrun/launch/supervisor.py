@@ -80,6 +80,8 @@ class TaskRecord:
             "pid": self.handle.pid if self.handle else None,
             "host": self.handle.host if self.handle and self.handle.host else self.host,
             "note": self.note,
+            # what the task really ran with when its script replaced tfrun --devices
+            "devices_in_use": self.logger.devices_in_use,
             "log": str(self.logger.path),
         }
 
@@ -127,7 +129,8 @@ class Supervisor:
         self.records = [
             TaskRecord(task=t, tracked=config.tracked(t, ps_cluster=ps_cluster, has_chief=bool(plan.cluster.chief)),
                        address=addresses.get(t),
-                       logger=TaskLogger(str(t), i, run_dir / "logs" / f"{t.slug}.log", console))
+                       logger=TaskLogger(str(t), i, run_dir / "logs" / f"{t.slug}.log", console,
+                                         peers_left_cleanly=self._peers_left_cleanly))
             for i, t in enumerate(plan.tasks)
         ]
         self.restarts = 0
@@ -510,6 +513,12 @@ class Supervisor:
             record.stopped_by_tfrun = True
             self._transition(record, TaskState.STOPPED, exit_code=record.exit_code)
 
+    def _peers_left_cleanly(self) -> bool:
+        """Some task exited 0 and none failed (read by log threads: TF's "a peer crashed"
+        alarm is then a false one, see logs.NoiseFilter)."""
+        states = {record.state for record in self.records}
+        return TaskState.SUCCEEDED in states and TaskState.FAILED not in states
+
     # ------------------------------------------------------------------ summary
 
     def _result(self, exit_code: int, status: str, root: TaskRecord | None,
@@ -600,6 +609,9 @@ def describe_result(result: RunResult, started: float) -> str:
         note = " (stopped by tfrun)" if record.stopped_by_tfrun else ""
         if record.note:
             note += f" ({record.note})"
+        if record.logger.devices_in_use is not None:
+            note += (f" (ran with {record.logger.devices_in_use} logical CPU device(s): "
+                     "its script replaced --devices)")
         code = "" if record.exit_code is None else f" {_describe_code(record.exit_code)}"
         lines.append(f"  {record.task!s:<12} {record.state.value:<9}{code}{note}")
     if result.summary_path:
