@@ -57,8 +57,29 @@ def prepare() -> None:
     from . import compat
 
     compat.install()  # Keras 3 fixes on `import keras`, tf_keras fixes on `import tf_keras`
+    if os.environ.get("TFRUN_COMM"):
+        when_imported("tensorflow.python.distribute.collective_all_reduce_strategy",
+                      _default_communication_options)
     if os.environ.get("TFRUN_KEEP_TF_SIGTERM", "") in ("", "0"):
         when_imported("tensorflow.python.eager.context", _keep_sigterm_disposition)
+
+
+def _default_communication_options(module) -> None:
+    """``tfrun --comm``: a MultiWorkerMirroredStrategy the script makes without
+    ``communication_options`` gets tfrun's (one it passes itself is left alone)."""
+    from .comm import from_env
+
+    strategy_class = module.CollectiveAllReduceStrategy
+    original = strategy_class.__init__
+
+    def __init__(self, cluster_resolver=None, communication_options=None):
+        if communication_options is None:
+            communication_options = from_env().to_tf()
+        original(self, cluster_resolver=cluster_resolver,
+                 communication_options=communication_options)
+
+    __init__.__wrapped__ = original
+    strategy_class.__init__ = __init__
 
 
 def _watch_tf_config() -> None:

@@ -122,9 +122,17 @@ def _run_user_code(argv: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def _pin_cpus() -> None:
+    """``--cpus-per-task``: this task's own CPUs, before TensorFlow makes its threads."""
+    cpus = os.environ.get("TFRUN_CPUS")
+    if cpus:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     _die_with_supervisor()
+    _pin_cpus()
     _join_cgroup()
     _join_private_network()
     _tf_config_from_kubernetes()

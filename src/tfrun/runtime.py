@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import comm
 from ._markers import DEVICES_REPLACED
 from .cluster import TaskConfig, parse_tf_config
 from .errors import ConfigError
@@ -124,7 +125,9 @@ def strategy(kind: str | None = None):
     elif resolved == "central":
         made = tf.distribute.experimental.CentralStorageStrategy(_local_devices(tf))
     elif resolved == "multiworker":
-        made = tf.distribute.MultiWorkerMirroredStrategy()
+        options = comm.from_env()
+        made = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=options.to_tf() if options else None)
     elif resolved == "ps":
         from .ps import make_parameter_server_strategy
 

@@ -22,7 +22,7 @@ def test_ray_flags_reach_the_config():
 def test_defaults_are_not_ray():
     config = config_from_args(["t.py"], environ={})
     assert (config.backend, config.ray_address, config.ray_placement) == ("auto", "auto", "spread")
-    assert (config.cpus_per_task, config.gpus_per_task) == (1.0, 0.0)
+    assert (config.cpus_per_task, config.gpus_per_task) == (None, None)
     assert launch_mode(config) == "local"
 
 

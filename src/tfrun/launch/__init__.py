@@ -26,11 +26,13 @@ import time
 from pathlib import Path
 
 from ..cluster import ClusterPlan, TaskId, Topology, parse_address, plan_cluster
+from ..comm import CommOptions
 from ..errors import ConfigError
 from . import cgroups
 from .backends.base import Backend
 from .backends.local import LocalBackend
 from .config import LaunchConfig
+from .devices import describe_shares, share_devices, visible_gpus
 from .logs import ConsoleSink, parse_task_filter
 from .netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from .ports import PortReservation, hold_port
@@ -204,6 +206,10 @@ def _open_network(config: LaunchConfig, console: ConsoleSink) -> PrivateNetwork 
     return None
 
 
+def _whole(count: float | None) -> int | None:
+    return None if count is None else int(count)  # LaunchConfig checked it is whole
+
+
 def _release(held: list) -> None:
     for item in held:
         item.close()
@@ -231,7 +237,7 @@ def _containment(task_cgroups: cgroups.TaskCgroups | None) -> str:
 
 def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool,
                     mode: str = "local", network: str | None = None,
-                    containment: str | None = None) -> str:
+                    containment: str | None = None, placement: str | None = None) -> str:
     if config.slurm == "local":
         mode += f" (every task on this node of {job_description(os.environ)})"
     elif config.slurm == "pernode":
@@ -254,11 +260,14 @@ def _resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, mult
         "  devices    : "
         + (f"{config.devices} logical CPU device(s) per task (a script that sets its own "
            "count replaces it: the summary then says so)" if config.devices else "as found"),
+        *([f"  comm       : {CommOptions.parse(config.comm).to_text()} "
+           "(CommunicationOptions of MultiWorkerMirroredStrategy)"] if config.comm else []),
         f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
         f"stop grace {config.stop_grace:g}s"
         + (f"; hang timeout {config.hang_timeout:g}s" if config.hang_timeout else "")
         + (f"; heartbeat timeout {config.heartbeat_timeout:g}s"
            if not mode.startswith(("local", "ray")) else ""),
+        *([f"  placement  : {placement}"] if placement else []),
         *([f"  network    : {network}"] if network else []),
         *([f"  containment: {containment}"] if containment else []),
         f"  run dir    : {run_dir}",
@@ -355,6 +364,11 @@ def _run_local(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: Co
                started: float) -> RunResult:
     held: list = []
     held_cgroups: cgroups.TaskCgroups | None = None
+    # Before anything is made: too few GPUs/CPUs for what was asked is a ConfigError.
+    shares = share_devices(plan.tasks, gpus=visible_gpus(), cpus=sorted(os.sched_getaffinity(0)),
+                           gpus_per_task=_whole(config.gpus_per_task),
+                           cpus_per_task=_whole(config.cpus_per_task),
+                           ps_cluster=bool(plan.cluster.ps))
     network = _open_network(config, console) if multi else None
     try:
         if network is not None:
@@ -378,9 +392,11 @@ def _run_local(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: Co
             # Made before the banner, so that it reports the containment the tasks get.
             task_cgroups = held_cgroups = cgroups.TaskCgroups.create()
             console.info(_resolved_block(config, plan, run_dir, multi, network=where,
-                                         containment=_containment(task_cgroups)))
+                                         containment=_containment(task_cgroups),
+                                         placement=describe_shares(shares)))
             backend = LocalBackend(network=network, cgroups=task_cgroups)
-            make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=False)
+            make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=False,
+                                     task_env={t: s.env() for t, s in shares.items()})
             return _supervise(config, plan, run_dir, {t: backend for t in plan.tasks},
                               make_spec, console, started)
     finally:
@@ -455,7 +471,8 @@ def _run_ray(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
         with run_dir_for(config) as locked:
             run_dir = locked.path
             backend = RayBackend(ray, tasks=list(plan.tasks), run_dir=run_dir,
-                                 cpus=config.cpus_per_task, gpus=config.gpus_per_task,
+                                 cpus=1.0 if config.cpus_per_task is None else config.cpus_per_task,
+                                 gpus=config.gpus_per_task or 0.0,
                                  placement=config.ray_placement,
                                  ready_timeout=min(config.join_timeout, 120.0))
             training = list(plan.cluster.tasks())

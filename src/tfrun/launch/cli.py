@@ -157,10 +157,16 @@ def build_launch_parser() -> argparse.ArgumentParser:
                      help="the Ray cluster (default auto: the one this machine belongs to)")
     ray.add_argument("--ray-placement", choices=RAY_PLACEMENTS, default="spread",
                      help="spread (default): tasks on different nodes where possible; pack")
-    ray.add_argument("--cpus-per-task", type=_positive_float, default=1.0,
-                     help="CPUs Ray reserves for each task (default 1)")
-    ray.add_argument("--gpus-per-task", type=_non_negative_float, default=0.0,
-                     help="GPUs Ray reserves for each task (default 0)")
+    devices = parser.add_argument_group(
+        "devices per task", "local tasks get their own GPUs/CPUs; with --backend ray, the "
+        "resources Ray reserves for each task (fractions allowed)")
+    devices.add_argument("--cpus-per-task", type=_positive_float, default=None, metavar="C",
+                         help="pin each local task to C CPUs of its own, TF threads to match "
+                              "(default: tasks share every CPU; Ray: 1)")
+    devices.add_argument("--gpus-per-task", type=_non_negative_float, default=None, metavar="G",
+                         help="give each training task G GPUs of its own via "
+                              "CUDA_VISIBLE_DEVICES; 0: none (default: one per training "
+                              "task when the machine has enough; Ray: 0)")
     tf = parser.add_argument_group("tensorflow")
     tf.add_argument("--strategy", choices=STRATEGIES, default="auto",
                     help="strategy tfrun.strategy() builds (default auto: from the topology)")
@@ -168,6 +174,9 @@ def build_launch_parser() -> argparse.ArgumentParser:
                     help="3: Keras 3 (default); 2: tf_keras (sets TF_USE_LEGACY_KERAS=1)")
     tf.add_argument("--devices", type=_non_negative_int, default=None,
                     help="split the CPU into N logical devices (Mirrored/CentralStorage on any machine)")
+    tf.add_argument("--comm", default=None, metavar="OPTIONS",
+                    help="collective all-reduce options for MultiWorkerMirroredStrategy: "
+                         "auto|ring|nccl, pack=SIZE, timeout=SECONDS, e.g. 'ring,pack=4MB'")
     tf.add_argument("--roles", choices=ROLE_MODES, default="auto",
                     help="auto: with ps, tfrun runs ps/workers as servers and the script on the "
                          "chief; script: every task runs the script (seed-001 convention)")
@@ -292,7 +301,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         hang_timeout=args.hang_timeout,
         evaluator_grace=args.evaluator_grace, show=args.show, quiet_tasks=args.quiet_tasks,
         tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,
-        keras=args.keras, devices=args.devices, roles=args.roles,
+        keras=args.keras, devices=args.devices, roles=args.roles, comm=args.comm,
     )
 
 

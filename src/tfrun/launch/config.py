@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from ..cluster import TaskId, Topology
+from ..comm import CommOptions
 from ..errors import ConfigError
 
 __all__ = ["BACKENDS", "RAY_PLACEMENTS", "KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "SLURM_MODES", "STRATEGIES",
@@ -67,6 +68,7 @@ class LaunchConfig:
     strategy: str = "auto"
     keras: str = "3"
     devices: int | None = None          # split the CPU into N logical devices
+    comm: str | None = None             # --comm: collective options (see tfrun.comm)
     roles: str = "auto"
     python: str = sys.executable        # also the Python on other hosts (same path)
     # ---- several machines (SSH launch, per-node launch)
@@ -88,8 +90,10 @@ class LaunchConfig:
     backend: str = "auto"
     ray_address: str = "auto"           # ray.init(address=...): "auto" finds the local cluster
     ray_placement: str = "spread"
-    cpus_per_task: float = 1.0
-    gpus_per_task: float = 0.0
+    # ---- devices per task: Ray reserves them (fractions allowed; defaults 1 CPU, 0 GPU);
+    # ---- a local run gives each task its own (see devices.py; None: shared, GPUs by default)
+    cpus_per_task: float | None = None
+    gpus_per_task: float | None = None
 
     def __post_init__(self) -> None:
         kind, target = self.entrypoint
@@ -144,6 +148,8 @@ class LaunchConfig:
                               received=repr(self.ray_placement))
         for name in ("cpus_per_task", "gpus_per_task"):
             value = getattr(self, name)
+            if value is None:
+                continue
             if not 0 <= value < float("inf") or (name == "cpus_per_task" and value == 0):
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be a finite number of "
@@ -155,6 +161,26 @@ class LaunchConfig:
                               expected="no --hosts/--node-rank with --backend ray",
                               fix="Drop --hosts/--node-rank, or drop --backend ray",
                               received=f"--hosts {','.join(self.hosts or ())}")
+        if self.backend != "ray" and self.hosts is not None and (
+                self.cpus_per_task is not None or self.gpus_per_task is not None):
+            raise ConfigError(
+                "--cpus-per-task/--gpus-per-task split this machine's devices among its local "
+                "tasks; tfrun does not split other hosts' devices yet",
+                expected="no --cpus-per-task/--gpus-per-task with --hosts or a Slurm placement",
+                fix="Drop them (on Slurm, ask sbatch: --gpus-per-task, --cpus-per-task), or "
+                    "use --backend ray, whose nodes reserve them",
+                received=f"--hosts {','.join(self.hosts)}")
+        if self.backend != "ray":
+            for name in ("cpus_per_task", "gpus_per_task"):
+                value = getattr(self, name)
+                if value is not None and value != int(value):
+                    flag = "--" + name.replace("_", "-")
+                    raise ConfigError(f"{flag} {value:g}: a local task gets whole devices",
+                                      expected="a whole number (fractions are for --backend ray)",
+                                      fix=f"Pass e.g. {flag} {max(int(value), 1)}",
+                                      received=value)
+        if self.comm is not None:
+            CommOptions.parse(self.comm)  # a ConfigError that names the bad item
         if self.roles not in ROLE_MODES:
             raise ConfigError(f"Unknown role mode {self.roles!r}", expected="auto or script",
                               fix="Pass --roles auto or --roles script", received=self.roles)

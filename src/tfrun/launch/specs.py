@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..cluster import ClusterPlan, TaskId, parse_address
+from ..comm import COMM_ENV, CommOptions
 from .backends.base import CONTROLLED_ENV, TaskSpec
 from .config import LaunchConfig
 from .ports import TF_REUSE_PORT_ENV
@@ -76,13 +77,15 @@ def task_hosts(plan: ClusterPlan) -> dict[TaskId, str]:
 
 
 def spec_factory(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, *, with_tf_config: bool,
-                 remote: bool, environ: Mapping[str, str] | None = None
+                 remote: bool, environ: Mapping[str, str] | None = None,
+                 task_env: Mapping[TaskId, Mapping[str, str]] | None = None
                  ) -> Callable[[TaskId, int], TaskSpec]:
     """``make_spec(task, restart_count) -> TaskSpec`` for the supervisor (or a node agent).
 
     ``remote``: the task runs on a host named in the plan (SSH, per-node): the spec says
     which host, which port to hold there, the working directory, and carries the
     forwarded variables. Local tasks inherit this process's whole environment instead.
+    ``task_env``: variables for one task only (its devices, see devices.py).
     """
     environ = os.environ if environ is None else environ
     base = dict(TF_REUSE_PORT_ENV)
@@ -92,6 +95,8 @@ def spec_factory(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, *, with
                            run_dir=str(run_dir)))
     if config.devices:
         base["TFRUN_DEVICES"] = str(config.devices)
+    if config.comm:
+        base[COMM_ENV] = CommOptions.parse(config.comm).to_text()
     argv = task_argv(config)
     addresses = plan.cluster.addresses()
     hosts = task_hosts(plan) if remote else {}
@@ -101,6 +106,7 @@ def spec_factory(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, *, with
         env = dict(base)
         env.update({"TFRUN_TASK_TYPE": task.role, "TFRUN_TASK_INDEX": str(task.index),
                     "TFRUN_RESTART_COUNT": str(restarts)})
+        env.update((task_env or {}).get(task, {}))
         if with_tf_config:
             env["TF_CONFIG"] = plan.task_config(task).to_json()
         port = parse_address(addresses[task])[1] if task in addresses else None

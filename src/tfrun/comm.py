@@ -1,0 +1,105 @@
+"""Collective communication options: ``tfrun --comm`` -> ``CommunicationOptions``.
+
+The launcher validates the text and hands it to every task as ``TFRUN_COMM``; in the task,
+``tfrun.strategy()`` and a plain ``tf.distribute.MultiWorkerMirroredStrategy()`` (one made
+without ``communication_options``) get it as
+``tf.distribute.experimental.CommunicationOptions``. Pure until ``to_tf``.
+
+Syntax: comma-separated ``IMPLEMENTATION`` (auto, ring, nccl) and ``key=value`` items,
+``pack=SIZE`` (``bytes_per_pack``: gradients are all-reduced in packs of about this size;
+``0`` lets TensorFlow choose) and ``timeout=SECONDS`` (a collective that takes longer fails).
+Sizes take K/M/G suffixes (powers of 1024, optional ``B``/``iB``).
+
+    >>> CommOptions.parse("ring,pack=4MB,timeout=120")
+    CommOptions(implementation='ring', bytes_per_pack=4194304, timeout_seconds=120.0)
+    >>> CommOptions.parse("pack=0").to_text()
+    'auto,pack=0'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+__all__ = ["COMM_ENV", "CommOptions", "from_env"]
+
+COMM_ENV = "TFRUN_COMM"
+IMPLEMENTATIONS = ("auto", "ring", "nccl")
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?$", re.IGNORECASE)
+_FIX = "Pass e.g. --comm ring,pack=4MB,timeout=300"
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    implementation: str = "auto"
+    bytes_per_pack: int = 0
+    timeout_seconds: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> CommOptions:
+        implementation, pack, timeout = "auto", 0, None
+        items = [item.strip() for item in text.split(",")]
+        if not text.strip() or not all(items):
+            raise ConfigError("--comm has an empty item", expected=_expected(), fix=_FIX,
+                              received=repr(text))
+        for item in items:
+            key, sep, value = item.partition("=")
+            key = key.strip().lower()
+            if not sep and key in IMPLEMENTATIONS:
+                implementation = key
+            elif sep and key == "pack":
+                pack = _parse_size(value.strip(), text)
+            elif sep and key == "timeout":
+                timeout = _parse_timeout(value.strip(), text)
+            else:
+                raise ConfigError(f"--comm item {item!r} is not understood", expected=_expected(),
+                                  fix=_FIX, received=repr(text))
+        return cls(implementation, pack, timeout)
+
+    def to_text(self) -> str:
+        """The ``--comm`` text (``TFRUN_COMM``) that parses back to these options."""
+        text = f"{self.implementation},pack={self.bytes_per_pack}"
+        return text + (f",timeout={self.timeout_seconds:g}" if self.timeout_seconds else "")
+
+    def to_tf(self):
+        """``tf.distribute.experimental.CommunicationOptions`` (imports TensorFlow)."""
+        import tensorflow as tf
+
+        return tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=self.bytes_per_pack, timeout_seconds=self.timeout_seconds,
+            implementation=getattr(tf.distribute.experimental.CommunicationImplementation,
+                                   self.implementation.upper()))
+
+
+def from_env(environ=None) -> CommOptions | None:
+    """The options tfrun passed this task (``TFRUN_COMM``), or None when it passed none."""
+    text = (os.environ if environ is None else environ).get(COMM_ENV)
+    return CommOptions.parse(text) if text else None
+
+
+def _expected() -> str:
+    return ("comma-separated: one of auto/ring/nccl, pack=SIZE (e.g. 4MB, 0 = TensorFlow "
+            "chooses), timeout=SECONDS")
+
+
+def _parse_size(value: str, text: str) -> int:
+    match = _SIZE.match(value)
+    if not match:
+        raise ConfigError(f"--comm pack={value!r} is not a size", expected="e.g. pack=4MB, "
+                          "pack=512K, pack=1048576 or pack=0", fix=_FIX, received=repr(text))
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * 1024 ** " kmg".index(unit or " "))
+
+
+def _parse_timeout(value: str, text: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(f"--comm timeout={value!r} is not a positive number of seconds",
+                          expected="e.g. timeout=300", fix=_FIX, received=repr(text))
+    return seconds

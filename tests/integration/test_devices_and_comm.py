@@ -1,0 +1,79 @@
+"""Issue 15.3/15.4 with real TensorFlow tasks: --comm reaches MultiWorkerMirroredStrategy
+(made plainly and by tfrun.strategy()), and local tasks get their own CPUs and GPUs.
+
+No GPU here: the GPU list is faked the way a user restricts it (CUDA_VISIBLE_DEVICES in
+tfrun's environment); what is checked is what each task was given."""
+
+import json
+import os
+
+import pytest
+
+from conftest import ROOT, Run, assert_nothing_left
+
+pytestmark = pytest.mark.tf
+SCRIPTS = ROOT / "tests" / "scripts"
+
+
+def probes(run: Run, prefix: str) -> dict[str, dict]:
+    out = {}
+    for line in run.stdout.splitlines():
+        if f"] {prefix}: {{" in line:
+            task = line[1:line.index("]")]
+            out[task] = json.loads(line.split(f"{prefix}: ", 1)[1])
+    return out
+
+
+def test_comm_options_reach_plain_and_tfrun_made_strategies(tmp_path):
+    run = Run(tmp_path, ["--workers", "2", "--comm", "ring,pack=1MB,timeout=90",
+                         str(SCRIPTS / "comm_probe.py")])
+    assert run.run(300) == 0, run.stdout[-3000:]
+    got = probes(run, "comm_probe")
+    assert {t: g["made_by"] for t, g in got.items()} == {"worker:0": "plain",
+                                                          "worker:1": "tfrun.strategy()"}
+    for options in got.values():
+        assert (options["implementation"], options["bytes_per_pack"],
+                options["timeout_seconds"]) == ("RING", 1 << 20, 90.0)
+    assert run.stdout.count("comm_probe: all-reduce sum 2") == 2
+    assert "comm       : ring,pack=1048576,timeout=90" in run.stdout
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to give 1 to each of 2 tasks")
+def test_each_worker_gets_its_own_cpu_and_gpu(tmp_path):
+    run = Run(tmp_path, ["--workers", "2", "--cpus-per-task", "1", str(SCRIPTS / "device_probe.py")],
+              env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert run.run(300) == 0, run.stdout[-3000:]
+    got = probes(run, "device_probe")
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    for index in (0, 1):
+        task = got[f"worker:{index}"]
+        # Every thread TensorFlow made runs on the task's one CPU.
+        assert task["affinity"] == [cpus[index]]
+        assert task["thread_affinities"] == [[cpus[index]]]
+        assert task["cuda_visible_devices"] == str(index)  # default: one GPU per worker
+    assert (f"placement  : worker:0 GPU 0 CPU {cpus[0]}, worker:1 GPU 1 CPU {cpus[1]}"
+            in run.stdout)
+
+
+def test_ps_cluster_gpus_go_to_workers_only(tmp_path):
+    run = Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", "--roles", "script",
+                         "--gpus-per-task", "2", str(SCRIPTS / "device_probe.py")],
+              env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert run.run(300) == 0, run.stdout[-3000:]
+    got = {t: p["cuda_visible_devices"] for t, p in probes(run, "device_probe").items()}
+    assert got == {"chief:0": "", "worker:0": "0,1", "worker:1": "2,3", "ps:0": ""}
+    all_cpus = sorted(os.sched_getaffinity(0))
+    assert all(p["affinity"] == all_cpus for p in probes(run, "device_probe").values())
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--gpus-per-task", "3"], "--gpus-per-task 3 for 2 task(s) that train needs 6 GPUs"),
+    (["--cpus-per-task", "64"], "--cpus-per-task 64 for 2 task(s) needs 128 CPUs"),
+])
+def test_too_few_devices_fails_before_anything_starts(tmp_path, flags, named):
+    run = Run(tmp_path, ["--workers", "2", *flags, str(SCRIPTS / "device_probe.py")],
+              env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert run.run(60) == 2
+    assert named in run.stdout and "Fix:" in run.stdout
+    assert not run.run_dir.exists()  # no run dir, no task, no port
+    assert_nothing_left(run)
