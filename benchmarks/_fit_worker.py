@@ -7,12 +7,12 @@ Writes $TFRUN_RUN_DIR/result-<role>-<index>.json with steps/s over the timed epo
 import argparse
 import json
 import os
-import time
 
 import numpy as np
 import tensorflow as tf
 
 import keras
+from _epoch_timer import EpochTimer
 import tfrun
 
 parser = argparse.ArgumentParser()
@@ -34,18 +34,7 @@ with strategy.scope():
                   steps_per_execution=args.steps_per_execution)
 
 
-class Timer(keras.callbacks.Callback):
-    def __init__(self):
-        self.times = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.times.append(time.perf_counter() - self.start)
-
-
-timer = Timer()
+timer = EpochTimer()
 model.fit(data, epochs=args.epochs + 1, verbose=0, callbacks=[timer])
 timed = timer.times[1:]
 info = tfrun.task()

@@ -41,6 +41,8 @@ RUN_HERE = {
     "tfrun --devices 2 --strategy mirrored train.py": [],
     "tfrun --keras 2 --workers 2 train.py": [],
     "tfrun --workers 2 -m mypkg.train --lr 0.1": [],
+    "tfrun --workers 2 --cpus-per-task 1 train.py": [],
+    "tfrun --workers 2 --comm ring,pack=1MB train.py": [],
     "tfrun --workers 2 --evaluator examples/sidecar_evaluator.py": ["--epochs", "2"],
     "tfrun --chief --workers 2 --ps 1 examples/ps_training.py": ["--epochs", "2"],
     "tfrun --keras 2 --chief --workers 2 --ps 1 examples/ps_training.py": ["--epochs", "2"],

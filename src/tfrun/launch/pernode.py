@@ -46,7 +46,8 @@ def cluster_digest(config: LaunchConfig, plan: ClusterPlan) -> str:
         "tf_configs": {str(t): plan.task_config(t).to_dict() for t in plan.tasks},
         "entrypoint": list(config.entrypoint), "script_args": list(config.script_args),
         "keras": config.keras, "strategy": config.strategy, "roles": config.roles,
-        "devices": config.devices, "run_id": config.run_id, "tfrun": __version__,
+        "devices": config.devices, "comm": config.comm, "run_id": config.run_id,
+        "tfrun": __version__,
     }
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -62,7 +63,7 @@ def make_hub(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
                     "install the same tfrun everywhere")
         if hello.get("digest") != digest:
             return ("it computed a different cluster or program (other --hosts, topology, "
-                    "script, arguments, --run-id, --keras/--strategy/--roles/--devices): "
+                    "script, arguments, --run-id, --keras/--strategy/--roles/--devices/--comm): "
                     "start every node with the same flags but --node-rank")
         return None
 

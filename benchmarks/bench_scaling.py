@@ -1,0 +1,121 @@
+"""Seed 000's scaling table on this machine: 1 process vs 2 workers, by hand and under tfrun.
+
+    python benchmarks/bench_scaling.py [--rounds 3] [--steps 40] [--epochs 3]
+
+Weak scaling (256 samples per worker per step, benchmarks/_scaling_worker.py: the seed's
+784-1024-1024-10 MLP, Keras 3, plain MultiWorkerMirroredStrategy). Each round runs, one
+after the other (so the rounds interleave):
+
+* 1 process pinned to 1 core, no strategy: the baseline;
+* 2 workers by hand: two processes with hand-written TF_CONFIGs (the seeds' way), started
+  as ``python -m tfrun.bootstrap`` so that they get tfrun's Keras 3 fixes (plain Keras 3
+  ``fit`` fails under MultiWorkerMirroredStrategy) but no launcher, no supervisor;
+* 2 workers under ``tfrun --workers 2`` with its defaults;
+* 2 workers under tfrun with candidate settings (``--cpus-per-task 1``, ``--comm pack=...``).
+
+It prints samples/s per configuration (median over rounds), scaling efficiency
+(samples/s of 2 workers / (2 x the baseline's)) and tfrun / by-hand. Numbers, not checks:
+nothing fails on a slow result.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = str(HERE / "_scaling_worker.py")
+parser = argparse.ArgumentParser()
+parser.add_argument("--rounds", type=int, default=3)
+parser.add_argument("--steps", type=int, default=40)
+parser.add_argument("--epochs", type=int, default=3)
+args = parser.parse_args()
+SCRIPT_ARGS = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
+ENV = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+TFRUN_VARIANTS = {
+    "tfrun --workers 2 (defaults)": [],
+    "tfrun --cpus-per-task 1": ["--cpus-per-task", "1"],
+    "tfrun --comm pack=1MB": ["--comm", "pack=1MB"],
+    "tfrun --comm pack=16MB": ["--comm", "pack=16MB"],
+}
+
+
+def samples_per_second(out: Path) -> float:
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("result-*.json"))]
+    if not results:
+        sys.exit(f"no result in {out}")
+    # Every worker takes the same synchronous steps: worker 0's rate is the cluster's.
+    return results[0]["steps_per_second"] * results[0]["samples_per_step"]
+
+
+def one_process(out: Path) -> float:
+    cpu = min(os.sched_getaffinity(0))
+    subprocess.run([sys.executable, SCRIPT, str(out), *SCRIPT_ARGS], env=ENV, check=True,
+                   preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    return samples_per_second(out)
+
+
+def by_hand(out: Path) -> float:
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            ports.append(s.getsockname()[1])
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    procs = [subprocess.Popen([sys.executable, "-m", "tfrun.bootstrap", SCRIPT, str(out), *SCRIPT_ARGS],
+                              env={**ENV, "TF_CONFIG": json.dumps(
+                                  {"cluster": cluster, "task": {"type": "worker", "index": i}})})
+             for i in range(2)]
+    if [p.wait() for p in procs] != [0, 0]:
+        sys.exit("the by-hand run failed")
+    return samples_per_second(out)
+
+
+def with_tfrun(out: Path, flags: list[str]) -> float:
+    result = subprocess.run([sys.executable, "-m", "tfrun", "--workers", "2", "--quiet-tasks",
+                             "--color", "never", "--run-dir", str(out / "run"), *flags, SCRIPT,
+                             str(out), *SCRIPT_ARGS], env=ENV, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"tfrun {' '.join(flags)} failed:\n{result.stdout[-3000:]}")
+    return samples_per_second(out)
+
+
+def main() -> None:
+    scratch = Path(tempfile.mkdtemp(prefix="tfrun-bench-scaling-"))
+    runs = {"1 process, 1 core (baseline)": lambda out: one_process(out),
+            "2 workers by hand": lambda out: by_hand(out),
+            **{name: (lambda out, f=flags: with_tfrun(out, f)) for name, flags in TFRUN_VARIANTS.items()}}
+    measured: dict[str, list[float]] = {name: [] for name in runs}
+    try:
+        for round_ in range(args.rounds):
+            for i, (name, run) in enumerate(runs.items()):
+                out = scratch / f"r{round_}-{i}"
+                out.mkdir()
+                measured[name].append(run(out))
+                print(f"round {round_ + 1}/{args.rounds}  {name:<32} {measured[name][-1]:9.0f} samples/s",
+                      flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    median = {name: statistics.median(values) for name, values in measured.items()}
+    base = median["1 process, 1 core (baseline)"]
+    hand = median["2 workers by hand"]
+    print(f"\nweak scaling, {args.rounds} interleaved rounds, {os.cpu_count()} CPUs, median samples/s")
+    print(f"  {'configuration':<34} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} {'/by hand':>9}")
+    for name, value in median.items():
+        two = not name.startswith("1 process")
+        print(f"  {name:<34} {value:10.0f} {value / base:8.2f} "
+              f"{value / (2 * base) if two else 1.0:10.2f} "
+              f"{value / hand if two else float('nan'):9.2f}")
+    best = max(TFRUN_VARIANTS, key=median.get)
+    print(f"best tfrun setting here: {best} ({median[best] / (2 * base):.2f} efficiency, "
+          f"{median[best] / hand:.2f}x by hand)")
+
+
+if __name__ == "__main__":
+    main()
