@@ -1,5 +1,5 @@
-"""The small fixed problem backup_kill.py and resume.py train: same data and initial weights
-on every task, so runs can be compared weight for weight.
+"""The small fixed problem backup_kill.py, resume.py and plain/stock_backup.py train: same
+data and initial weights on every task, so runs can be compared weight for weight.
 
     x, y = small_data(128)
     model = small_model(tfrun.strategy(), lambda: keras.optimizers.SGD(0.1))

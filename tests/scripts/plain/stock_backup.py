@@ -7,28 +7,24 @@
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 import keras
 
+# The shared small problem (plain Keras, no tfrun API) lives one directory up.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _small_model import small_data, small_model  # noqa: E402
+
 out, backup_dir, crash_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 first_attempt = os.environ.get("TFRUN_RESTART_COUNT", "0") == "0"
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
-rng = np.random.default_rng(0)
-x = rng.normal(size=(128, 6)).astype("float32")
-y = rng.integers(0, 2, size=128).astype("int32")
-init = [np.random.default_rng(1).normal(scale=0.3, size=s).astype("float32")
-        for s in [(6, 8), (8,), (8, 2), (2,)]]
-with strategy.scope():
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(2)])
-    model.set_weights(init)
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+x, y = small_data(128)
+model = small_model(strategy, lambda: keras.optimizers.Adam(0.01))
 
 epochs_run = []
 
