@@ -7,7 +7,7 @@ imports task-side modules, searches for them. Plain strings, no imports.
     True
 """
 
-__all__ = ["DEVICES_REPLACED", "TF_CONFIG_REPLACED"]
+__all__ = ["DEVICES_REPLACED", "METRICS", "TF_CONFIG_REPLACED"]
 
 #: Start of the warning a task prints when the script replaces tfrun's TF_CONFIG (the
 #: supervisor looks for it in a task's log to explain a join timeout).
@@ -17,3 +17,8 @@ TF_CONFIG_REPLACED = "tfrun: WARNING: the script replaced the TF_CONFIG tfrun se
 #: followed by "<N> logical CPU device(s)": the supervisor reads N from the task's output
 #: and reports it in the summary (the launch banner can only say what tfrun asked for).
 DEVICES_REPLACED = "tfrun: the script configures "
+
+#: Start of a metrics record line (``tfrun:metrics {json}``, see ``tfrun.metrics``): the
+#: supervisor writes the JSON to ``<run dir>/metrics/<task>.jsonl`` and keeps the line off
+#: the console.
+METRICS = "tfrun:metrics "

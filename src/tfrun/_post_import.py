@@ -19,11 +19,12 @@ __all__ = ["when_imported"]
 
 
 class _PostImport(importlib.abc.MetaPathFinder):
-    """Finds ``name`` through the normal finders, then calls ``callback`` once it has loaded."""
+    """Finds ``name`` through the normal finders, then calls its callbacks (in the order they
+    were registered) once it has loaded."""
 
     def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
         self.name = name
-        self.callback = callback
+        self.callbacks = [callback]
         self._busy = False
 
     def find_spec(self, fullname, path=None, target=None):
@@ -37,14 +38,15 @@ class _PostImport(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
         original = spec.loader.exec_module
-        callback = self.callback
+        callbacks = self.callbacks
 
         def exec_module(module):
             original(module)
-            try:
-                callback(module)
-            except Exception as exc:  # never break the user's import
-                warnings.warn(f"tfrun: adjusting {fullname} failed: {exc!r}", stacklevel=2)
+            for callback in list(callbacks):
+                try:
+                    callback(module)
+                except Exception as exc:  # never break the user's import
+                    warnings.warn(f"tfrun: adjusting {fullname} failed: {exc!r}", stacklevel=2)
 
         spec.loader.exec_module = exec_module  # this loader instance serves only this spec
         return spec
@@ -55,5 +57,9 @@ def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
     if name in sys.modules:
         callback(sys.modules[name])
         return
-    if not any(isinstance(f, _PostImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _PostImport(name, callback))
+    for finder in sys.meta_path:
+        if isinstance(finder, _PostImport) and finder.name == name:
+            if callback not in finder.callbacks:
+                finder.callbacks.append(callback)
+            return
+    sys.meta_path.insert(0, _PostImport(name, callback))

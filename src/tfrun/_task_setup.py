@@ -57,6 +57,9 @@ def prepare() -> None:
     from . import compat
 
     compat.install()  # Keras 3 fixes on `import keras`, tf_keras fixes on `import tf_keras`
+    from . import metrics
+
+    metrics.install()  # every fit records its epochs (after the fixes: they wrap fit too)
     if os.environ.get("TFRUN_COMM"):
         when_imported("tensorflow.python.distribute.collective_all_reduce_strategy",
                       _default_communication_options)

@@ -7,6 +7,8 @@ Two entry points share one binary:
 * ``tfrun slurm --nodes N [tfrun args]`` prints a ready sbatch script;
 * ``tfrun k8s --image IMG [...] train.py`` prints a JobSet/TFJob manifest (``--check``: checks one);
 * ``tfrun doctor ...`` checks the hosts of an SSH launch;
+* ``tfrun bench [--workers 1,2] script.py`` runs a script at several sizes: speedup table;
+* ``tfrun report RUN_DIR ...`` puts finished runs side by side;
 * ``tfrun [options] script.py [args]`` (or ``-m module``) launches a cluster.
 
 Every launch flag can also come from ``TFRUN_<FLAG>`` (``--max-restarts`` ->
@@ -299,6 +301,32 @@ def _run_k8s(argv: Sequence[str]) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- tfrun report
+
+
+def _run_report(argv: Sequence[str]) -> int:
+    """``tfrun report RUN_DIR [RUN_DIR ...]``: the runs side by side (the first is the
+    baseline of speedup and efficiency)."""
+    import json
+
+    from .launch.runstats import compare, format_table, read_run
+
+    parser = argparse.ArgumentParser(
+        prog="tfrun report", description="Put finished runs side by side: time, first step, "
+        "throughput, speedup and scaling efficiency against the first run, final metrics.",
+        epilog="example:\n  tfrun report runs/20261122-101500-train runs/20261122-102000-train",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    rows = compare([read_run(path) for path in args.run_dirs])
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({"runs": rows}, out, indent=2)
+    return 0
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -318,6 +346,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .launch.cli import run_sbatch_script
 
             return run_sbatch_script(argv[1:])
+        if argv and argv[0] == "bench":
+            from .launch.bench import run_bench
+
+            return run_bench(argv[1:])
+        if argv and argv[0] == "report":
+            return _run_report(argv[1:])
         if argv and argv[0] == "doctor":
             from .launch.cli import run_doctor
 

@@ -141,10 +141,17 @@ def strategy(kind: str | None = None):
 
 
 def global_batch_size(per_replica: int) -> int:
-    """``per_replica`` times the number of replicas in sync (all workers, all devices)."""
+    """``per_replica`` times the number of replicas in sync (all workers, all devices).
+
+    ``TFRUN_BATCH_REPLICAS=K`` (set by ``tfrun bench --strong``) uses K instead, so every
+    cluster size trains with the same global batch.
+    """
     if per_replica < 1:
         raise ConfigError("Per-replica batch size must be at least 1", expected="1 or more",
                           fix="Pass e.g. global_batch_size(64)", received=per_replica)
+    fixed = os.environ.get("TFRUN_BATCH_REPLICAS")
+    if fixed:
+        return per_replica * int(fixed)
     return per_replica * strategy().num_replicas_in_sync
 
 

@@ -289,8 +289,11 @@ class _PsTrainer:
         import tensorflow as tf
         import keras
 
+        from . import metrics
+
         model = self.model
         _warn_batch_hooks(callbacks)
+        callbacks = metrics.with_recorder(callbacks, keras.callbacks.Callback, epoch_only=True)
         self._build(dataset_fn)
         per_worker = self.coordinator.create_per_worker_dataset(
             self.strategy.distribute_datasets_from_function(dataset_fn))

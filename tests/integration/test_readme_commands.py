@@ -47,6 +47,8 @@ RUN_HERE = {
     "tfrun --chief --workers 2 --ps 1 examples/ps_training.py": ["--epochs", "2"],
     "tfrun --keras 2 --chief --workers 2 --ps 1 examples/ps_training.py": ["--epochs", "2"],
     "tfrun --layout uai --hosts localhost,localhost,localhost examples/ps_training.py": ["--epochs", "2"],
+    "tfrun bench examples/mnist_mlp.py --workers 1,2": ["--epochs", "2"],
+    "tfrun report runs/*-bench-mnist_mlp/workers-1 runs/*-bench-mnist_mlp/workers-2": [],
     "tfrun config --workers 2": [],
     "tfrun config --chief --workers 2 --ps 1 --evaluator": [],
     "tfrun config --hosts ip0,ip1,ip2,ip3 --layout uai --format env": [],
@@ -141,10 +143,15 @@ def workdir(tmp_path_factory):
     return work
 
 
-@pytest.mark.parametrize("command", sorted(RUN_HERE))
-def test_readme_command_runs_as_written(command, workdir):
+BENCH = "tfrun bench examples/mnist_mlp.py --workers 1,2"
+
+
+def run_readme_line(command: str, workdir):
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", TFRUN_RUN_DIR=str(workdir / "runs" / re.sub(r"\W+", "-", command)))
+    env.update(TF_CPP_MIN_LOG_LEVEL="2")
+    run_dir = workdir / "runs" / re.sub(r"\W+", "-", command)
+    if not command.startswith(("tfrun bench", "tfrun report")):  # bench names its own dirs
+        env["TFRUN_RUN_DIR"] = str(run_dir)
     if "$TF_CONFIG" in command:  # a hand-written legacy TF_CONFIG, as a user would have
         env["TF_CONFIG"] = json.dumps({"cluster": {"master": ["h0:2222"], "worker": ["h1:2222"]},
                                        "task": {"type": "master", "index": 0}})
@@ -152,6 +159,53 @@ def test_readme_command_runs_as_written(command, workdir):
     result = subprocess.run(["bash", "-c", line], cwd=workdir, env=env, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, f"{line}\n{result.stdout[-4000:]}\n{result.stderr[-2000:]}"
+    return result, run_dir
+
+
+def epochs_recorded(run_dir) -> dict[str, int]:
+    """task file -> its epoch records in the run's metrics/ (what tfrun.metrics wrote)."""
+    return {p.stem: sum(json.loads(l)["event"] == "epoch" for l in p.read_text().splitlines())
+            for p in sorted((run_dir / "metrics").glob("*.jsonl"))}
+
+
+def check_bench_table(stdout: str, workdir) -> None:
+    lines = stdout.splitlines()
+    header = next(i for i, l in enumerate(lines) if l.startswith("configuration "))
+    assert lines[header].split()[:4] == ["configuration", "workers", "status", "time"]
+    assert "speedup" in lines[header] and "efficiency" in lines[header]
+    rows = lines[header + 1:header + 3]
+    assert [r.split()[:4] for r in rows] == [["1", "worker(s)", "1", "succeeded"],
+                                             ["2", "worker(s)", "2", "succeeded"]], rows
+    [bench_dir] = sorted(workdir.glob("runs/*-bench-mnist_mlp"))
+    report = json.loads((bench_dir / "bench.json").read_text())
+    assert [r["workers"] for r in report["runs"]] == [1, 2]
+    assert [r["batch_size"] for r in report["runs"]] == [32, 64] and "weak" in report["scaling"]
+    assert all(r["samples_per_s"] > 0 and r["epochs"] == 2 for r in report["runs"])
+    assert report["runs"][0]["speedup"] == 1.0 and report["runs"][1]["efficiency"] > 0
+    # Both workers' metrics are in the run dir (worker 1's output is no less recorded).
+    assert epochs_recorded(bench_dir / "workers-2") == {"worker-0": 2, "worker-1": 2}
+
+
+@pytest.mark.parametrize("command", sorted(RUN_HERE))
+def test_readme_command_runs_as_written(command, workdir):
+    if command.startswith("tfrun report") and not list(workdir.glob("runs/*-bench-mnist_mlp")):
+        run_readme_line(BENCH, workdir)  # the README's report line reads the bench's runs
+    result, run_dir = run_readme_line(command, workdir)
+    if command == BENCH:
+        check_bench_table(result.stdout, workdir)
+    if command.startswith("tfrun report"):
+        rows = result.stdout.splitlines()
+        assert rows[0].split()[:2] == ["run", "workers"] and "speedup" in rows[0]
+        assert len(rows) == 3 and rows[1].split()[1] == "1" and rows[2].split()[1] == "2"
+    trains = ("train.py" in command or "examples/" in command) and "tfrun config" not in command
+    if trains and not command.startswith(("tfrun bench", "tfrun report")):
+        # Every training task's epochs are recorded, whatever the Keras flavour or strategy.
+        recorded = epochs_recorded(run_dir)
+        trainers = {"chief-0"} if "--ps" in command or "uai" in command else \
+            {f"worker-{i}" for i in range(2 if "--workers 2" in command else 1)}
+        if "--evaluator" in command:
+            trainers = {"worker-0", "worker-1"}
+        assert trainers <= set(recorded) and all(recorded[t] >= 1 for t in trainers), recorded
     if "train.py" in command:
         assert "train.py done:" in result.stdout
     if "--check" in command:

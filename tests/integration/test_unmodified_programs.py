@@ -94,6 +94,12 @@ def test_plain_model_fit_and_evaluate_under_parameter_server_strategy(tmp_path):
     assert "tfrun.fit" in result["misuse"]
     tasks = run.tasks()
     assert tasks["ps:0"]["stopped_by_tfrun"] and tasks["chief:0"]["state"] == "succeeded"
+    # Issue 13.1: the coordinator's epochs are recorded (no batch hooks under PS).
+    epochs = [json.loads(l) for l in (run.run_dir / "metrics" / "chief-0.jsonl").read_text().splitlines()]
+    epochs = [r for r in epochs if r["event"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3, 4]
+    assert [r["logs"]["loss"] for r in epochs] == pytest.approx(losses)
+    assert all("val_loss" in r["logs"] and r["steps_per_s"] > 0 for r in epochs)
 
 
 # --------------------------------------------------------------------------- 12.5

@@ -10,10 +10,13 @@ import tfrun.launch.config
 import tfrun.launch.logs
 import tfrun.launch.policy
 import tfrun.launch.ports
+import tfrun.launch.bench
+import tfrun.launch.runstats
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.errors, tfrun.launch.config, tfrun.launch.logs,
-                                    tfrun.launch.policy, tfrun.launch.ports])
+                                    tfrun.launch.policy, tfrun.launch.ports,
+                                    tfrun.launch.bench, tfrun.launch.runstats])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

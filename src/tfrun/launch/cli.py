@@ -73,7 +73,9 @@ def build_launch_parser() -> argparse.ArgumentParser:
               "       tfrun config [options]          (TF_CONFIG of every task)\n"
               "       tfrun slurm --nodes N [...]     (a ready sbatch script)\n"
               "       tfrun k8s --image IMG [...]     (a JobSet/TFJob manifest)\n"
-              "       tfrun doctor --hosts ... [...]  (preflight of an SSH launch)",
+              "       tfrun doctor --hosts ... [...]  (preflight of an SSH launch)\n"
+              "       tfrun bench [--workers 1,2] script.py  (speedup table)\n"
+              "       tfrun report RUN_DIR [RUN_DIR ...]     (runs side by side)",
         description="Run a distributed TensorFlow/Keras training: every task of the cluster is "
                     "started (on this machine, over SSH, in a Slurm allocation or on Ray), "
                     "supervised, logged and cleaned up.",

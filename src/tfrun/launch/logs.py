@@ -9,6 +9,7 @@ the files only unless ``--tf-noise`` is given.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterable
 
-from .._markers import DEVICES_REPLACED
+from .._markers import DEVICES_REPLACED, METRICS
 
 __all__ = ["ConsoleSink", "NoiseFilter", "OutputSplitter", "TaskLogger", "describe_write_error",
            "is_tf_noise", "last_traceback", "parse_task_filter", "read_chunks",
@@ -346,6 +347,10 @@ class TaskLogger:
     devices_in_use: int | None = None
     #: the supervisor's "a peer exited 0 and none failed" (see NoiseFilter)
     peers_left_cleanly: Callable[[], bool] | None = None
+    #: where the task's ``tfrun:metrics`` records go (JSON lines; None: nowhere)
+    metrics_path: Path | None = None
+    #: the newest epoch record of the task (the live status line reads it)
+    last_epoch: dict | None = None
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -385,12 +390,38 @@ class TaskLogger:
             if kind == "progress":
                 self.console.task_progress(self.task, self.color_index, text)
                 continue
+            if METRICS in text:
+                text = self._record_metrics(text)
+                if not text.strip():
+                    continue
             with self._recent_lock:
                 self._recent.append(text)
                 self.lines_read += 1
             if DEVICES_REPLACED in text:
                 self.devices_in_use = replaced_device_count(text) or self.devices_in_use
             self.console.task_line(self.task, self.color_index, text, noise=noise(text))
+
+    def _record_metrics(self, text: str) -> str:
+        """Write the record in ``text`` to the metrics file; return what came before it
+        (a line the task had not ended when the record was printed)."""
+        before, _, raw = text.partition(METRICS)
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return text  # not ours after all (or cut): an ordinary line
+        if not isinstance(record, dict):
+            return text
+        record = {"task": self.task, **record}
+        if record.get("event") == "epoch":
+            self.last_epoch = record
+        if self.metrics_path is not None:
+            try:
+                self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.metrics_path, "a", encoding="utf-8") as out:
+                    out.write(json.dumps(record) + "\n")
+            except OSError as exc:
+                self._failed(exc)
+        return before
 
     def _open_log(self) -> IO[bytes] | None:
         try:

@@ -130,7 +130,8 @@ class Supervisor:
             TaskRecord(task=t, tracked=config.tracked(t, ps_cluster=ps_cluster, has_chief=bool(plan.cluster.chief)),
                        address=addresses.get(t),
                        logger=TaskLogger(str(t), i, run_dir / "logs" / f"{t.slug}.log", console,
-                                         peers_left_cleanly=self._peers_left_cleanly))
+                                         peers_left_cleanly=self._peers_left_cleanly,
+                                         metrics_path=run_dir / "metrics" / f"{t.slug}.jsonl"))
             for i, t in enumerate(plan.tasks)
         ]
         self.restarts = 0

@@ -1,0 +1,291 @@
+"""Training metrics from every task, with no change to the script.
+
+Under tfrun (the bootstrap calls ``install()``), every ``model.fit`` -- Keras 3 or tf_keras,
+any strategy, and ``tfrun.fit`` under parameter servers -- gets one more callback that
+records, per epoch: the epoch's logs (loss, metrics, ``val_*``), its duration, its steps,
+steps/s and, where the batch size is known, samples/s; and once per process, the time from
+the task's start to the end of its first training step. A custom loop reports its own
+values with one line::
+
+    tfrun.log_metrics(step=step, loss=float(loss))
+
+Each record is one output line, ``tfrun:metrics {json}``, printed on stdout where the
+task's output already goes (a local pipe, an SSH agent, srun, a Ray actor): the launcher
+takes these lines out of the console and writes them to ``<run dir>/metrics/<task>.jsonl``,
+whatever backend started the task. The task's log file keeps them (it keeps every line).
+Records are printed only at clean points -- the start of the next epoch, the end of
+training -- never in the middle of Keras' redrawn progress line.
+
+``TFRUN_METRICS=0`` switches the recording off (``benchmarks/bench_recording.py`` measures
+its cost that way). Outside tfrun nothing is installed, and ``log_metrics`` prints nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from ._markers import METRICS
+from ._post_import import when_imported
+
+__all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder"]
+
+
+def enabled() -> bool:
+    """True when this process runs under tfrun with recording on."""
+    return bool(os.environ.get("TFRUN_RUN_DIR")) and os.environ.get("TFRUN_METRICS", "1") != "0"
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _numbers(values: dict) -> dict[str, float]:
+    """The values that are numbers (Keras logs hold numpy/TF scalars), as floats."""
+    out = {}
+    for key, value in (values or {}).items():
+        number = _number(value)
+        if number is not None:
+            out[str(key)] = number
+    return out
+
+
+def _emit(record: dict) -> None:
+    if not enabled():
+        return
+    record = {"time": round(time.time(), 3), **record}
+    try:
+        sys.stdout.write(f"{METRICS}{json.dumps(record, separators=(',', ':'))}\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):  # stdout closed: recording must never fail training
+        pass
+
+
+def log_metrics(step: int | None = None, **values: float) -> None:
+    """Record ``values`` (numbers) for this task, e.g. from a custom training loop.
+
+    >>> log_metrics(step=10, loss=0.25)   # under tfrun: one line in metrics/<task>.jsonl
+    """
+    record: dict[str, Any] = {"event": "log", "values": _numbers(values)}
+    if step is not None:
+        record["step"] = int(step)
+    _emit(record)
+
+
+def _seconds_since_process_start() -> float | None:
+    try:
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - an estimate; never fail training for it
+        return None
+
+
+def batch_size_of(x, batch_size: int | None = None) -> int | None:
+    """The batch size ``fit`` trains ``x`` with, where it can be known, else None.
+
+    Arrays: ``batch_size`` (Keras' default 32). A ``tf.data.Dataset``: its static batch
+    dimension, or the ``batch()`` argument found by walking the pipeline back (a dataset
+    batched without ``drop_remainder`` has no static batch dimension). Under
+    MultiWorkerMirroredStrategy this is the *global* batch, which the workers split.
+    """
+    if hasattr(x, "shape") and hasattr(x, "dtype"):  # numpy array, tensor
+        return batch_size or 32
+    if isinstance(x, (list, tuple, dict)) and x:
+        first = next(iter(x.values())) if isinstance(x, dict) else x[0]
+        return batch_size_of(first, batch_size) if hasattr(first, "shape") else None
+    if "tensorflow" not in sys.modules:
+        return None
+    import tensorflow as tf
+
+    dataset = x
+    for _ in range(64):  # a pipeline is a chain of datasets, each with _input_dataset
+        if not isinstance(dataset, tf.data.Dataset):
+            return None
+        try:
+            spec = tf.nest.flatten(dataset.element_spec)[0]
+            dim = spec.shape[0] if spec.shape.rank else None
+        except (AttributeError, TypeError, ValueError, IndexError):
+            dim = None
+        if dim is not None:
+            return int(dim)
+        size = getattr(dataset, "_batch_size", None)
+        if size is not None:
+            value = tf.get_static_value(size)
+            return int(value) if value is not None and int(value) > 0 else None
+        dataset = getattr(dataset, "_input_dataset", None)
+    return None
+
+
+class _EpochTiming:
+    """Times one process's epochs from callback hooks (no TensorFlow, no Keras)."""
+
+    def __init__(self, batch_size: int | None, steps: int | None) -> None:
+        self.batch_size = batch_size
+        self.steps = steps                       # fit's steps per epoch, when known
+        self.pending: dict | None = None         # the last epoch's record, not yet printed
+        self.first_step_done = False
+        self._begin = 0.0
+        self._first: tuple[float, int] | None = None   # (time, batch index) of 1st batch end
+        self._last: tuple[float, int] | None = None
+
+    def epoch_begin(self) -> None:
+        self.flush()
+        self._begin = time.perf_counter()
+        self._first = self._last = None
+
+    def batch_end(self, batch: int) -> None:
+        now = time.perf_counter()
+        if self._first is None:
+            self._first = (now, batch)
+            if not self.first_step_done:
+                self.first_step_done = True
+                since = _seconds_since_process_start()
+                self._first_step = None if since is None else round(since, 3)
+        self._last = (now, batch)
+
+    def epoch_end(self, epoch: int, logs: dict | None) -> None:
+        seconds = time.perf_counter() - self._begin
+        steps = self._last[1] + 1 if self._last else self.steps
+        record: dict[str, Any] = {"event": "epoch", "epoch": epoch + 1,
+                                  "seconds": round(seconds, 4), "steps": steps,
+                                  "batch_size": self.batch_size, "logs": _numbers(logs or {})}
+        rate = steps / seconds if steps and seconds > 0 else None
+        # Steady rate: from the end of the first step to the end of the last, which
+        # leaves out tracing and the first step's warm-up.
+        steady = None
+        if self._first and self._last and self._last[0] > self._first[0]:
+            steady = (self._last[1] - self._first[1]) / (self._last[0] - self._first[0])
+        record["steps_per_s"] = None if rate is None else round(rate, 3)
+        record["steady_steps_per_s"] = None if steady is None else round(steady, 3)
+        best = steady or rate
+        record["samples_per_s"] = (round(best * self.batch_size, 1)
+                                   if best and self.batch_size else None)
+        if getattr(self, "_first_step", None) is not None:
+            record["first_step_s"] = self._first_step
+            self._first_step = None
+        self.pending = record
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            _emit(self.pending)
+            self.pending = None
+
+
+def _recorder_class(callback_base, epoch_only: bool):
+    """A ``callback_base`` subclass (Keras 3 or tf_keras ``Callback``) around _EpochTiming.
+
+    ``epoch_only``: no batch hooks -- under parameter servers steps run asynchronously
+    and tf_keras refuses batch-level callbacks there.
+    """
+
+    class _Recorder(callback_base):
+        _tfrun_recorder = True
+        _supports_tf_logs = True  # tf_keras: never turn the batch logs into numpy for us
+
+        def __init__(self, batch_size: int | None) -> None:
+            super().__init__()
+            self._timing = _EpochTiming(batch_size, None)
+
+        def on_train_begin(self, logs=None):
+            self._timing.steps = (getattr(self, "params", None) or {}).get("steps")
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._timing.epoch_begin()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._timing.epoch_end(epoch, logs)
+
+        def on_train_end(self, logs=None):
+            self._timing.flush()
+
+    if not epoch_only:
+        def on_train_batch_end(self, batch, logs=None):
+            self._timing.batch_end(batch)
+
+        _Recorder.on_train_batch_end = on_train_batch_end
+    return _Recorder
+
+
+_classes: dict[tuple[int, bool], type] = {}
+
+
+def with_recorder(callbacks, callback_base, *, batch_size: int | None = None,
+                  epoch_only: bool = False) -> list:
+    """``callbacks`` (a list, None or a CallbackList's list) plus a recorder, unless recording
+    is off or one is in it already. The recorder goes last: it sees the final logs."""
+    callbacks = list(callbacks or ())
+    if not enabled() or any(getattr(c, "_tfrun_recorder", False) for c in callbacks):
+        return callbacks
+    key = (id(callback_base), epoch_only)
+    if key not in _classes:
+        _classes[key] = _recorder_class(callback_base, epoch_only)
+    return callbacks + [_classes[key](batch_size)]
+
+
+def _is_parameter_server(strategy) -> bool:
+    from .train import _is_parameter_server as check
+
+    return strategy is not None and check(strategy)
+
+
+def _wrap_fit(owner, fit_of, callback_base) -> None:
+    """Make ``owner.fit`` add a recorder, then call ``fit_of(self)`` (looked up per call, so
+    a fit that other fixes wrap later is still the one that runs)."""
+
+    def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
+        try:
+            ps = _is_parameter_server(getattr(self, "distribute_strategy", None))
+            size = None if ps else batch_size_of(x, batch_size)
+            if len(args) >= 3:  # positional epochs, verbose, callbacks: fit's own order
+                args = list(args)
+                args[2] = with_recorder(args[2], callback_base, batch_size=size, epoch_only=ps)
+            else:
+                kwargs["callbacks"] = with_recorder(kwargs.get("callbacks"), callback_base,
+                                                    batch_size=size, epoch_only=ps)
+        except Exception as exc:  # noqa: BLE001 - recording must never stop training
+            print(f"tfrun: metrics recording is off for this fit ({exc!r})", file=sys.stderr)
+        if args:
+            return fit_of(self)(x, y, batch_size, *args, **kwargs)
+        if batch_size is not None:  # as the caller passed it: PS routing refuses positionals
+            kwargs["batch_size"] = batch_size
+        return fit_of(self)(x, y, **kwargs)
+
+    fit.__doc__ = getattr(owner.fit, "__doc__", None)
+    fit._tfrun_metrics = True
+    owner.fit = fit
+
+
+def _installed(model) -> bool:
+    return getattr(model.__dict__.get("fit"), "_tfrun_metrics", False)
+
+
+def _install_keras3(keras) -> None:
+    model = keras.Model
+    if not str(getattr(keras, "__version__", "")).startswith("3.") or _installed(model):
+        return
+    _wrap_fit(model, lambda self: super(model, self).fit, keras.callbacks.Callback)
+
+
+def _install_tf_keras(tf_keras) -> None:
+    model = tf_keras.Model
+    if _installed(model):
+        return
+    original = model.fit
+    _wrap_fit(model, lambda self: original.__get__(self), tf_keras.callbacks.Callback)
+
+
+def install() -> None:
+    """Record every ``fit`` in this process (the bootstrap calls this; idempotent)."""
+    if not enabled():
+        return
+    when_imported("keras", _install_keras3)
+    when_imported("tf_keras", _install_tf_keras)

@@ -1,0 +1,218 @@
+"""tfrun.metrics (task side) and the launcher's side of the records (TaskLogger, runstats,
+tfrun bench's argument split). Pure: no TensorFlow process; Keras callbacks are driven by hand."""
+
+import io
+import json
+
+import pytest
+
+from tfrun import metrics
+from tfrun._markers import METRICS
+from tfrun.errors import ConfigError
+from tfrun.launch.bench import parse_bench_argv, parse_sizes, scaling_note
+from tfrun.launch.logs import ConsoleSink, TaskLogger
+from tfrun.launch.runstats import compare, format_table, read_run
+
+
+@pytest.fixture
+def recording(monkeypatch, tmp_path):
+    monkeypatch.setenv("TFRUN_RUN_DIR", str(tmp_path))
+    monkeypatch.delenv("TFRUN_METRICS", raising=False)
+
+
+def records(text: str) -> list[dict]:
+    return [json.loads(line[len(METRICS):]) for line in text.splitlines() if line.startswith(METRICS)]
+
+
+class FakeCallback:  # the shape of keras.callbacks.Callback that the recorder relies on
+    def __init__(self):
+        self.params = {}
+
+
+def test_log_metrics_prints_one_record_under_tfrun_and_nothing_outside(recording, capsys, monkeypatch):
+    metrics.log_metrics(step=7, loss=0.5, note="text", nan=float("nan"))
+    [record] = records(capsys.readouterr().out)
+    assert record["event"] == "log" and record["step"] == 7 and record["values"] == {"loss": 0.5}
+    monkeypatch.setenv("TFRUN_METRICS", "0")
+    metrics.log_metrics(loss=1.0)
+    monkeypatch.delenv("TFRUN_METRICS")
+    monkeypatch.delenv("TFRUN_RUN_DIR")
+    metrics.log_metrics(loss=1.0)
+    assert capsys.readouterr().out == ""
+
+
+def test_the_recorder_times_epochs_and_prints_each_at_the_next_clean_point(recording, capsys):
+    [recorder] = metrics.with_recorder(None, FakeCallback, batch_size=64)
+    recorder.params = {"steps": 4}
+    recorder.on_train_begin()
+    recorder.on_epoch_begin(0)
+    for batch in range(4):
+        recorder.on_train_batch_end(batch)
+    recorder.on_epoch_end(0, {"loss": 0.75, "accuracy": 0.5})
+    # Not yet: Keras' progress bar ends its line after the callbacks' on_epoch_end.
+    assert records(capsys.readouterr().out) == []
+    recorder.on_epoch_begin(1)
+    [first] = records(capsys.readouterr().out)
+    recorder.on_train_batch_end(0)
+    recorder.on_epoch_end(1, {"loss": 0.5})
+    recorder.on_train_end()
+    [second] = records(capsys.readouterr().out)
+    assert first["event"] == "epoch" and first["epoch"] == 1 and first["steps"] == 4
+    assert first["logs"] == {"loss": 0.75, "accuracy": 0.5} and first["batch_size"] == 64
+    assert first["steps_per_s"] > 0 and first["steady_steps_per_s"] > 0
+    assert first["samples_per_s"] == pytest.approx(first["steady_steps_per_s"] * 64, rel=0.01)
+    assert first["first_step_s"] > 0 and "first_step_s" not in second
+    # One batch: no steady rate; the epoch's own rate stands in for samples/s.
+    assert second["epoch"] == 2 and second["steady_steps_per_s"] is None
+    assert second["samples_per_s"] == pytest.approx(second["steps_per_s"] * 64, rel=0.01)
+
+
+def test_an_epoch_only_recorder_has_no_batch_hook_and_counts_the_fit_steps(recording, capsys):
+    [recorder] = metrics.with_recorder([], FakeCallback, epoch_only=True)
+    assert "on_train_batch_end" not in type(recorder).__dict__  # PS: tf_keras refuses batch hooks
+    recorder.params = {"steps": 40}
+    recorder.on_train_begin()
+    recorder.on_epoch_begin(0)
+    recorder.on_epoch_end(0, {"loss": 1.0})
+    recorder.on_train_end()
+    [record] = records(capsys.readouterr().out)
+    assert record["steps"] == 40 and record["batch_size"] is None and record["samples_per_s"] is None
+
+
+def test_with_recorder_adds_one_recorder_last_and_none_when_off(recording, monkeypatch):
+    user = FakeCallback()
+    once = metrics.with_recorder([user], FakeCallback)
+    assert once[0] is user and len(once) == 2
+    assert metrics.with_recorder(once, FakeCallback) == once  # tfrun.fit inside model.fit
+    monkeypatch.setenv("TFRUN_METRICS", "0")
+    assert metrics.with_recorder([user], FakeCallback) == [user]
+
+
+def test_batch_size_of_arrays_and_unknowns():
+    import numpy as np
+
+    assert metrics.batch_size_of(np.zeros((10, 3)), 16) == 16
+    assert metrics.batch_size_of(np.zeros((10, 3))) == 32  # Keras' default
+    assert metrics.batch_size_of([np.zeros((10, 3)), np.zeros((10, 1))], 8) == 8
+    assert metrics.batch_size_of(lambda ctx: None) is None
+
+
+def test_batch_size_of_datasets_walks_back_to_the_batch():
+    tf = pytest.importorskip("tensorflow")
+    data = tf.data.Dataset.range(100)
+    assert metrics.batch_size_of(data.batch(24).map(lambda x: x * 2).prefetch(2).repeat()) == 24
+    assert metrics.batch_size_of(data.batch(10, drop_remainder=True)) == 10
+    assert metrics.batch_size_of(data) is None  # not batched: no batch size to report
+
+
+def logger_with(tmp_path, out):
+    return TaskLogger("worker:0", 0, tmp_path / "logs" / "worker-0.log",
+                      ConsoleSink(out, color=False, live=False),
+                      metrics_path=tmp_path / "metrics" / "worker-0.jsonl")
+
+
+def test_the_task_logger_moves_records_to_the_metrics_file_and_off_the_console(tmp_path):
+    out = io.StringIO()
+    logger = logger_with(tmp_path, out)
+    record = {"event": "epoch", "epoch": 1, "logs": {"loss": 0.5}}
+    stream = io.BytesIO(b"Epoch 1/1\n" + f"{METRICS}{json.dumps(record)}\n".encode()
+                        # a record printed while a progress line was still open
+                        + f"\r 3/8 loss: 0.9{METRICS}{json.dumps({'event': 'log'})}\n".encode()
+                        + f"{METRICS}not json\n".encode() + b"done\n")
+    logger.pump(stream).join(5)
+    assert out.getvalue().splitlines() == ["[worker:0] Epoch 1/1", "[worker:0]  3/8 loss: 0.9",
+                                           f"[worker:0] {METRICS}not json", "[worker:0] done"]
+    saved = [json.loads(l) for l in (tmp_path / "metrics" / "worker-0.jsonl").read_text().splitlines()]
+    assert saved == [{"task": "worker:0", **record}, {"task": "worker:0", "event": "log"}]
+    assert logger.last_epoch == {"task": "worker:0", **record}
+    assert METRICS in (tmp_path / "logs" / "worker-0.log").read_text()  # the log keeps every line
+
+
+# --------------------------------------------------------------------------- runstats
+
+
+def fake_run(root, name, *, workers, batch, rates, status="succeeded", seconds=10.0):
+    run = root / name
+    (run / "metrics").mkdir(parents=True)
+    tasks = [{"task": f"worker:{i}", "role": "worker", "index": i} for i in range(workers)]
+    (run / "summary.json").write_text(json.dumps({"status": status, "started_at": 100.0,
+                                                  "ended_at": 100.0 + seconds, "tasks": tasks}))
+    lines = [json.dumps({"task": "worker:0", "event": "epoch", "epoch": i + 1, "batch_size": batch,
+                         "steady_steps_per_s": r, "steps_per_s": r / 2, "logs": {"loss": 1.0 / (i + 1)},
+                         **({"first_step_s": 3.5} if i == 0 else {})})
+             for i, r in enumerate(rates)]
+    (run / "metrics" / "worker-0.jsonl").write_text("\n".join(lines) + "\n{cut")
+    (run / "metrics" / "worker-1.jsonl").write_text("")
+    return run
+
+
+def test_read_run_takes_worker_0_and_leaves_the_first_epoch_out(tmp_path):
+    stats = read_run(fake_run(tmp_path, "a", workers=2, batch=64, rates=[1.0, 10.0, 12.0, 11.0]))
+    assert (stats.workers, stats.seconds, stats.first_step_s, stats.epochs) == (2, 10.0, 3.5, 4)
+    assert stats.steps_per_s == 11.0 and stats.samples_per_s == 704.0 and stats.batch_size == 64
+    assert stats.final == {"loss": 0.25} and stats.task == "worker:0"
+
+
+def test_compare_gives_speedup_and_efficiency_against_the_first_run(tmp_path):
+    one = read_run(fake_run(tmp_path, "one", workers=1, batch=32, rates=[10.0, 10.0]))
+    two = read_run(fake_run(tmp_path, "two", workers=2, batch=64, rates=[8.0, 8.0]))
+    rows = compare([one, two])
+    assert rows[1]["speedup"] == 1.6 and rows[1]["efficiency"] == 0.8
+    assert rows[1]["speedup_by"] == "samples_per_s" and rows[0]["speedup"] == 1.0
+    table = format_table(rows).splitlines()
+    assert table[0].split()[:3] == ["run", "workers", "status"] and len(table) == 3
+    assert "1.60" in table[2] and "0.80" in table[2]
+
+
+def test_a_run_without_metrics_still_compares_by_time_fields(tmp_path):
+    run = tmp_path / "bare"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"status": "failed", "tasks": []}))
+    stats = read_run(run)
+    assert stats.steps_per_s is None and stats.epochs == 0
+    assert "-" in format_table(compare([stats]))
+
+
+def test_read_run_of_a_directory_that_is_not_a_run_says_so(tmp_path):
+    with pytest.raises(ConfigError, match="is not a finished tfrun run") as info:
+        read_run(tmp_path)
+    assert str(tmp_path) in str(info.value)
+
+
+# --------------------------------------------------------------------------- tfrun bench
+
+
+def test_bench_takes_its_own_flags_anywhere_and_leaves_the_rest_to_tfrun():
+    plan = parse_bench_argv(["--chief", "--max-restarts", "2", "train.py", "--epochs", "3",
+                             "--workers", "1,2", "--strong", "--", "--workers", "9"])
+    assert plan.sizes == (1, 2) and plan.strong and plan.model is None
+    assert plan.launch_argv == ("--chief", "--max-restarts", "2", "train.py", "--epochs", "3",
+                                "--workers", "9")  # after --: the script's own --workers
+
+
+def test_bench_model_runs_the_built_in_module():
+    plan = parse_bench_argv(["--model", "cnn", "--devices", "2", "--", "--steps", "5"])
+    assert plan.launch_argv == ("--devices", "2", "-m", "tfrun._bench_model", "--model", "cnn",
+                                "--steps", "5")
+    assert plan.sizes == (1, 2)  # the default
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train.py", "--workers", "1,1"], "is not a new size"),
+    (["train.py", "--workers", "0,2"], "is not a new size"),
+    (["train.py", "--workers"], "needs a value"),
+    (["--model", "resnet"], "is not a built-in model"),
+    (["--model", "mlp", "train.py"], "both --model and a script"),
+    ([], "needs a script"),
+    (["--run-dir", "x", "train.py"], "--run-dir cannot be used here"),
+    (["--hosts", "a,b", "train.py"], "--hosts cannot be used here"),
+])
+def test_bench_refuses_bad_arguments_by_name(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_bench_argv(argv)
+
+
+def test_sizes_and_scaling_note():
+    assert parse_sizes("1,2,4") == (1, 2, 4)
+    assert "strong scaling" in scaling_note([{"batch_size": 64}, {"batch_size": 64}], True)
+    assert "unknown" in scaling_note([{"batch_size": None}, {"batch_size": 64}], False)
