@@ -131,6 +131,7 @@ class _EpochTiming:
     def __init__(self, batch_size: int | None, steps: int | None) -> None:
         self.batch_size = batch_size
         self.steps = steps                       # fit's steps per epoch, when known
+        self.epochs: int | None = None           # fit's epochs, when known
         self.pending: dict | None = None         # the last epoch's record, not yet printed
         self.first_step_done = False
         self._begin = 0.0
@@ -155,7 +156,7 @@ class _EpochTiming:
     def epoch_end(self, epoch: int, logs: dict | None) -> None:
         seconds = time.perf_counter() - self._begin
         steps = self._last[1] + 1 if self._last else self.steps
-        record: dict[str, Any] = {"event": "epoch", "epoch": epoch + 1,
+        record: dict[str, Any] = {"event": "epoch", "epoch": epoch + 1, "epochs": self.epochs,
                                   "seconds": round(seconds, 4), "steps": steps,
                                   "batch_size": self.batch_size, "logs": _numbers(logs or {})}
         rate = steps / seconds if steps and seconds > 0 else None
@@ -196,7 +197,8 @@ def _recorder_class(callback_base, epoch_only: bool):
             self._timing = _EpochTiming(batch_size, None)
 
         def on_train_begin(self, logs=None):
-            self._timing.steps = (getattr(self, "params", None) or {}).get("steps")
+            params = getattr(self, "params", None) or {}
+            self._timing.steps, self._timing.epochs = params.get("steps"), params.get("epochs")
 
         def on_epoch_begin(self, epoch, logs=None):
             self._timing.epoch_begin()

@@ -154,21 +154,47 @@ def test_keras_progress_bars_are_live_and_prefixed_and_continuations_are_hidden(
     updates = [u.split("\r")[0] for u in first_epoch.split("\r\x1b[K")[1:]]
     updates = [u for u in updates if "/128" in u]
     assert len(updates) >= 4, first_epoch[-3000:]
-    assert all(u.startswith("[worker:") and "\b" not in u for u in updates), updates
-    assert any(u.startswith("[worker:0]") for u in updates)
+    assert "\b" not in "".join(updates), updates
+    # Issue 13.2: one progress stream, worker 0's: worker 1 prints the same bar, in its log only.
+    assert all(u.startswith("[worker:0]") for u in updates), updates
     # The epoch's last line stays, prefixed (the bar is not left half-drawn over the prefix).
     lines = out.replace("\r\n", "\n").split("\n")
     final = [l.split("\r\x1b[K")[-1] for l in lines if "128/128" in l]
-    assert final and all(f.startswith("[worker:") for f in final), final
-    # The log files keep the tasks' bytes as written.
+    assert final and all(f.startswith("[worker:0]") for f in final), final
+    epochs = [l.split("\r\x1b[K")[-1] for l in lines if "Epoch " in l and "/2" in l]
+    assert sorted(set(epochs)) == ["[worker:0] Epoch 1/2", "[worker:0] Epoch 2/2"], epochs
+    # ... and a status line under it, redrawn about once a second.
+    status = [s for s in out.split("\r\x1b[K") if s.startswith("tfrun: ") and "tasks up" in s]
+    assert status and any(s.startswith("tfrun: 2/2 tasks up") for s in status), out[-3000:]
+    assert any("epoch 1/2 done" in s and "steps/s" in s for s in status), status
+    # The log files keep the tasks' bytes as written, worker 1's bar included.
     logged = b"".join(p.read_bytes() for p in (tmp_path / "run" / "logs").glob("*.log"))
     assert b"\r" in logged and b"\x08" in logged
+    assert b"128/128" in (tmp_path / "run" / "logs" / "worker-1.log").read_bytes()
+    # Both workers' epochs are in the run dir.
+    for worker in (0, 1):
+        recorded = (tmp_path / "run" / "metrics" / f"worker-{worker}.jsonl").read_text().splitlines()
+        assert [json.loads(r)["epoch"] for r in recorded] == [1, 2]
     # 12.9: a continuation of TensorFlow's "Example stragglers:" log line (worker:0 waiting
     # for worker:1; whether it waits is up to timing) is in the log but not on the console.
     straggler = [l for l in lines if "/job:worker/replica:0/task:" in l and "]" in l[:12]]
     assert not straggler, straggler
     if b"Example stragglers:\n/job:worker/replica:0/task:1\n" not in logged:
         print("note: worker:0 never waited for worker:1 this time")
+
+
+def test_without_a_terminal_one_progress_stream_and_show_all_gives_both(tmp_path):
+    """13.2: piped output (no TTY): no status line, plain lines; worker 1's "Epoch" and step
+    lines only with --show all."""
+    default = Run(tmp_path, ["--workers", "2", script("progress_fit.py")], name="default")
+    assert default.run(300) == 0, default.stdout[-4000:]
+    shown = Run(tmp_path, ["--show", "all", "--workers", "2", script("progress_fit.py")], name="all")
+    assert shown.run(300) == 0, shown.stdout[-4000:]
+    for run, tasks in ((default, {"worker:0"}), (shown, {"worker:0", "worker:1"})):
+        ends = {l.split("]")[0][1:] for l in run.stdout.splitlines() if "128/128" in l}
+        starts = {l.split("]")[0][1:] for l in run.stdout.splitlines() if l.endswith("Epoch 1/2")}
+        assert ends == tasks and starts == tasks, run.stdout[-3000:]
+    assert "tasks up" not in default.stdout and "\x1b" not in default.stdout
 
 
 # --------------------------------------------------------------------------- 12.7

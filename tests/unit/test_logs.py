@@ -237,3 +237,34 @@ def test_replaced_device_count_reads_the_task_warning():
             "replacing tfrun --devices 2: this task runs with 3.")
     assert replaced_device_count(line) == 3
     assert replaced_device_count("Epoch 3 logical CPU device(s)") is None
+
+
+def test_live_console_keeps_a_status_line_under_the_bar_and_erases_both():
+    out = io.StringIO()
+    sink = ConsoleSink(out, color=False, live=True)
+    sink.set_status("tfrun: 2/2 tasks up")
+    sink.task_progress("worker:0", 0, " 1/8")
+    sink.task_line("worker:0", 0, " 8/8 done")
+    sink.end_progress()
+    assert out.getvalue() == ("\r\x1b[Ktfrun: 2/2 tasks up"
+                              "\r\x1b[K\r\x1b[K[worker:0]  1/8\ntfrun: 2/2 tasks up"
+                              "\r\x1b[K\x1b[1A\r\x1b[K[worker:0]  8/8 done\n"
+                              "\r\x1b[Ktfrun: 2/2 tasks up"
+                              "\r\x1b[K")
+    piped = ConsoleSink(io.StringIO(), color=False)
+    piped.set_status("tfrun: 1/1 tasks up")  # no terminal: no status line
+    assert piped.stream.getvalue() == ""
+
+
+def test_with_a_lead_only_its_keras_progress_is_shown():
+    out = io.StringIO()
+    sink = ConsoleSink(out, color=False, live=True, lead="worker:0")
+    for task in ("worker:0", "worker:1", "evaluator:0"):
+        sink.task_progress(task, 0, " 1/8")
+        sink.task_line(task, 0, "Epoch 1/2")
+        sink.task_line(task, 0, " 8/8 ━━━━━━━━━━ 0s 3ms/step - loss: 0.5")
+        sink.task_line(task, 0, f"{task} says hello")
+    shown = [l.split("\r\x1b[K")[-1] for l in out.getvalue().split("\n")]
+    assert "[worker:1] worker:1 says hello" in shown
+    assert not any(l.startswith("[worker:1]") and "hello" not in l for l in shown), shown
+    assert "[worker:0] Epoch 1/2" in shown and "[evaluator:0] Epoch 1/2" in shown

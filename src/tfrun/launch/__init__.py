@@ -33,7 +33,7 @@ from .backends.base import Backend
 from .backends.local import LocalBackend
 from .config import LaunchConfig
 from .devices import describe_shares, share_devices, visible_gpus
-from .logs import ConsoleSink, parse_task_filter
+from .logs import LEAD_AUTO, ConsoleSink, parse_task_filter
 from .netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from .ports import PortReservation, hold_port
 from .redact import redact_args
@@ -329,8 +329,11 @@ def _check_show(config: LaunchConfig, plan: ClusterPlan) -> None:
 
 
 def _console(config: LaunchConfig) -> ConsoleSink:
+    # Without --show, one task's Keras progress is shown (the supervisor picks it, see
+    # Supervisor.lead_task); --show all (or a task list) shows every task's.
     return ConsoleSink(color=config.color, show=parse_task_filter(config.show),
-                       quiet=config.quiet_tasks, tf_noise=config.tf_noise)
+                       quiet=config.quiet_tasks, tf_noise=config.tf_noise,
+                       lead=LEAD_AUTO if config.show is None else None)
 
 
 def _rank_arg(config: LaunchConfig) -> int | None:

@@ -22,8 +22,8 @@ from typing import IO, Callable, Iterable
 
 from .._markers import DEVICES_REPLACED, METRICS
 
-__all__ = ["ConsoleSink", "NoiseFilter", "OutputSplitter", "TaskLogger", "describe_write_error",
-           "is_tf_noise", "last_traceback", "parse_task_filter", "read_chunks",
+__all__ = ["LEAD_AUTO", "ConsoleSink", "NoiseFilter", "OutputSplitter", "TaskLogger", "describe_write_error",
+           "is_keras_progress", "is_tf_noise", "last_traceback", "parse_task_filter", "read_chunks",
            "replaced_device_count", "strip_ansi"]
 
 _NOISE_PATTERNS = [
@@ -205,18 +205,45 @@ def parse_task_filter(text: str | None) -> frozenset[str] | None:
     return frozenset(part.strip() for part in text.split(",") if part.strip())
 
 
+#: Keras' own progress output: "Epoch 2/5", and the step lines of verbose=1 and 2, in
+#: Keras 3 (" 8/8 ━━━━ 0s 16ms/step - loss: ...", "8/8 - 0s - 16ms/step - ...") and tf_keras
+#: ("8/8 [=====] - 0s 16ms/step - ...", "8/Unknown - ...").
+_KERAS_PROGRESS = re.compile(r"^\s*(Epoch \d+/\d+\s*$|\d+/(\d+|Unknown)\s+(━|\[|-\s))")
+
+
+def is_keras_progress(line: str) -> bool:
+    """True for a line of Keras' own progress output (see ``_KERAS_PROGRESS``).
+
+    >>> [is_keras_progress(l) for l in ["Epoch 1/3", " 8/8 ━━━━━━ 0s 2ms/step - loss: 0.5",
+    ...  "8/8 [======] - 0s 2ms/step", "8/8 - 0s - 2ms/step - loss: 0.5", "epoch 1 done"]]
+    [True, True, True, True, False]
+    """
+    return bool(_KERAS_PROGRESS.match(strip_ansi(line)))
+
+
+#: ``ConsoleSink(lead=LEAD_AUTO)``: the supervisor names the lead task (chief, else worker 0).
+LEAD_AUTO = "auto"
+
+
 class ConsoleSink:
     r"""Writes prefixed lines to one stream from many threads, whole lines at a time.
 
-    On a live terminal (``live``, default: the stream is a TTY) a task's progress updates
-    (Keras' ``verbose=1`` bar) are drawn on one status line at the bottom, prefixed, and
-    redrawn after every other line; without one they are left out (the line that ends
-    the bar still comes). Without colour, terminal escapes are stripped from task lines.
+    On a live terminal (``live``, default: the stream is a TTY) the bottom of the screen
+    holds a redrawn region: the newest progress update of a task (Keras' ``verbose=1`` bar,
+    prefixed) and, once the supervisor sets one, a status line (``set_status``). Other lines
+    are written above it. Without a terminal there is no region: progress updates are left
+    out (the line that ends a bar still comes) and so is the status line. Without colour,
+    terminal escapes are stripped from task lines.
+
+    ``lead`` (a task name, e.g. ``worker:0``): only that task's Keras progress -- the
+    "Epoch n/N" lines, step lines and live bars -- is shown; every other task prints the
+    same progress, which stays in its log file. Everything else every task prints is shown.
     """
 
     def __init__(self, stream: IO[str] | None = None, *, color: bool | None = None,
                  show: frozenset[str] | None = None, quiet: bool = False,
-                 tf_noise: bool = False, live: bool | None = None) -> None:
+                 tf_noise: bool = False, live: bool | None = None,
+                 lead: str | None = None) -> None:
         self.stream = stream or sys.stdout
         tty = self.stream.isatty()
         self.color = tty if color is None else color
@@ -224,9 +251,11 @@ class ConsoleSink:
         self.show = show
         self.quiet = quiet
         self.tf_noise = tf_noise
+        self.lead = lead
         self._lock = threading.Lock()
         self._progress: dict[str, str] = {}   # task -> its newest rendered update
-        self._drawn = False                   # a progress line is on screen, unterminated
+        self._status: str | None = None       # the supervisor's status line (live only)
+        self._drawn = 0                       # lines of the region on screen (cursor on its last)
 
     def visible(self, task: str) -> bool:
         if self.quiet:
@@ -234,6 +263,11 @@ class ConsoleSink:
         if self.show is None:
             return True
         return task in self.show or task.split(":")[0] in self.show
+
+    def _follows_lead(self, task: str) -> bool:
+        # Only the synchronous trainers print the same progress; an evaluator's is its own.
+        return self.lead is None or task == self.lead or \
+            task.split(":")[0] not in ("chief", "worker")
 
     def _prefix(self, task: str, color_index: int) -> str:
         prefix = f"[{task}]"
@@ -249,13 +283,15 @@ class ConsoleSink:
             self._progress.pop(task, None)  # the line ends (or replaces) the task's bar
         if not self.visible(task) or (noise and not self.tf_noise):
             return
+        if not self._follows_lead(task) and is_keras_progress(line):
+            return
         if not self.color:
             line = strip_ansi(line)
         self.write(f"{self._prefix(task, color_index)} {line}")
 
     def task_progress(self, task: str, color_index: int, text: str) -> None:
         """Redraw ``task``'s live progress line (terminals only)."""
-        if not self.live or not self.visible(task):
+        if not self.live or not self.visible(task) or not self._follows_lead(task):
             return
         if not self.color:
             text = strip_ansi(text)
@@ -263,21 +299,40 @@ class ConsoleSink:
         with self._lock:
             self._progress.pop(task, None)
             self._progress[task] = rendered  # newest last: the one drawn
-            self._draw_progress()
+            self._redraw()
 
-    def _draw_progress(self) -> None:
+    def set_status(self, text: str | None) -> None:
+        """The status line at the bottom of a live terminal (None removes it)."""
+        if not self.live:
+            return
+        with self._lock:
+            if text == self._status:
+                return
+            self._status = text
+            self._redraw()
+
+    def _region(self) -> list[str]:
+        lines = []
+        if self._progress:
+            lines.append(next(reversed(self._progress.values())))
+        if self._status:
+            lines.append(("\x1b[2m" + self._status + "\x1b[0m") if self.color else self._status)
+        width = shutil.get_terminal_size((120, 24)).columns - 1
+        # A wrapped line could not be erased: cut each to the terminal's width.
+        return [strip_ansi(l)[:width] if len(strip_ansi(l)) > width else l for l in lines]
+
+    def _erase(self) -> None:
+        if self._drawn:
+            self.stream.write("\r\x1b[K" + "\x1b[1A\r\x1b[K" * (self._drawn - 1))
+        self._drawn = 0
+
+    def _redraw(self) -> None:
         try:
-            if not self._progress:
-                if self._drawn:
-                    self.stream.write("\r\x1b[K")
-                self._drawn = False
-            else:
-                rendered = next(reversed(self._progress.values()))
-                width = shutil.get_terminal_size((120, 24)).columns - 1
-                if len(strip_ansi(rendered)) > width:  # a wrapped line cannot be redrawn
-                    rendered = strip_ansi(rendered)[:width]
-                self.stream.write("\r\x1b[K" + rendered)
-                self._drawn = True
+            self._erase()
+            region = self._region()
+            if region:
+                self.stream.write("\r\x1b[K" + "\n".join(region))
+                self._drawn = len(region)
             self.stream.flush()
         except (OSError, ValueError):
             pass
@@ -291,21 +346,22 @@ class ConsoleSink:
     def write(self, text: str) -> None:
         with self._lock:
             try:
-                if self._drawn:  # the line goes above the progress line, which is redrawn
-                    self.stream.write("\r\x1b[K")
-                    self._drawn = False
+                if self._drawn:  # the line goes above the region, which is redrawn
+                    self._erase()
                 self.stream.write(text.rstrip("\n") + "\n")
                 self.stream.flush()
             except (OSError, ValueError):  # closed, broken pipe, disk full: keep going
                 pass
-            if self._progress:
-                self._draw_progress()
+            if self._progress or self._status:
+                self._redraw()
 
     def end_progress(self) -> None:
-        """Forget every progress line (the run is over: the summary follows)."""
+        """Forget every progress line and the status line (the run is over: the summary
+        follows)."""
         with self._lock:
             self._progress.clear()
-            self._draw_progress()
+            self._status = None
+            self._redraw()
 
 
 _DEVICES_REPLACED = re.compile(re.escape(DEVICES_REPLACED) + r"(\d+) logical CPU")

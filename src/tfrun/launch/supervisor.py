@@ -27,7 +27,7 @@ from .backends.base import Backend, TaskHandle, TaskSpec
 from .config import LaunchConfig
 from .._markers import TF_CONFIG_REPLACED
 from .diagnose import TAIL_BYTES, culprits
-from .logs import ConsoleSink, TaskLogger, describe_write_error, last_traceback
+from .logs import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
 from .rendezvous import JoinProbe
 
@@ -140,9 +140,41 @@ class Supervisor:
         self._probe: JoinProbe | None = None
         self._start_time = time.time()
         self._storage_error: str | None = None  # the run dir could not be written
+        if console.lead == LEAD_AUTO:
+            console.lead = self.lead_task()
+        self._status_at = 0.0
 
     def _backend(self, record: TaskRecord) -> Backend:
         return self.backends[record.task]
+
+    def lead_task(self) -> str:
+        """The task whose training output speaks for the run: the chief, else worker 0."""
+        names = [str(r.task) for r in self.records]
+        return next((n for n in ("chief:0", "worker:0") if n in names), names[0])
+
+    def status_line(self) -> str:
+        """``tfrun: 2/2 tasks up · epoch 3/15 · 142 steps/s · 0 restarts · 0:12``."""
+        up = sum(r.state == TaskState.RUNNING for r in self.records)
+        parts = [f"{up}/{len(self.records)} tasks up"]
+        lead = next((r for r in self.records if str(r.task) == self.console.lead), None)
+        epoch = lead.logger.last_epoch if lead is not None else None
+        if epoch:
+            total = f"/{epoch['epochs']}" if epoch.get("epochs") else ""
+            parts.append(f"epoch {epoch.get('epoch')}{total} done")
+            rate = epoch.get("steady_steps_per_s") or epoch.get("steps_per_s")
+            if rate:
+                parts.append(f"{rate:,.1f} steps/s")
+        restarts = self.restarts + sum(r.task_restarts for r in self.records)
+        parts.append(f"{restarts} restart{'s' if restarts != 1 else ''}")
+        elapsed = int(time.time() - self._start_time)
+        parts.append(f"{elapsed // 60}:{elapsed % 60:02d}")
+        return "tfrun: " + " · ".join(parts)
+
+    def _tick_status(self) -> None:
+        now = time.monotonic()
+        if self.console.live and now - self._status_at >= 1.0:
+            self._status_at = now
+            self.console.set_status(self.status_line())
 
     def _distinct_backends(self) -> list[Backend]:
         out: list[Backend] = []
@@ -328,6 +360,7 @@ class Supervisor:
                 hung = self._hung_task(watched_since)
                 if hung is not None:
                     return self._hang_timeout(hung)
+            self._tick_status()
             time.sleep(_POLL_SECONDS)
 
     def _on_exit(self, record: TaskRecord, code: int) -> Decision:
