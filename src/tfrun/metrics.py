@@ -16,6 +16,10 @@ whatever backend started the task. The task's log file keeps them (it keeps ever
 Records are printed only at clean points -- the start of the next epoch, the end of
 training -- never in the middle of Keras' redrawn progress line.
 
+Every few seconds (``TFRUN_METRICS_INTERVAL``, default 5) a daemon thread also records the
+CPU and memory of the task's whole process tree (psutil), through the same lines: sampled
+where the task runs, so it works for remote tasks too.
+
 ``TFRUN_METRICS=0`` switches the recording off (``benchmarks/bench_recording.py`` measures
 its cost that way). Outside tfrun nothing is installed, and ``log_metrics`` prints nothing.
 """
@@ -32,7 +36,8 @@ from typing import Any
 from ._markers import METRICS
 from ._post_import import when_imported
 
-__all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder"]
+__all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder",
+           "sample_resources"]
 
 
 def enabled() -> bool:
@@ -285,9 +290,59 @@ def _install_tf_keras(tf_keras) -> None:
     _wrap_fit(model, lambda self: original.__get__(self), tf_keras.callbacks.Callback)
 
 
+def sample_resources(process=None) -> dict:
+    """CPU (percent of one core, since the last call) and memory of this task's whole
+    process tree: the task and every child it started (a data loader, a compiler...)."""
+    import psutil
+
+    process = process or psutil.Process()
+    cpu = rss = 0.0
+    threads = 0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            with member.oneshot():
+                cpu += member.cpu_percent(None)
+                rss += member.memory_info().rss
+                threads += member.num_threads()
+        except psutil.Error:  # a child that just exited
+            continue
+    return {"event": "resources", "cpu_percent": round(cpu, 1), "rss_mb": round(rss / 2**20, 1),
+            "threads": threads}
+
+
+_sampler: list = []
+
+
+def _start_resource_sampler(interval: float) -> None:
+    """A daemon thread that records ``sample_resources()`` every ``interval`` seconds."""
+    import threading
+
+    import psutil
+
+    process = psutil.Process()
+
+    def sample() -> None:
+        sample_resources(process)  # cpu_percent's first call only starts its clock
+        while True:
+            time.sleep(interval)
+            try:
+                _emit(sample_resources(process))
+            except Exception:  # noqa: BLE001 - never disturb the task for a sample
+                return
+
+    thread = threading.Thread(target=sample, daemon=True, name="tfrun-resources")
+    thread.start()
+    _sampler.append(thread)
+
+
 def install() -> None:
-    """Record every ``fit`` in this process (the bootstrap calls this; idempotent)."""
+    """Record every ``fit`` in this process, and sample its CPU and memory every
+    ``TFRUN_METRICS_INTERVAL`` seconds (default 5; 0: no sampling). The bootstrap calls
+    this; idempotent."""
     if not enabled():
         return
     when_imported("keras", _install_keras3)
     when_imported("tf_keras", _install_tf_keras)
+    interval = _number(os.environ.get("TFRUN_METRICS_INTERVAL", "5"))
+    if interval and interval > 0 and not _sampler:
+        _start_resource_sampler(interval)

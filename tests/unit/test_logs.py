@@ -268,3 +268,14 @@ def test_with_a_lead_only_its_keras_progress_is_shown():
     assert "[worker:1] worker:1 says hello" in shown
     assert not any(l.startswith("[worker:1]") and "hello" not in l for l in shown), shown
     assert "[worker:0] Epoch 1/2" in shown and "[evaluator:0] Epoch 1/2" in shown
+
+
+def test_splitter_takes_a_record_out_even_when_it_arrives_in_pieces():
+    splitter = OutputSplitter()
+    record = b'tfrun:metrics {"event": "resources", "rss_mb": 12.5}\n'
+    events = []
+    for piece in (b"\r 1/8", record[:10], record[10:30], record[30:], b"\r 2/8", b"\n"):
+        events += splitter.feed(piece)
+    assert ("metrics", '{"event": "resources", "rss_mb": 12.5}') in events
+    assert [e for e in events if e[0] == "line"] == [("line", " 2/8")]
+    assert all("tfrun:metrics" not in text for kind, text in events if kind != "metrics")

@@ -115,17 +115,20 @@ def test_the_task_logger_moves_records_to_the_metrics_file_and_off_the_console(t
     out = io.StringIO()
     logger = logger_with(tmp_path, out)
     record = {"event": "epoch", "epoch": 1, "logs": {"loss": 0.5}}
-    stream = io.BytesIO(b"Epoch 1/1\n" + f"{METRICS}{json.dumps(record)}\n".encode()
-                        # a record printed while a progress line was still open
-                        + f"\r 3/8 loss: 0.9{METRICS}{json.dumps({'event': 'log'})}\n".encode()
-                        + f"{METRICS}not json\n".encode() + b"done\n")
-    logger.pump(stream).join(5)
-    assert out.getvalue().splitlines() == ["[worker:0] Epoch 1/1", "[worker:0]  3/8 loss: 0.9",
-                                           f"[worker:0] {METRICS}not json", "[worker:0] done"]
+    resources = {"event": "resources", "cpu_percent": 150.0}
+    chunks = [b"Epoch 1/1\n" + f"{METRICS}{json.dumps(record)}\n".encode(),
+              # a sampler thread's record in the middle of a progress line, cut in two reads
+              b"\r 3/8 loss: 0.9" + f"{METRICS}{json.dumps(resources)}"[:20].encode(),
+              f"{METRICS}{json.dumps(resources)}"[20:].encode() + b"\n\r 8/8 loss: 0.5\n",
+              f"{METRICS}not json\n".encode() + b"done\n"]
+    logger.pump(io.BufferedReader(io.BytesIO(b"".join(chunks)), buffer_size=8)).join(5)
+    # The bar's line is intact: the record inside it never reaches the console.
+    assert out.getvalue().splitlines() == ["[worker:0] Epoch 1/1", "[worker:0]  8/8 loss: 0.5",
+                                           "[worker:0] done"]
     saved = [json.loads(l) for l in (tmp_path / "metrics" / "worker-0.jsonl").read_text().splitlines()]
-    assert saved == [{"task": "worker:0", **record}, {"task": "worker:0", "event": "log"}]
+    assert saved == [{"task": "worker:0", **record}, {"task": "worker:0", **resources}]
     assert logger.last_epoch == {"task": "worker:0", **record}
-    assert METRICS in (tmp_path / "logs" / "worker-0.log").read_text()  # the log keeps every line
+    assert METRICS in (tmp_path / "logs" / "worker-0.log").read_text()  # the log keeps every byte
 
 
 # --------------------------------------------------------------------------- runstats
@@ -216,3 +219,21 @@ def test_sizes_and_scaling_note():
     assert parse_sizes("1,2,4") == (1, 2, 4)
     assert "strong scaling" in scaling_note([{"batch_size": 64}, {"batch_size": 64}], True)
     assert "unknown" in scaling_note([{"batch_size": None}, {"batch_size": 64}], False)
+
+
+def test_sample_resources_covers_the_whole_process_tree():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "x = bytearray(64 << 20); import time; time.sleep(30)"])
+    try:
+        import time
+
+        time.sleep(1.0)
+        alone = metrics.sample_resources(__import__("psutil").Process(child.pid))
+        tree = metrics.sample_resources()
+        assert alone["rss_mb"] >= 64 and tree["rss_mb"] >= alone["rss_mb"]  # child counted
+        assert tree["threads"] >= 2 and tree["event"] == "resources"
+    finally:
+        child.kill()
+        child.wait()

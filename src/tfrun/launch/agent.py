@@ -31,6 +31,7 @@ from .. import __version__
 from ..errors import TfrunError
 from .backends.base import TaskHandle, TaskSpec
 from .backends.local import LocalBackend
+from .._markers import METRICS
 from .logs import ConsoleSink, NoiseFilter, OutputSplitter, read_chunks
 from .protocol import HEARTBEAT_INTERVAL, Channel, ProtocolError
 
@@ -155,6 +156,9 @@ class NodeAgent:
 
         def send(events) -> None:
             for kind, text in events:
+                if kind == "metrics":  # passed on as the task printed it, for the hub's log
+                    self.channel.send("out", id=task_id, line=METRICS + text)
+                    continue
                 if kind == "progress":
                     self.channel.send("out", id=task_id, progress=text)
                     if self.console is not None:

@@ -140,19 +140,24 @@ def _final_text(raw: bytes) -> str:
     return segments[-1] if segments else ""
 
 
+_METRICS = METRICS.encode()
+
+
 class OutputSplitter:
-    r"""Splits a task's raw output into complete lines and live progress updates.
+    r"""Splits a task's raw output into complete lines, live progress updates and metrics.
 
     Keras' progress bar (``verbose=1``) redraws one line with ``\r`` (and ``\b``) and only
     ends it with a newline at the end of the epoch. ``feed`` returns ``("line", text)`` for
-    each complete line (the text a terminal would show) and ``("progress", text)`` for the
-    newest update of a line still being redrawn.
+    each complete line (the text a terminal would show), ``("progress", text)`` for the
+    newest update of a line still being redrawn, and ``("metrics", json)`` for each
+    ``tfrun:metrics {json}`` record, taken out of the stream wherever it stands (a task's
+    sampler thread may print one in the middle of a progress line).
 
     >>> s = OutputSplitter()
     >>> s.feed(b"Epoch 1/2\n\r 1/8 loss: 0.9")
     [('line', 'Epoch 1/2'), ('progress', ' 1/8 loss: 0.9')]
-    >>> s.feed(b"\x08\x08\r 8/8 loss: 0.5\n")
-    [('line', ' 8/8 loss: 0.5')]
+    >>> s.feed(b'tfrun:metrics {"event": "log"}\n\x08\x08\r 8/8 loss: 0.5\n')
+    [('metrics', '{"event": "log"}'), ('line', ' 8/8 loss: 0.5')]
     """
 
     #: A line longer than this (no newline) is passed on as a line anyway.
@@ -164,6 +169,15 @@ class OutputSplitter:
     def feed(self, data: bytes) -> list[tuple[str, str]]:
         events: list[tuple[str, str]] = []
         buffer = self._pending + data
+        held = b""  # a record whose newline has not come yet: kept whole for the next feed
+        while (marker := buffer.find(_METRICS)) >= 0:
+            end = buffer.find(b"\n", marker)
+            if end < 0:
+                buffer, held = buffer[:marker], buffer[marker:]
+                break
+            events.append(("metrics", buffer[marker + len(_METRICS):end].decode(
+                "utf-8", errors="replace")))
+            buffer = buffer[:marker] + buffer[end + 1:]
         start = 0
         while (newline := buffer.find(b"\n", start)) >= 0:
             events.append(("line", _final_text(buffer[start:newline + 1])))
@@ -175,10 +189,10 @@ class OutputSplitter:
             text = _final_text(pending)
             if text:
                 events.append(("progress", text))
-        if len(pending) > self.MAX_PENDING:
-            events.append(("line", _final_text(pending)))
-            pending = b""
-        self._pending = pending
+        if len(pending) + len(held) > self.MAX_PENDING:
+            events.append(("line", _final_text(pending + held)))
+            pending = held = b""
+        self._pending = pending + held
         return events
 
     def close(self) -> list[tuple[str, str]]:
@@ -446,10 +460,9 @@ class TaskLogger:
             if kind == "progress":
                 self.console.task_progress(self.task, self.color_index, text)
                 continue
-            if METRICS in text:
-                text = self._record_metrics(text)
-                if not text.strip():
-                    continue
+            if kind == "metrics":
+                self._record_metrics(text)
+                continue
             with self._recent_lock:
                 self._recent.append(text)
                 self.lines_read += 1
@@ -457,16 +470,14 @@ class TaskLogger:
                 self.devices_in_use = replaced_device_count(text) or self.devices_in_use
             self.console.task_line(self.task, self.color_index, text, noise=noise(text))
 
-    def _record_metrics(self, text: str) -> str:
-        """Write the record in ``text`` to the metrics file; return what came before it
-        (a line the task had not ended when the record was printed)."""
-        before, _, raw = text.partition(METRICS)
+    def _record_metrics(self, raw: str) -> None:
+        """Append one ``tfrun:metrics`` record (JSON) to the task's metrics file."""
         try:
             record = json.loads(raw)
         except ValueError:
-            return text  # not ours after all (or cut): an ordinary line
+            return  # cut short (the task died mid-write): nothing to keep
         if not isinstance(record, dict):
-            return text
+            return
         record = {"task": self.task, **record}
         if record.get("event") == "epoch":
             self.last_epoch = record
@@ -477,7 +488,6 @@ class TaskLogger:
                     out.write(json.dumps(record) + "\n")
             except OSError as exc:
                 self._failed(exc)
-        return before
 
     def _open_log(self) -> IO[bytes] | None:
         try:
