@@ -305,22 +305,34 @@ def _run_k8s(argv: Sequence[str]) -> int:
 
 
 def _run_report(argv: Sequence[str]) -> int:
-    """``tfrun report RUN_DIR [RUN_DIR ...]``: the runs side by side (the first is the
-    baseline of speedup and efficiency)."""
+    """``tfrun report RUN_DIR [RUN_DIR ...]``: one run's report.html (again), or several runs
+    side by side (the first is the baseline of speedup and efficiency)."""
     import json
 
+    from .launch.report import write_comparison, write_report
     from .launch.runstats import compare, format_table, read_run
 
     parser = argparse.ArgumentParser(
-        prog="tfrun report", description="Put finished runs side by side: time, first step, "
-        "throughput, speedup and scaling efficiency against the first run, final metrics.",
-        epilog="example:\n  tfrun report runs/20261122-101500-train runs/20261122-102000-train",
+        prog="tfrun report", description="One run: write its report.html (plots, summary, "
+        "configuration) again. Several runs: print them side by side (time, first step, "
+        "throughput, speedup and scaling efficiency against the first run, final metrics) "
+        "and write the same table as an HTML page.",
+        epilog="examples:\n  tfrun report runs/20261122-101500-train\n"
+               "  tfrun report runs/*-bench-mnist_mlp/workers-1 runs/*-bench-mnist_mlp/workers-2",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--html", default=None, metavar="FILE",
+                        help="where the page goes (one run: RUN_DIR/report.html; several: "
+                             "./tfrun-report.html)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     args = parser.parse_args(argv)
     rows = compare([read_run(path) for path in args.run_dirs])
     print(format_table(rows))
+    if len(args.run_dirs) == 1 and args.html is None:
+        page = write_report(args.run_dirs[0])
+    else:
+        page = write_comparison(args.run_dirs, args.html or "tfrun-report.html")
+    print(f"tfrun: report: {page}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump({"runs": rows}, out, indent=2)

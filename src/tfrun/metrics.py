@@ -16,7 +16,7 @@ whatever backend started the task. The task's log file keeps them (it keeps ever
 Records are printed only at clean points -- the start of the next epoch, the end of
 training -- never in the middle of Keras' redrawn progress line.
 
-Every few seconds (``TFRUN_METRICS_INTERVAL``, default 5) a daemon thread also records the
+Every few seconds (``TFRUN_METRICS_INTERVAL``, default 2) a daemon thread also records the
 CPU and memory of the task's whole process tree (psutil), through the same lines: sampled
 where the task runs, so it works for remote tasks too.
 
@@ -161,9 +161,12 @@ class _EpochTiming:
     def epoch_end(self, epoch: int, logs: dict | None) -> None:
         seconds = time.perf_counter() - self._begin
         steps = self._last[1] + 1 if self._last else self.steps
+        # The logs dict itself: the recorder runs first, and callbacks after it may still add
+        # to it (validation results); it is read when the record is printed.
         record: dict[str, Any] = {"event": "epoch", "epoch": epoch + 1, "epochs": self.epochs,
                                   "seconds": round(seconds, 4), "steps": steps,
-                                  "batch_size": self.batch_size, "logs": _numbers(logs or {})}
+                                  "batch_size": self.batch_size,
+                                  "logs": logs if logs is not None else {}}
         rate = steps / seconds if steps and seconds > 0 else None
         # Steady rate: from the end of the first step to the end of the last, which
         # leaves out tracing and the first step's warm-up.
@@ -182,8 +185,8 @@ class _EpochTiming:
 
     def flush(self) -> None:
         if self.pending is not None:
-            _emit(self.pending)
-            self.pending = None
+            record, self.pending = self.pending, None
+            _emit({**record, "logs": _numbers(record["logs"])})
 
 
 def _recorder_class(callback_base, epoch_only: bool):
@@ -227,15 +230,23 @@ _classes: dict[tuple[int, bool], type] = {}
 
 def with_recorder(callbacks, callback_base, *, batch_size: int | None = None,
                   epoch_only: bool = False) -> list:
-    """``callbacks`` (a list, None or a CallbackList's list) plus a recorder, unless recording
-    is off or one is in it already. The recorder goes last: it sees the final logs."""
+    """``callbacks`` (a list or None) with a recorder in front, unless recording is off or
+    one is in it already. First, so that an epoch is recorded even when a later callback
+    raises at its end; it keeps the epoch's logs dict, so it still sees what later callbacks
+    add to it."""
     callbacks = list(callbacks or ())
     if not enabled() or any(getattr(c, "_tfrun_recorder", False) for c in callbacks):
         return callbacks
     key = (id(callback_base), epoch_only)
     if key not in _classes:
         _classes[key] = _recorder_class(callback_base, epoch_only)
-    return callbacks + [_classes[key](batch_size)]
+    return [_classes[key](batch_size), *callbacks]
+
+
+def _flush_recorders(callbacks) -> None:
+    for callback in callbacks or ():
+        if getattr(callback, "_tfrun_recorder", False):
+            callback._timing.flush()
 
 
 def _is_parameter_server(strategy) -> bool:
@@ -260,11 +271,16 @@ def _wrap_fit(owner, fit_of, callback_base) -> None:
                                                     batch_size=size, epoch_only=ps)
         except Exception as exc:  # noqa: BLE001 - recording must never stop training
             print(f"tfrun: metrics recording is off for this fit ({exc!r})", file=sys.stderr)
-        if args:
-            return fit_of(self)(x, y, batch_size, *args, **kwargs)
-        if batch_size is not None:  # as the caller passed it: PS routing refuses positionals
-            kwargs["batch_size"] = batch_size
-        return fit_of(self)(x, y, **kwargs)
+        try:
+            if args:
+                return fit_of(self)(x, y, batch_size, *args, **kwargs)
+            if batch_size is not None:  # as the caller passed it: PS routing refuses positionals
+                kwargs["batch_size"] = batch_size
+            return fit_of(self)(x, y, **kwargs)
+        except BaseException:
+            # The epochs that ended before the failure are recorded all the same.
+            _flush_recorders(args[2] if len(args) >= 3 else kwargs.get("callbacks"))
+            raise
 
     fit.__doc__ = getattr(owner.fit, "__doc__", None)
     fit._tfrun_metrics = True
@@ -337,12 +353,12 @@ def _start_resource_sampler(interval: float) -> None:
 
 def install() -> None:
     """Record every ``fit`` in this process, and sample its CPU and memory every
-    ``TFRUN_METRICS_INTERVAL`` seconds (default 5; 0: no sampling). The bootstrap calls
+    ``TFRUN_METRICS_INTERVAL`` seconds (default 2; 0: no sampling). The bootstrap calls
     this; idempotent."""
     if not enabled():
         return
     when_imported("keras", _install_keras3)
     when_imported("tf_keras", _install_tf_keras)
-    interval = _number(os.environ.get("TFRUN_METRICS_INTERVAL", "5"))
+    interval = _number(os.environ.get("TFRUN_METRICS_INTERVAL", "2"))
     if interval and interval > 0 and not _sampler:
         _start_resource_sampler(interval)

@@ -360,7 +360,21 @@ def _supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
     result = Supervisor(config, plan, run_dir, backends, console, make_spec).run()
     console.end_progress()  # a bar whose task ended mid-line is not redrawn under the summary
     console.info(describe_result(result, started))
+    _write_report(run_dir, console)
     return result
+
+
+def _write_report(run_dir: Path, console: ConsoleSink) -> None:
+    """The run's report.html; a run never fails for its report (``TFRUN_REPORT=0``: none)."""
+    if os.environ.get("TFRUN_REPORT", "1") == "0" or not (run_dir / "summary.json").exists():
+        return
+    try:
+        from .report import write_report
+
+        console.info(f"report: {write_report(run_dir)}")
+    except Exception as exc:  # noqa: BLE001 - matplotlib missing, disk full, a bad record...
+        console.info(f"report.html not written ({type(exc).__name__}: {exc}); "
+                     f"'tfrun report {run_dir}' tries again")
 
 
 def _run_local(config: LaunchConfig, plan: ClusterPlan, multi: bool, console: ConsoleSink,

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-__all__ = ["RunStats", "read_run", "compare", "format_table", "representative_task"]
+__all__ = ["RunStats", "read_run", "read_metrics", "compare", "format_table", "table_cells",
+           "representative_task"]
 
 
 @dataclass(frozen=True)
@@ -151,16 +152,10 @@ def _cell(value, digits: int = 2) -> str:
     return str(value)
 
 
-def format_table(rows: list[dict], label: str = "run") -> str:
-    """The comparison as an aligned text table (the first row is the baseline).
-
-    >>> print(format_table([{"run_dir": "a", "workers": 1, "status": "succeeded",
-    ...     "seconds": 10.0, "first_step_s": 3.0, "steps_per_s": 5.0, "samples_per_s": 320.0,
-    ...     "speedup": 1.0, "efficiency": 1.0, "final": {"loss": 0.5}}]))
-    run  workers  status     time (s)  first step (s)  steps/s  samples/s  speedup  efficiency    loss
-    a          1  succeeded     10.00            3.00     5.00     320.00     1.00        1.00  0.5000
-    """
-    metric_names = []
+def table_cells(rows: list[dict], label: str = "run") -> list[list[str]]:
+    """The comparison as a header row and one row of text cells per run (up to four of the
+    final metrics as the last columns)."""
+    metric_names: list[str] = []
     for row in rows:
         for name in row.get("final") or {}:
             if name not in metric_names and len(metric_names) < 4:
@@ -176,7 +171,20 @@ def format_table(rows: list[dict], label: str = "run") -> str:
                       _cell(row.get("samples_per_s")), _cell(row.get("speedup")),
                       _cell(row.get("efficiency")),
                       *(_cell(final.get(n), 4) for n in metric_names)])
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    return table
+
+
+def format_table(rows: list[dict], label: str = "run") -> str:
+    """The comparison as an aligned text table (the first row is the baseline).
+
+    >>> print(format_table([{"run_dir": "a", "workers": 1, "status": "succeeded",
+    ...     "seconds": 10.0, "first_step_s": 3.0, "steps_per_s": 5.0, "samples_per_s": 320.0,
+    ...     "speedup": 1.0, "efficiency": 1.0, "final": {"loss": 0.5}}]))
+    run  workers  status     time (s)  first step (s)  steps/s  samples/s  speedup  efficiency    loss
+    a          1  succeeded     10.00            3.00     5.00     320.00     1.00        1.00  0.5000
+    """
+    table = table_cells(rows, label)
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     lines = []
     for r in table:
         cells = [r[0].ljust(widths[0])] + [c.rjust(w) if i != 2 else c.ljust(w)
