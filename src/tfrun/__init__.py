@@ -19,7 +19,7 @@ from .callbacks import backup_and_restore
 from .errors import ClusterTimeout, ConfigError, TaskFailed, TfrunError
 from .evaluator import chief_output_dir, sidecar_evaluate
 from .runtime import (TaskInfo, global_batch_size, is_chief, output_dir, strategy, task,
-                      training_done)
+                      tensorboard_dir, training_done)
 from .metrics import log_metrics
 from .saving import save
 from .train import evaluate, fit
@@ -31,5 +31,5 @@ __all__ = [
     "TfrunError", "ConfigError", "ClusterTimeout", "TaskFailed",
     "TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
     "training_done", "save", "backup_and_restore", "fit", "evaluate", "chief_output_dir",
-    "sidecar_evaluate", "log_metrics",
+    "sidecar_evaluate", "log_metrics", "tensorboard_dir",
 ]

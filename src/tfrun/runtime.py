@@ -28,7 +28,7 @@ from .cluster import TaskConfig, parse_tf_config
 from .errors import ConfigError
 
 __all__ = ["TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
-           "chief_output_dir",
+           "chief_output_dir", "tensorboard_dir",
            "training_done", "configure_logical_devices", "strategy_kind"]
 
 _STRATEGY_KINDS = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
@@ -178,6 +178,21 @@ def output_dir(subdir: str = "") -> str:
             _private_dirs.append(tempfile.mkdtemp(prefix=f"tfrun-{info.role}-{info.index}-"))
             atexit.register(shutil.rmtree, _private_dirs[0], True)
         path = os.path.join(_private_dirs[0], subdir) if subdir else _private_dirs[0]
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def tensorboard_dir() -> str:
+    """Where this task writes TensorBoard logs (``keras.callbacks.TensorBoard(log_dir=...)``).
+
+    The chief gets the run dir's ``tensorboard/`` (``tfrun --tensorboard`` serves it; else
+    ``./tensorboard``); every other task a private directory (``output_dir("tensorboard")``),
+    so that only the chief's events are shown, once.
+    """
+    if not is_chief():
+        return output_dir("tensorboard")
+    run_dir = os.environ.get("TFRUN_RUN_DIR")
+    path = os.path.join(run_dir, "tensorboard") if run_dir else "tensorboard"
     Path(path).mkdir(parents=True, exist_ok=True)
     return path
 

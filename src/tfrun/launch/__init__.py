@@ -42,6 +42,7 @@ from .rendezvous import LOOPBACK_NAMES, distinct_hosts, resolve_node_rank
 from .slurm import apply_slurm, job_description
 from .specs import spec_factory, task_hosts
 from .supervisor import RunResult, Supervisor, describe_result
+from .tensorboard import TensorBoardServer, require_tensorboard
 
 #: More local tasks than this is a typo (each is a TensorFlow process on this machine).
 MAX_LOCAL_TASKS = 256
@@ -290,6 +291,8 @@ def _launch_and_report(config: LaunchConfig, console: ConsoleSink, mode: str,
     started = time.time()
     if mode != "ssh":  # over SSH the script must exist on the hosts: the preflight checks
         _check_entrypoint(config)
+    if config.tensorboard:
+        require_tensorboard()
     plan = _plan(config)
     _check_show(config, plan)
     # A single task needs no cluster: no TF_CONFIG, no ports (a plain local run).
@@ -357,7 +360,12 @@ def _write_config(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi:
 def _supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
                backends: dict[TaskId, Backend], make_spec, console: ConsoleSink,
                started: float) -> RunResult:
-    result = Supervisor(config, plan, run_dir, backends, console, make_spec).run()
+    tensorboard = TensorBoardServer.start(run_dir, console) if config.tensorboard else None
+    try:
+        result = Supervisor(config, plan, run_dir, backends, console, make_spec).run()
+    finally:
+        if tensorboard is not None:
+            tensorboard.stop()
     console.end_progress()  # a bar whose task ended mid-line is not redrawn under the summary
     console.info(describe_result(result, started))
     _write_report(run_dir, console)

@@ -190,6 +190,9 @@ def build_launch_parser() -> argparse.ArgumentParser:
     out.add_argument("--tf-noise", action="store_true", default=False,
                      help="also show TensorFlow start-up noise (oneDNN, CUDA, absl) on the console")
     out.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    out.add_argument("--tensorboard", action="store_true", default=False,
+                     help="serve TensorBoard on the run dir's tensorboard/ (where "
+                          "tfrun.tensorboard_dir() points) on 127.0.0.1 while the run lasts")
     parser.add_argument("target", nargs="?", help=argparse.SUPPRESS)
     parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
@@ -303,6 +306,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         hang_timeout=args.hang_timeout,
         evaluator_grace=args.evaluator_grace, show=args.show, quiet_tasks=args.quiet_tasks,
         tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,
+        tensorboard=args.tensorboard,
         keras=args.keras, devices=args.devices, roles=args.roles, comm=args.comm,
     )
 

@@ -64,6 +64,7 @@ class LaunchConfig:
     show: str | None = None             # "chief,worker:0": console filter
     quiet_tasks: bool = False
     tf_noise: bool = False
+    tensorboard: bool = False           # TensorBoard on <run dir>/tensorboard for the run
     color: bool | None = None           # None: when stdout is a TTY
     strategy: str = "auto"
     keras: str = "3"
