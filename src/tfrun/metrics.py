@@ -199,6 +199,9 @@ def _recorder_class(callback_base, epoch_only: bool):
     class _Recorder(callback_base):
         _tfrun_recorder = True
         _supports_tf_logs = True  # tf_keras: never turn the batch logs into numpy for us
+        # Keras 3: a batch hook that is not async-safe makes fit wait for every step's logs
+        # (measured: 2% fewer steps/s). Ours only reads the clock.
+        async_safe = True
 
         def __init__(self, batch_size: int | None) -> None:
             super().__init__()

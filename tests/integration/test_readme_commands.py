@@ -196,7 +196,11 @@ def test_readme_command_runs_as_written(command, workdir):
     if command.startswith("tfrun report"):
         rows = result.stdout.splitlines()
         assert rows[0].split()[:2] == ["run", "workers"] and "speedup" in rows[0]
-        assert len(rows) == 3 and rows[1].split()[1] == "1" and rows[2].split()[1] == "2"
+        assert len(rows) == 4 and rows[1].split()[1] == "1" and rows[2].split()[1] == "2"
+        # ... and the same table as a page.
+        assert rows[3] == "tfrun: report: tfrun-report.html"
+        page = (workdir / "tfrun-report.html").read_text()
+        assert "speedup" in page and page.count("workers-1") >= 1 and page.count("workers-2") >= 1
     trains = ("train.py" in command or "examples/" in command) and "tfrun config" not in command
     if trains and not command.startswith(("tfrun bench", "tfrun report")):
         # Every training task's epochs are recorded, whatever the Keras flavour or strategy.
