@@ -33,6 +33,7 @@ import sys
 import time
 from typing import Any
 
+from . import breakdown
 from ._markers import METRICS
 from ._post_import import when_imported
 
@@ -139,6 +140,7 @@ class _EpochTiming:
         self.epochs: int | None = None           # fit's epochs, when known
         self.pending: dict | None = None         # the last epoch's record, not yet printed
         self.first_step_done = False
+        self.last_rate: float | None = None      # the last epoch's steady (else plain) steps/s
         self._begin = 0.0
         self._first: tuple[float, int] | None = None   # (time, batch index) of 1st batch end
         self._last: tuple[float, int] | None = None
@@ -176,6 +178,7 @@ class _EpochTiming:
         record["steps_per_s"] = None if rate is None else round(rate, 3)
         record["steady_steps_per_s"] = None if steady is None else round(steady, 3)
         best = steady or rate
+        self.last_rate = best
         record["samples_per_s"] = (round(best * self.batch_size, 1)
                                    if best and self.batch_size else None)
         if getattr(self, "_first_step", None) is not None:
@@ -203,9 +206,10 @@ def _recorder_class(callback_base, epoch_only: bool):
         # (measured: 2% fewer steps/s). Ours only reads the clock.
         async_safe = True
 
-        def __init__(self, batch_size: int | None) -> None:
+        def __init__(self, batch_size: int | None, data=None) -> None:
             super().__init__()
             self._timing = _EpochTiming(batch_size, None)
+            self._data = data  # fit's x, kept only when the breakdown is asked for
 
         def on_train_begin(self, logs=None):
             params = getattr(self, "params", None) or {}
@@ -219,6 +223,8 @@ def _recorder_class(callback_base, epoch_only: bool):
 
         def on_train_end(self, logs=None):
             self._timing.flush()
+            if not epoch_only and breakdown.enabled():
+                _record_breakdown(self.model, self._data, self._timing.last_rate)
 
     if not epoch_only:
         def on_train_batch_end(self, batch, logs=None):
@@ -231,8 +237,17 @@ def _recorder_class(callback_base, epoch_only: bool):
 _classes: dict[tuple[int, bool], type] = {}
 
 
+def _record_breakdown(model, data, rate: float | None) -> None:
+    try:
+        record = breakdown.measure(model, data, rate)
+    except Exception as exc:  # noqa: BLE001 - a measurement must never fail training
+        print(f"tfrun: no step breakdown for this fit ({exc!r})", file=sys.stderr)
+        return
+    _emit(record)
+
+
 def with_recorder(callbacks, callback_base, *, batch_size: int | None = None,
-                  epoch_only: bool = False) -> list:
+                  epoch_only: bool = False, data=None) -> list:
     """``callbacks`` (a list or None) with a recorder in front, unless recording is off or
     one is in it already. First, so that an epoch is recorded even when a later callback
     raises at its end; it keeps the epoch's logs dict, so it still sees what later callbacks
@@ -243,7 +258,8 @@ def with_recorder(callbacks, callback_base, *, batch_size: int | None = None,
     key = (id(callback_base), epoch_only)
     if key not in _classes:
         _classes[key] = _recorder_class(callback_base, epoch_only)
-    return [_classes[key](batch_size), *callbacks]
+    kept = data if breakdown.enabled() else None
+    return [_classes[key](batch_size, kept), *callbacks]
 
 
 def _flush_recorders(callbacks) -> None:
@@ -268,10 +284,11 @@ def _wrap_fit(owner, fit_of, callback_base) -> None:
             size = None if ps else batch_size_of(x, batch_size)
             if len(args) >= 3:  # positional epochs, verbose, callbacks: fit's own order
                 args = list(args)
-                args[2] = with_recorder(args[2], callback_base, batch_size=size, epoch_only=ps)
+                args[2] = with_recorder(args[2], callback_base, batch_size=size, epoch_only=ps,
+                                        data=x)
             else:
                 kwargs["callbacks"] = with_recorder(kwargs.get("callbacks"), callback_base,
-                                                    batch_size=size, epoch_only=ps)
+                                                    batch_size=size, epoch_only=ps, data=x)
         except Exception as exc:  # noqa: BLE001 - recording must never stop training
             print(f"tfrun: metrics recording is off for this fit ({exc!r})", file=sys.stderr)
         try:

@@ -6,6 +6,7 @@ and predict(); we compare with a plain single-process run on the same global bat
 """
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -67,8 +68,19 @@ def reference(request, workdir):
 def test_exact_against_single_process(setup, reference, workdir):
     flavour, ref = reference
     out = f"{setup}-k{flavour}"
-    result = run_tfrun(workdir, SETUPS[setup], flavour, out)
+    # With the step breakdown on (issue 15.2): it measures after each fit, and must neither
+    # fail under any strategy or flavour nor change what training computed.
+    result = run_tfrun(workdir, SETUPS[setup], flavour, out, extra_env={"TFRUN_BREAKDOWN": "1"})
     assert result.returncode == 0, result.stdout[-4000:]
+    logs = "".join(p.read_text(errors="replace") for p in (workdir / f"run-{out}" / "logs").glob("*.log"))
+    assert "no step breakdown" not in logs
+    for recorded in (workdir / f"run-{out}" / "metrics").glob("*.jsonl"):
+        records = [json.loads(line) for line in recorded.read_text().splitlines()]
+        breakdowns = [r for r in records if r["event"] == "breakdown"]
+        assert len(breakdowns) == 3, records  # one per fit: spe 1, spe 4, BatchNorm
+        for b in breakdowns:
+            assert b["replicas"] == 2 and b["allreduce_ms"] > 0 and b["allreduce_bytes"] > 0, b
+            assert b["step_ms"] == pytest.approx(b["rest_ms"] + b["allreduce_ms"], abs=0.01)
     files = sorted(glob.glob(str(workdir / f"{out}-*.npz")))
     tasks = [dict(np.load(f)) for f in files]
     assert len(tasks) == (2 if setup.startswith("mwms") else 1)

@@ -182,6 +182,12 @@ def check_bench_table(stdout: str, workdir) -> None:
     assert [r["batch_size"] for r in report["runs"]] == [32, 64] and "weak" in report["scaling"]
     assert all(r["samples_per_s"] > 0 and r["epochs"] == 2 for r in report["runs"])
     assert report["runs"][0]["speedup"] == 1.0 and report["runs"][1]["efficiency"] > 0
+    # Issue 15.2: the step breakdown; one worker has nothing to all-reduce, two do.
+    one, two = (r["breakdown"] for r in report["runs"])
+    assert one["allreduce_ms"] is None and one["step_ms"] > 0 and one["allreduce_bytes"] > 0
+    assert two["allreduce_ms"] > 0 and two["allreduce_bytes"] == one["allreduce_bytes"]
+    assert two["rest_ms"] == pytest.approx(two["step_ms"] - two["allreduce_ms"], abs=0.01)
+    assert "all-reduce (ms)" in lines[header] and "rest (ms)" in lines[header]
     # Both workers' metrics are in the run dir (worker 1's output is no less recorded).
     assert epochs_recorded(bench_dir / "workers-2") == {"worker-0": 2, "worker-1": 2}
 

@@ -169,6 +169,29 @@ def test_compare_gives_speedup_and_efficiency_against_the_first_run(tmp_path):
     assert "1.60" in table[2] and "0.80" in table[2]
 
 
+def test_the_step_breakdown_is_read_and_gets_columns_only_when_a_run_has_one(tmp_path):
+    one = fake_run(tmp_path, "one", workers=1, batch=32, rates=[10.0, 10.0])
+    two = fake_run(tmp_path, "two", workers=2, batch=64, rates=[8.0, 8.0])
+    plain = format_table(compare([read_run(one), read_run(two)])).splitlines()[0]
+    assert "all-reduce" not in plain and "step (ms)" not in plain
+    record = {"task": "worker:0", "event": "breakdown", "replicas": 2, "step_ms": 125.0,
+              "allreduce_ms": 50.0, "allreduce_bytes": 7_760_000, "rest_ms": 75.0, "input_ms": None}
+    with open(two / "metrics" / "worker-0.jsonl", "r+") as f:  # before the cut last line
+        text = f.read().rsplit("\n", 1)
+        f.seek(0)
+        f.write(text[0] + "\n" + json.dumps(record) + "\n" + text[1])
+    stats = read_run(two)
+    assert stats.breakdown == {"step_ms": 125.0, "allreduce_ms": 50.0, "allreduce_bytes": 7_760_000,
+                               "rest_ms": 75.0, "input_ms": None}
+    assert stats.epochs == 2  # the breakdown is not an epoch
+    table = format_table(compare([read_run(one), stats])).splitlines()
+    header = table[0]
+    assert "step (ms)" in header and "rest (ms)" in header and "all-reduce (ms)" in header
+    assert "input (ms)" not in header  # no run measured it
+    assert table[1].split()[9:12] == ["-", "-", "-"]
+    assert table[2].split()[9:12] == ["125.00", "75.00", "50.00"]
+
+
 def test_a_run_without_metrics_still_compares_by_time_fields(tmp_path):
     run = tmp_path / "bare"
     run.mkdir()

@@ -9,7 +9,8 @@ they stand (before a ``--``); every other flag is a ``tfrun`` flag, the first ot
 is the script, and what follows it (and everything after ``--``) goes to the script. Each
 size is one ordinary tfrun run, ``<bench dir>/workers-<N>`` (its logs, summary and
 metrics as always); the table, also in ``<bench dir>/bench.json``, comes from the metrics
-the tasks record with no change to the script (``tfrun.metrics``).
+the tasks record with no change to the script (``tfrun.metrics``), and so does the step
+breakdown -- all-reduce, compute, input per step (``tfrun.breakdown``; bench switches it on).
 
 Weak scaling is what a script that batches ``tfrun.global_batch_size(per_replica)`` does:
 the global batch grows with the workers. ``--strong`` sets ``TFRUN_BATCH_REPLICAS`` so
@@ -19,6 +20,7 @@ fixed number is strong scaling already. The table's last line says which it was.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -162,6 +164,21 @@ def _replicas(config) -> int:
     return (topology.workers + int(topology.chief)) * (config.devices or 1)
 
 
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """``os.environ`` with ``values`` set, as it was again afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def run_bench(argv: Sequence[str]) -> int:
     """``tfrun bench ...``: run every size, print the table; the exit code of a failed size."""
     from . import launch_and_report
@@ -176,30 +193,28 @@ def run_bench(argv: Sequence[str]) -> int:
     first = configs[0]
     label = plan.model or first.display_name
     bench_dir = run_dir_for(dataclasses.replace(first, name=f"bench-{label}"))
-    saved = os.environ.get("TFRUN_BATCH_REPLICAS")
+    # The tasks read these from the environment tfrun passes on: the step breakdown
+    # (tfrun.breakdown) always, and for --strong the first size's replicas.
+    settings = {"TFRUN_BREAKDOWN": "1"}
     if plan.strong:
-        os.environ["TFRUN_BATCH_REPLICAS"] = str(_replicas(first))
+        settings["TFRUN_BATCH_REPLICAS"] = str(_replicas(first))
     runs = []
     exit_code = 0
     try:
-        for n, config in zip(plan.sizes, configs):
-            config = dataclasses.replace(config, run_dir=str(bench_dir.path / f"workers-{n}"))
-            print(f"tfrun bench: {n} worker(s) -> {config.run_dir}", flush=True)
-            result = launch_and_report(config)
-            runs.append(read_run(config.run_dir))
-            if result.exit_code != 0:
-                exit_code = result.exit_code
-                break
+        with _environ(settings):
+            for n, config in zip(plan.sizes, configs):
+                config = dataclasses.replace(config, run_dir=str(bench_dir.path / f"workers-{n}"))
+                print(f"tfrun bench: {n} worker(s) -> {config.run_dir}", flush=True)
+                result = launch_and_report(config)
+                runs.append(read_run(config.run_dir))
+                if result.exit_code != 0:
+                    exit_code = result.exit_code
+                    break
     except BaseException:
         if not runs:  # nothing ran: leave no empty bench dir behind
             shutil.rmtree(bench_dir.path, ignore_errors=True)
         raise
     finally:
-        if plan.strong:
-            if saved is None:
-                os.environ.pop("TFRUN_BATCH_REPLICAS", None)
-            else:
-                os.environ["TFRUN_BATCH_REPLICAS"] = saved
         bench_dir.close()
     rows = compare(runs)
     for row in rows:

@@ -40,6 +40,7 @@ class RunStats:
     epochs: int
     final: dict = field(default_factory=dict)   # the last epoch's logs
     task: str | None = None         # whose metrics these are
+    breakdown: dict = field(default_factory=dict)  # its last step breakdown (tfrun.breakdown)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,7 +108,9 @@ def read_run(run_dir: str | Path) -> RunStats:
         isinstance(ended, (int, float)) else None
     files = {p.stem: p for p in sorted((path / "metrics").glob("*.jsonl"))}
     task = representative_task(list(files))
-    epochs = [r for r in read_metrics(files[task]) if r.get("event") == "epoch"] if task else []
+    records = read_metrics(files[task]) if task else []
+    epochs = [r for r in records if r.get("event") == "epoch"]
+    breakdowns = [r for r in records if r.get("event") == "breakdown"]
     steady = [r.get("steady_steps_per_s") or r.get("steps_per_s") for r in epochs]
     steady = [float(s) for s in steady if s]
     if len(steady) > 1:
@@ -121,7 +124,9 @@ def read_run(run_dir: str | Path) -> RunStats:
                     samples_per_s=None if rate is None or not batch else round(rate * batch, 1),
                     batch_size=batch, epochs=len(epochs),
                     final=dict(epochs[-1].get("logs") or {}) if epochs else {},
-                    task=epochs[0].get("task", task) if epochs else task)
+                    task=epochs[0].get("task", task) if epochs else task,
+                    breakdown={k: v for k, v in breakdowns[-1].items()
+                               if k.endswith(("_ms", "_bytes"))} if breakdowns else {})
 
 
 def compare(runs: list[RunStats]) -> list[dict]:
@@ -152,16 +157,24 @@ def _cell(value, digits: int = 2) -> str:
     return str(value)
 
 
+#: step breakdown columns (tfrun.breakdown), shown when a run has one
+_BREAKDOWN_COLUMNS = (("step_ms", "step (ms)"), ("rest_ms", "rest (ms)"),
+                      ("allreduce_ms", "all-reduce (ms)"), ("input_ms", "input (ms)"))
+
+
 def table_cells(rows: list[dict], label: str = "run") -> list[list[str]]:
-    """The comparison as a header row and one row of text cells per run (up to four of the
-    final metrics as the last columns)."""
+    """The comparison as a header row and one row of text cells per run (the step breakdown
+    when a run has one, then up to four of the final metrics as the last columns)."""
+    breakdown = [(key, title) for key, title in _BREAKDOWN_COLUMNS
+                 if any((row.get("breakdown") or {}).get(key) is not None for row in rows)]
     metric_names: list[str] = []
     for row in rows:
         for name in row.get("final") or {}:
             if name not in metric_names and len(metric_names) < 4:
                 metric_names.append(name)
     header = [label, "workers", "status", "time (s)", "first step (s)", "steps/s",
-              "samples/s", "speedup", "efficiency", *metric_names]
+              "samples/s", "speedup", "efficiency", *(title for _, title in breakdown),
+              *metric_names]
     table = [header]
     for row in rows:
         final = row.get("final") or {}
@@ -170,6 +183,7 @@ def table_cells(rows: list[dict], label: str = "run") -> list[list[str]]:
                       _cell(row.get("first_step_s")), _cell(row.get("steps_per_s")),
                       _cell(row.get("samples_per_s")), _cell(row.get("speedup")),
                       _cell(row.get("efficiency")),
+                      *(_cell((row.get("breakdown") or {}).get(key)) for key, _ in breakdown),
                       *(_cell(final.get(n), 4) for n in metric_names)])
     return table
 
