@@ -133,6 +133,20 @@ def test_the_task_logger_moves_records_to_the_metrics_file_and_off_the_console(t
     assert METRICS in (tmp_path / "logs" / "worker-0.log").read_text()  # the log keeps every byte
 
 
+def test_resource_samples_are_no_progress_for_the_hang_watchdog(tmp_path, monkeypatch):
+    clock = iter(range(100, 200))
+    monkeypatch.setattr("tfrun.launch.logs.time.monotonic", lambda: float(next(clock)))
+    logger = logger_with(tmp_path, io.StringIO())
+    resources = f"{METRICS}{json.dumps({'event': 'resources', 'cpu_percent': 1.0})}\n".encode()
+    logger.pump(io.BufferedReader(io.BytesIO(b"joined\n" + resources * 3))).join(5)
+    after_line = logger.last_line_at
+    assert after_line == 101.0  # pump's start is 100, the line 101; three samples: nothing
+    epoch = f"{METRICS}{json.dumps({'event': 'epoch', 'epoch': 1, 'logs': {}})}\n".encode()
+    logger.pump(io.BufferedReader(io.BytesIO(resources + epoch))).join(5)
+    assert logger.last_line_at > after_line + 1  # an epoch is progress (after pump's restart)
+    assert len((tmp_path / "metrics" / "worker-0.jsonl").read_text().splitlines()) == 5
+
+
 # --------------------------------------------------------------------------- runstats
 
 

@@ -453,15 +453,16 @@ class TaskLogger:
             stream.close()
 
     def _show(self, events: list[tuple[str, str]], noise: NoiseFilter) -> None:
-        if not events:
-            return
-        self.last_line_at = time.monotonic()
         for kind, text in events:
+            if kind == "metrics":
+                # A resource sample comes from a daemon thread every few seconds, whatever
+                # the main thread does: it is no sign of progress for the hang watchdog.
+                if self._record_metrics(text) != "resources":
+                    self.last_line_at = time.monotonic()
+                continue
+            self.last_line_at = time.monotonic()
             if kind == "progress":
                 self.console.task_progress(self.task, self.color_index, text)
-                continue
-            if kind == "metrics":
-                self._record_metrics(text)
                 continue
             with self._recent_lock:
                 self._recent.append(text)
@@ -470,14 +471,14 @@ class TaskLogger:
                 self.devices_in_use = replaced_device_count(text) or self.devices_in_use
             self.console.task_line(self.task, self.color_index, text, noise=noise(text))
 
-    def _record_metrics(self, raw: str) -> None:
-        """Append one ``tfrun:metrics`` record (JSON) to the task's metrics file."""
+    def _record_metrics(self, raw: str) -> str | None:
+        """Append one ``tfrun:metrics`` record (JSON) to the task's metrics file; its event."""
         try:
             record = json.loads(raw)
         except ValueError:
-            return  # cut short (the task died mid-write): nothing to keep
+            return None  # cut short (the task died mid-write): nothing to keep
         if not isinstance(record, dict):
-            return
+            return None
         record = {"task": self.task, **record}
         if record.get("event") == "epoch":
             self.last_epoch = record
@@ -488,6 +489,7 @@ class TaskLogger:
                     out.write(json.dumps(record) + "\n")
             except OSError as exc:
                 self._failed(exc)
+        return record.get("event")
 
     def _open_log(self) -> IO[bytes] | None:
         try:
