@@ -9,9 +9,13 @@ after the other (so the rounds interleave):
 * 1 process pinned to 1 core, no strategy: the baseline;
 * 2 workers by hand: two processes with hand-written TF_CONFIGs (the seeds' way), started
   as ``python -m tfrun.bootstrap`` so that they get tfrun's Keras 3 fixes (plain Keras 3
-  ``fit`` fails under MultiWorkerMirroredStrategy) but no launcher, no supervisor;
-* 2 workers under ``tfrun --workers 2`` with its defaults;
-* 2 workers under tfrun with candidate settings (``--cpus-per-task 1``, ``--comm pack=...``).
+  ``fit`` fails under MultiWorkerMirroredStrategy) but no launcher, no supervisor, and
+  TensorFlow's collectives (``TFRUN_COMM=ring``: what a user without tfrun gets);
+* 2 workers under ``tfrun --workers 2`` with its defaults (all-reduce through shared
+  memory: both workers are on this host);
+* 2 workers under ``tfrun --comm ring``: TensorFlow's collectives, like by hand -- so
+  tfrun / by-hand of this row is tfrun's own overhead;
+* 2 workers under tfrun with other candidate settings (``--cpus-per-task 1``).
 
 It prints samples/s per configuration (median over rounds), scaling efficiency
 (samples/s of 2 workers / (2 x the baseline's)) and tfrun / by-hand. Numbers, not checks:
@@ -40,9 +44,8 @@ SCRIPT_ARGS = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
 ENV = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
 TFRUN_VARIANTS = {
     "tfrun --workers 2 (defaults)": [],
+    "tfrun --comm ring": ["--comm", "ring"],
     "tfrun --cpus-per-task 1": ["--cpus-per-task", "1"],
-    "tfrun --comm pack=1MB": ["--comm", "pack=1MB"],
-    "tfrun --comm pack=16MB": ["--comm", "pack=16MB"],
 }
 
 
@@ -69,7 +72,7 @@ def by_hand(out: Path) -> float:
             ports.append(s.getsockname()[1])
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     procs = [subprocess.Popen([sys.executable, "-m", "tfrun.bootstrap", SCRIPT, str(out), *SCRIPT_ARGS],
-                              env={**ENV, "TF_CONFIG": json.dumps(
+                              env={**ENV, "TFRUN_COMM": "ring", "TF_CONFIG": json.dumps(
                                   {"cluster": cluster, "task": {"type": "worker", "index": i}})})
              for i in range(2)]
     if [p.wait() for p in procs] != [0, 0]:

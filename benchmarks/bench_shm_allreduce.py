@@ -1,18 +1,18 @@
-"""What a shared-memory path would give two workers on one host (issue 15.3), side by side
-with TensorFlow's CPU all-reduce of the same gradients, in one invocation.
+"""tfrun's shared-memory all-reduce (issue 15.3) side by side with TensorFlow's CPU
+all-reduce of the same gradients, in one invocation.
 
-    python benchmarks/bench_shm_allreduce.py [--rounds 50]
+    python benchmarks/bench_shm_allreduce.py [--runs 3] [--rounds 50]
 
-1. TensorFlow: ``tfrun --workers 2`` on the built-in MLP (seed 000's 784-1024-1024-10, 7.1 MiB
-   of float32 gradients) with ``TFRUN_BREAKDOWN=1``: worker 0's all-reduce of those
-   gradients through MultiWorkerMirroredStrategy (gRPC on loopback), and its whole step.
-2. Shared memory: two processes, each with the same 7.1 MiB of "gradients", all-reduce them
-   through one ``multiprocessing.shared_memory`` block: each writes its half-buffer, both
-   meet at a barrier, each adds the other's into its own result, and meet again -- the
-   whole exchange a sum needs, timed per round (median) in worker 0.
+1. ``tfrun --workers 2 --comm ring`` and ``tfrun --workers 2`` (default: shared memory,
+   every worker on this host), alternating ``--runs`` times, on the built-in MLP (seed
+   000's 784-1024-1024-10, 7.1 MiB of float32 gradients) with ``TFRUN_BREAKDOWN=1``:
+   worker 0's all-reduce of those gradients through the model's strategy, its whole step
+   and the run's samples/s.
+2. The floor: two bare processes (no TensorFlow) all-reduce the same bytes through one
+   ``multiprocessing.shared_memory`` block (publish, barrier, add the other's, barrier),
+   timed per round (median) in worker 0.
 
-It prints both medians and their ratio, and what worker 0's step would be with the
-shared-memory exchange in place of the gRPC one. Numbers, not checks.
+It prints medians and ratios. Numbers, not checks.
 """
 
 import argparse
@@ -32,19 +32,23 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tensorflow_allreduce(scratch: Path) -> dict:
+def tfrun_breakdown(scratch: Path, name: str, flags: list[str]) -> dict:
+    """Worker 0's breakdown record (plus samples/s) of one 2-worker tfrun run."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", TFRUN_BREAKDOWN="1", TFRUN_REPORT="0")
-    run_dir = scratch / "tf"
+    run_dir = scratch / name
     result = subprocess.run([sys.executable, "-m", "tfrun", "--workers", "2", "--quiet-tasks",
-                             "--color", "never", "--run-dir", str(run_dir), "-m",
+                             "--color", "never", "--run-dir", str(run_dir), *flags, "-m",
                              "tfrun._bench_model", "--model", "mlp", "--steps", "40",
-                             "--epochs", "2"], env=env, capture_output=True, text=True)
+                             "--epochs", "3"], env=env, capture_output=True, text=True)
     if result.returncode != 0:
-        sys.exit(f"tfrun failed:\n{result.stdout[-3000:]}")
+        sys.exit(f"tfrun {' '.join(flags)} failed:\n{result.stdout[-3000:]}")
     records = [json.loads(line) for line in
                (run_dir / "metrics" / "worker-0.jsonl").read_text().splitlines()]
-    return next(r for r in records if r["event"] == "breakdown")
+    epochs = [r for r in records if r["event"] == "epoch"][1:]  # the first one traces
+    breakdown = next(r for r in records if r["event"] == "breakdown")
+    return {**breakdown, "samples_per_second": statistics.median(
+        e["samples_per_s"] for e in epochs)}
 
 
 def _shm_worker(rank: int, name: str, elements: int, rounds: int, barrier, results) -> None:
@@ -89,24 +93,40 @@ def shared_memory_allreduce(size: int, rounds: int) -> float:
         block.unlink()
 
 
+CONFIGS = {"TensorFlow (--comm ring)": ["--comm", "ring"],
+           "tfrun shared memory (default)": []}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=3, help="tfrun runs of each kind")
+    parser.add_argument("--rounds", type=int, default=50, help="bare exchanges timed")
     args = parser.parse_args()
+    measured: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="tfrun-bench-shm-") as scratch:
-        tf = tensorflow_allreduce(Path(scratch))
-    shm_ms = shared_memory_allreduce(tf["allreduce_bytes"], args.rounds)
-    mib = tf["allreduce_bytes"] / 2**20
-    print(f"2 workers, {mib:.1f} MiB of gradients (seed 000's MLP):")
-    print(f"  TensorFlow all-reduce (MWMS, gRPC loopback)  {tf['allreduce_ms']:8.2f} ms"
-          f"   ({mib / tf['allreduce_ms'] * 1000:,.0f} MiB/s)")
-    print(f"  shared-memory all-reduce (2 processes)       {shm_ms:8.2f} ms"
-          f"   ({mib / shm_ms * 1000:,.0f} MiB/s)")
-    print(f"  TensorFlow / shared memory: {tf['allreduce_ms'] / shm_ms:.1f}x")
-    step = tf["step_ms"]
-    print(f"worker 0's step: {step:.2f} ms now; with the shared-memory exchange "
-          f"{step - tf['allreduce_ms'] + shm_ms:.2f} ms "
-          f"({step / (step - tf['allreduce_ms'] + shm_ms):.2f}x the throughput)")
+        for run in range(args.runs):
+            for i, (name, flags) in enumerate(CONFIGS.items()):
+                got = tfrun_breakdown(Path(scratch), f"r{run}-{i}", flags)
+                measured[name].append(got)
+                print(f"run {run + 1}/{args.runs}  {name:<30} all-reduce {got['allreduce_ms']:7.2f} ms"
+                      f"  step {got['step_ms']:7.2f} ms  {got['samples_per_second']:7.0f} samples/s",
+                      flush=True)
+    size = measured[next(iter(CONFIGS))][0]["allreduce_bytes"]
+    bare_ms = shared_memory_allreduce(size, args.rounds)
+    mib = size / 2**20
+    median = {name: {key: statistics.median(r[key] for r in runs)
+                     for key in ("allreduce_ms", "step_ms", "samples_per_second")}
+              for name, runs in measured.items()}
+    print(f"\n2 workers, {mib:.1f} MiB of gradients (seed 000's MLP), medians of {args.runs} runs:")
+    print(f"  {'all-reduce':<30} {'all-reduce (ms)':>15} {'MiB/s':>8} {'step (ms)':>10} {'samples/s':>10}")
+    for name, m in median.items():
+        print(f"  {name:<30} {m['allreduce_ms']:15.2f} {mib / m['allreduce_ms'] * 1000:8,.0f} "
+              f"{m['step_ms']:10.2f} {m['samples_per_second']:10,.0f}")
+    print(f"  {'bare shared memory (floor)':<30} {bare_ms:15.2f} {mib / bare_ms * 1000:8,.0f}")
+    tf_, shm = median["TensorFlow (--comm ring)"], median["tfrun shared memory (default)"]
+    print(f"all-reduce: TensorFlow / tfrun shared memory {tf_['allreduce_ms'] / shm['allreduce_ms']:.1f}x;"
+          f" samples/s: tfrun shared memory / TensorFlow "
+          f"{shm['samples_per_second'] / tf_['samples_per_second']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ def prepare() -> None:
     from . import metrics
 
     metrics.install()  # every fit records its epochs (after the fixes: they wrap fit too)
+    from . import shm_allreduce
+
+    shm_allreduce.install()  # workers all on this host: all-reduce through shared memory
     if os.environ.get("TFRUN_COMM"):
         when_imported("tensorflow.python.distribute.collective_all_reduce_strategy",
                       _default_communication_options)

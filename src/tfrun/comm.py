@@ -5,7 +5,11 @@ The launcher validates the text and hands it to every task as ``TFRUN_COMM``; in
 without ``communication_options``) get it as
 ``tf.distribute.experimental.CommunicationOptions``. Pure until ``to_tf``.
 
-Syntax: comma-separated ``IMPLEMENTATION`` (auto, ring, nccl) and ``key=value`` items,
+Syntax: comma-separated ``IMPLEMENTATION`` and ``key=value`` items. Implementations:
+``auto`` (the default) -- tfrun's shared-memory all-reduce when every worker is on one host
+and computes on CPU (see ``tfrun.shm_allreduce``), TensorFlow's choice otherwise; ``shm`` --
+shared memory, an error when the workers span hosts; ``ring``, ``nccl`` -- TensorFlow's.
+Items:
 ``pack=SIZE`` (``bytes_per_pack``: gradients are all-reduced in packs of about this size;
 ``0`` lets TensorFlow choose) and ``timeout=SECONDS`` (a collective that takes longer fails).
 Sizes take K/M/G suffixes (powers of 1024, optional ``B``/``iB``).
@@ -27,7 +31,7 @@ from .errors import ConfigError
 __all__ = ["COMM_ENV", "CommOptions", "from_env"]
 
 COMM_ENV = "TFRUN_COMM"
-IMPLEMENTATIONS = ("auto", "ring", "nccl")
+IMPLEMENTATIONS = ("auto", "ring", "nccl", "shm")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?$", re.IGNORECASE)
 _FIX = "Pass e.g. --comm ring,pack=4MB,timeout=300"
 
@@ -65,13 +69,16 @@ class CommOptions:
         return text + (f",timeout={self.timeout_seconds:g}" if self.timeout_seconds else "")
 
     def to_tf(self):
-        """``tf.distribute.experimental.CommunicationOptions`` (imports TensorFlow)."""
+        """``tf.distribute.experimental.CommunicationOptions`` (imports TensorFlow); ``shm``
+        is TensorFlow's AUTO underneath, where tfrun's exchange takes over."""
         import tensorflow as tf
+
+        implementation = "auto" if self.implementation == "shm" else self.implementation
 
         return tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=self.bytes_per_pack, timeout_seconds=self.timeout_seconds,
             implementation=getattr(tf.distribute.experimental.CommunicationImplementation,
-                                   self.implementation.upper()))
+                                   implementation.upper()))
 
 
 def from_env(environ=None) -> CommOptions | None:
@@ -81,7 +88,7 @@ def from_env(environ=None) -> CommOptions | None:
 
 
 def _expected() -> str:
-    return ("comma-separated: one of auto/ring/nccl, pack=SIZE (e.g. 4MB, 0 = TensorFlow "
+    return ("comma-separated: one of auto/shm/ring/nccl, pack=SIZE (e.g. 4MB, 0 = TensorFlow "
             "chooses), timeout=SECONDS")
 
 

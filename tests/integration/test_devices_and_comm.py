@@ -36,6 +36,33 @@ def test_comm_options_reach_plain_and_tfrun_made_strategies(tmp_path):
                 options["timeout_seconds"]) == ("RING", 1 << 20, 90.0)
     assert run.stdout.count("comm_probe: all-reduce sum 2") == 2
     assert "comm       : ring,pack=1048576,timeout=90" in run.stdout
+    # ring asks for TensorFlow's collectives: tfrun's shared-memory exchange stays out.
+    assert SHM_LINE not in task_logs(run)
+
+
+SHM_LINE = "tfrun: all-reduce through shared memory: "
+
+
+def task_logs(run: Run) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((run.run_dir / "logs").glob("*.log")))
+
+
+@pytest.mark.parametrize("flags, tasks", [
+    (["--workers", "2"], ("worker:0", "worker:1")),
+    (["--chief", "--workers", "1", "--comm", "shm,timeout=60"], ("chief:0", "worker:0")),
+], ids=["default", "shm"])
+def test_workers_on_one_host_all_reduce_through_shared_memory(tmp_path, flags, tasks):
+    """Default (and --comm shm): the strategy's all-reduces, made plainly or by
+    tfrun.strategy(), go through tfrun's exchange, which TensorFlow's own options still
+    describe as AUTO; the sum is right. (Training through it: test_keras_exactness.py.)"""
+    run = Run(tmp_path, [*flags, str(SCRIPTS / "comm_probe.py")])
+    assert run.run(300) == 0, run.stdout[-3000:]
+    got = probes(run, "comm_probe")
+    assert {t: g["implementation"] for t, g in got.items()} == dict.fromkeys(tasks, "AUTO")
+    assert run.stdout.count("comm_probe: all-reduce sum 2") == 2
+    logs = task_logs(run)
+    assert logs.count(SHM_LINE + "2 workers on this host") == 1, logs[-3000:]  # rank 0 says it
+    assert_nothing_left(run)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to give 1 to each of 2 tasks")

@@ -26,10 +26,15 @@ SETUPS = {
     "central": ["--devices", "2", "--strategy", "central"],
     "mwms-2-workers": ["--workers", "2"],
     "mwms-chief-worker": ["--chief", "--workers", "1"],
+    # The two above all-reduce through tfrun's shared memory (the default for workers on
+    # one host); this one through TensorFlow's collectives.
+    "mwms-2-workers-ring": ["--workers", "2", "--comm", "ring"],
 }
 EXPECTED_STRATEGY = {"mirrored": "MirroredStrategy", "central": "CentralStorageStrategy",
                      "mwms-2-workers": "CollectiveAllReduceStrategy",
-                     "mwms-chief-worker": "CollectiveAllReduceStrategy"}
+                     "mwms-chief-worker": "CollectiveAllReduceStrategy",
+                     "mwms-2-workers-ring": "CollectiveAllReduceStrategy"}
+SHM_LINE = "tfrun: all-reduce through shared memory: 2 workers on this host"
 
 
 def flavour_env(flavour: str) -> dict:
@@ -74,6 +79,8 @@ def test_exact_against_single_process(setup, reference, workdir):
     assert result.returncode == 0, result.stdout[-4000:]
     logs = "".join(p.read_text(errors="replace") for p in (workdir / f"run-{out}" / "logs").glob("*.log"))
     assert "no step breakdown" not in logs
+    shared_memory = setup.startswith("mwms") and not setup.endswith("ring")
+    assert (SHM_LINE in logs) == shared_memory, logs[-3000:]
     for recorded in (workdir / f"run-{out}" / "metrics").glob("*.jsonl"):
         records = [json.loads(line) for line in recorded.read_text().splitlines()]
         breakdowns = [r for r in records if r["event"] == "breakdown"]
@@ -81,6 +88,7 @@ def test_exact_against_single_process(setup, reference, workdir):
         for b in breakdowns:
             assert b["replicas"] == 2 and b["allreduce_ms"] > 0 and b["allreduce_bytes"] > 0, b
             assert b["step_ms"] == pytest.approx(b["rest_ms"] + b["allreduce_ms"], abs=0.01)
+            assert b["allreduce_via"] == ("shared memory" if shared_memory else "tensorflow"), b
     files = sorted(glob.glob(str(workdir / f"{out}-*.npz")))
     tasks = [dict(np.load(f)) for f in files]
     assert len(tasks) == (2 if setup.startswith("mwms") else 1)

@@ -17,6 +17,7 @@ from tfrun.launch.cli import config_from_args
     ("pack=1.5GiB", CommOptions("auto", int(1.5 * (1 << 30)), None)),
     ("pack=1048576", CommOptions("auto", 1 << 20, None)),
     ("timeout=0.5,auto", CommOptions("auto", 0, 0.5)),
+    ("shm,timeout=60", CommOptions("shm", 0, 60.0)),
 ])
 def test_comm_text_parses_and_round_trips(text, want):
     assert CommOptions.parse(text) == want
@@ -66,3 +67,15 @@ def test_plain_strategy_gets_tfrun_options_unless_it_passes_its_own(monkeypatch)
     Strategy()
     Strategy(communication_options="the script's")
     assert made == [("tf", "ring"), "the script's"]
+
+
+def test_shm_is_tensorflow_auto_underneath_and_refused_across_hosts():
+    pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
+    assert CommOptions.parse("shm").to_tf().implementation == \
+        tf.distribute.experimental.CommunicationImplementation.AUTO
+    assert config_from_args(["--hosts", "h1,h1", "--comm", "shm", "t.py"], environ={}).comm == "shm"
+    with pytest.raises(ConfigError) as caught:
+        config_from_args(["--hosts", "h1,h2", "--comm", "shm", "t.py"], environ={})
+    assert "one host" in str(caught.value) and "Received: --hosts h1,h2" in str(caught.value)

@@ -178,7 +178,9 @@ def build_launch_parser() -> argparse.ArgumentParser:
                     help="split the CPU into N logical devices (Mirrored/CentralStorage on any machine)")
     tf.add_argument("--comm", default=None, metavar="OPTIONS",
                     help="collective all-reduce options for MultiWorkerMirroredStrategy: "
-                         "auto|ring|nccl, pack=SIZE, timeout=SECONDS, e.g. 'ring,pack=4MB'")
+                         "auto|shm|ring|nccl, pack=SIZE, timeout=SECONDS, e.g. 'ring,pack=4MB'; "
+                         "auto (default): shared memory when every worker is on one host, "
+                         "TensorFlow's collectives otherwise")
     tf.add_argument("--roles", choices=ROLE_MODES, default="auto",
                     help="auto: with ps, tfrun runs ps/workers as servers and the script on the "
                          "chief; script: every task runs the script (seed-001 convention)")

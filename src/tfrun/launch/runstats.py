@@ -126,7 +126,7 @@ def read_run(run_dir: str | Path) -> RunStats:
                     final=dict(epochs[-1].get("logs") or {}) if epochs else {},
                     task=epochs[0].get("task", task) if epochs else task,
                     breakdown={k: v for k, v in breakdowns[-1].items()
-                               if k.endswith(("_ms", "_bytes"))} if breakdowns else {})
+                               if k.endswith(("_ms", "_bytes", "_via"))} if breakdowns else {})
 
 
 def compare(runs: list[RunStats]) -> list[dict]:
@@ -159,7 +159,8 @@ def _cell(value, digits: int = 2) -> str:
 
 #: step breakdown columns (tfrun.breakdown), shown when a run has one
 _BREAKDOWN_COLUMNS = (("step_ms", "step (ms)"), ("rest_ms", "rest (ms)"),
-                      ("allreduce_ms", "all-reduce (ms)"), ("input_ms", "input (ms)"))
+                      ("allreduce_ms", "all-reduce (ms)"), ("allreduce_via", "all-reduce via"),
+                      ("input_ms", "input (ms)"))
 
 
 def table_cells(rows: list[dict], label: str = "run") -> list[list[str]]:

@@ -1,0 +1,196 @@
+"""The shared-memory all-reduce (issue 15.3): the pure plan, and real processes exchanging
+through real memfds and an abstract Unix socket (no TensorFlow here; the strategy-level
+tests are in tests/integration/test_devices_and_comm.py)."""
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import struct
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from tfrun.errors import ConfigError
+from tfrun.shm_allreduce import ShmGroup, ShmPlan, plan_from_env
+
+CTX = mp.get_context("fork")
+
+
+def env(cluster, task, **extra):
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task}), "TFRUN_RUN_DIR": "/r",
+            **extra}
+
+
+TWO = {"worker": ["localhost:1", "localhost:2"]}
+
+
+class TestPlan:
+    def test_every_worker_on_one_host(self):
+        plan = plan_from_env(env({"chief": ["localhost:3"], **TWO}, {"type": "worker", "index": 0}))
+        assert plan.names == ("chief:0", "worker:0", "worker:1") and plan.rank == 1
+        assert plan.address.startswith("\0tfrun-shm-")
+
+    def test_same_cluster_same_address_other_run_other_address(self):
+        a = plan_from_env(env(TWO, {"type": "worker", "index": 0}))
+        b = plan_from_env(env(TWO, {"type": "worker", "index": 1}))
+        c = plan_from_env(env(TWO, {"type": "worker", "index": 1}, TFRUN_RUN_DIR="/other"))
+        assert a.address == b.address != c.address
+
+    @pytest.mark.parametrize("cluster, task, comm", [
+        ({"worker": ["localhost:1"]}, {"type": "worker", "index": 0}, None),          # alone
+        ({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 0}, None),           # two hosts
+        ({**TWO, "ps": ["localhost:3"], "chief": ["localhost:4"]},
+         {"type": "worker", "index": 0}, None),                                       # PS cluster
+        ({**TWO, "evaluator": ["localhost:5"]}, {"type": "evaluator", "index": 0}, None),
+        (TWO, {"type": "worker", "index": 0}, "ring"),                                # asked for TF's
+        (TWO, {"type": "worker", "index": 0}, "nccl,pack=1MB"),
+    ])
+    def test_tensorflow_collectives_apply(self, cluster, task, comm):
+        extra = {"TFRUN_COMM": comm} if comm else {}
+        assert plan_from_env(env(cluster, task, **extra)) is None
+
+    def test_no_cluster_no_plan(self):
+        assert plan_from_env({}) is None
+        assert plan_from_env({"TF_CONFIG": "not json"}) is None
+
+    def test_explicit_shm_across_hosts_is_a_clear_error(self):
+        with pytest.raises(ConfigError) as error:
+            plan_from_env(env({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 0},
+                              TFRUN_COMM="shm"))
+        assert "one host" in str(error.value) and "a, b" in str(error.value)
+
+
+def _plans(size):
+    address = f"\0tfrun-shm-test-{uuid.uuid4().hex}"
+    names = tuple(f"worker:{i}" for i in range(size))
+    return [ShmPlan(rank=r, names=names, address=address) for r in range(size)]
+
+
+def _member(plan, chunk_bytes, arrays, results):
+    try:
+        group = ShmGroup(plan, chunk_bytes=chunk_bytes, connect_timeout=30)
+        out = [group.all_reduce(a(plan.rank)) for a in arrays]
+        results.put((plan.rank, [o.tobytes() for o in out], [str(o.dtype) for o in out]))
+        group.close()
+    except BaseException as exc:  # reported to the test
+        results.put((plan.rank, repr(exc), None))
+
+
+def _run(size, arrays, chunk_bytes=1 << 20):
+    results = CTX.Queue()
+    procs = [CTX.Process(target=_member, args=(p, chunk_bytes, arrays, results))
+             for p in _plans(size)]
+    for p in procs:
+        p.start()
+    got = dict((rank, (out, dtypes)) for rank, out, dtypes in (results.get(timeout=60) for _ in procs))
+    for p in procs:
+        p.join(30)
+    return got
+
+
+def _floats(dtype, n):
+    return lambda rank: (np.random.default_rng(rank).normal(size=n) * 100).astype(dtype)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_sums_in_rank_order_and_every_task_gets_the_same_bits(size):
+    arrays = [_floats("float32", 1000), _floats("float64", 7), _floats("float16", 3),
+              _floats("float32", 0), _floats("float32", 5000)]  # 20 kB: several chunks of 4 kB
+    got = _run(size, arrays, chunk_bytes=4096)
+    assert sorted(got) == list(range(size))
+    for i, make in enumerate(arrays):
+        expected = make(0)
+        for rank in range(1, size):
+            expected = (expected + make(rank)).astype(expected.dtype)  # rank order
+        for rank in range(size):
+            out, dtypes = got[rank]
+            assert isinstance(out, list), out
+            assert dtypes[i] == str(expected.dtype)
+            assert out[i] == expected.tobytes(), (rank, i)
+
+
+def _dies_after_one(plan, results):
+    group = ShmGroup(plan, connect_timeout=30)
+    group.all_reduce(np.ones(4, np.float32))
+    if plan.rank == 1:
+        os._exit(3)  # no goodbye: the process just ends
+    try:
+        group.all_reduce(np.ones(4, np.float32))
+        results.put("no error")
+    except ConnectionError as exc:
+        results.put(str(exc))
+
+
+def test_a_peer_that_dies_fails_the_others_at_once_with_its_name():
+    results = CTX.Queue()
+    procs = [CTX.Process(target=_dies_after_one, args=(p, results)) for p in _plans(2)]
+    for p in procs:
+        p.start()
+    message = results.get(timeout=60)
+    for p in procs:
+        p.join(30)
+    assert "worker:1 left the exchange" in message and "worker:0 stops too" in message
+    assert [p.exitcode for p in procs] == [0, 3]
+
+
+def _mismatched(plan, results):
+    group = ShmGroup(plan, connect_timeout=30)
+    try:
+        group.all_reduce(np.ones(4 if plan.rank == 0 else 8, np.float32))
+        results.put("no error")
+    except RuntimeError as exc:
+        results.put(str(exc))
+
+
+def test_different_all_reduces_on_different_workers_are_an_error_not_a_wrong_sum():
+    results = CTX.Queue()
+    procs = [CTX.Process(target=_mismatched, args=(p, results)) for p in _plans(2)]
+    for p in procs:
+        p.start()
+    messages = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert all("not running the same all-reduces" in m for m in messages), messages
+    assert any("16 bytes" in m and "32 bytes" in m for m in messages)
+
+
+def _intruder(address, results):
+    try:
+        os.setuid(65534)  # nobody: another user on this host
+        for _ in range(500):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(address)
+                break
+            except ConnectionRefusedError:  # the hub is not listening yet
+                sock.close()
+                time.sleep(0.01)
+        try:  # the hub may hang up before or after this hello: either way it sends nothing
+            socket.send_fds(sock, [struct.pack("<4sIII", b"TFRS", 1, 1, 2)],
+                            [os.memfd_create("x")])
+            reply = sock.recv(16)
+        except (BrokenPipeError, ConnectionResetError):
+            reply = b""
+        results.put(("intruder", reply))  # b"": the hub hung up on it, sent it nothing
+    except BaseException as exc:
+        results.put(("intruder", repr(exc)))
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
+def test_another_users_process_cannot_join():
+    plans, results = _plans(2), CTX.Queue()
+    hub = CTX.Process(target=_member, args=(plans[0], 1 << 20, [_floats("float32", 4)], results))
+    hub.start()
+    intruder = CTX.Process(target=_intruder, args=(plans[0].address, results))
+    intruder.start()
+    assert results.get(timeout=30) == ("intruder", b"")
+    peer = CTX.Process(target=_member, args=(plans[1], 1 << 20, [_floats("float32", 4)], results))
+    peer.start()
+    got = dict((rank, out) for rank, out, _ in (results.get(timeout=60) for _ in range(2)))
+    for p in (hub, intruder, peer):
+        p.join(30)
+    expected = (_floats("float32", 4)(0) + _floats("float32", 4)(1)).tobytes()
+    assert got[0] == got[1] == [expected]
