@@ -65,6 +65,25 @@ def test_workers_on_one_host_all_reduce_through_shared_memory(tmp_path, flags, t
     assert_nothing_left(run)
 
 
+def test_a_worker_that_dies_mid_training_is_blamed_and_nothing_is_left(tmp_path):
+    """Through shared memory (the default here). worker:0 either sees worker:1's socket
+    close at its next all-reduce and fails naming it, or tfrun stops it first (the
+    supervisor usually wins the race on one host): either way worker:1 is the root cause.
+    The exchange-level failure itself: tests/unit/test_shm_allreduce.py."""
+    run = Run(tmp_path, ["--workers", "2", "--stop-grace", "5",
+                         str(SCRIPTS / "die_mid_training.py")])
+    assert run.run(300) == 3, run.stdout[-3000:]  # the root cause's exit code
+    root = run.summary["root_cause"]
+    assert root["task"] == "worker:1" and root["exit_code"] == 3, root
+    logs = task_logs(run)
+    assert "die_mid_training: worker:1 exits now" in logs and SHM_LINE in logs
+    worker_0 = run.tasks()["worker:0"]["state"]
+    assert worker_0 in ("failed", "stopped"), worker_0
+    if worker_0 == "failed":
+        assert "tfrun shared-memory all-reduce: worker:1 left the exchange" in logs
+    assert_nothing_left(run)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to give 1 to each of 2 tasks")
 def test_each_worker_gets_its_own_cpu_and_gpu(tmp_path):
     run = Run(tmp_path, ["--workers", "2", "--cpus-per-task", "1", str(SCRIPTS / "device_probe.py")],

@@ -26,6 +26,9 @@ def test_a_real_tf_2_21_heartbeat_failure_names_the_task_that_left():
     # Naming a task is not blaming it: "Error reported from" is the reporter.
     ("UNAVAILABLE: Error reported from /job:worker/task:1: connection reset", []),
     ("/job:worker/replica:0/task:1 has connected to coordination service.", []),
+    # tfrun's shared-memory all-reduce, with the message it raises
+    ("ConnectionError: tfrun shared-memory all-reduce: chief:0 left the exchange (its process "
+     "ended?) at exchange 7; worker:0 stops too. Received: b''", [TaskId("chief", 0)]),
     ("", []),
 ])
 def test_culprits_by_wording(text, expected):
