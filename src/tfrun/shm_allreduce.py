@@ -14,7 +14,7 @@ An all-reduce is: write my values in my buffer, a barrier (one byte to rank 0 an
 back), then every task sums all buffers *in rank order* -- so every worker gets the same
 bits -- into its result. Buffers alternate between two halves, so the next exchange
 needs no second barrier. A peer that dies closes its socket: the others fail at once with
-its name, instead of waiting. Only processes of the same user may connect
+its name, instead of waiting. Both ends check that the other is a process of the same user
 (SO_PEERCRED): TensorFlow's gRPC ports are open to anyone who can reach them; this is not.
 
 The pure part, ``plan_from_env``, decides from the task's environment whether the
@@ -205,13 +205,20 @@ class ShmGroup:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self.plan.address)
-                return sock
             except (ConnectionRefusedError, FileNotFoundError):
                 sock.close()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"tfrun shared-memory all-reduce: {self.plan.names[0]} "
                                        f"did not open the exchange within {timeout:g} s") from None
                 time.sleep(0.01)
+                continue
+            if not _same_user(sock):  # a squatter would see our gradients and feed us its own
+                sock.close()
+                raise ConnectionError(
+                    f"tfrun shared-memory all-reduce: the address {self.plan.address[1:]!r} of "
+                    f"{self.plan.names[0]}'s exchange is held by another user's process. "
+                    "Run with --comm ring to use TensorFlow's collectives")
+            return sock
 
     # -- exchange -----------------------------------------------------------------------
     def all_reduce(self, values, timeout: float | None = None):

@@ -194,3 +194,27 @@ def test_another_users_process_cannot_join():
         p.join(30)
     expected = (_floats("float32", 4)(0) + _floats("float32", 4)(1)).tobytes()
     assert got[0] == got[1] == [expected]
+
+
+def _squatter(address, ready):
+    os.setuid(65534)  # another user takes the address first
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(address)
+    server.listen(1)
+    ready.set()
+    conn, _ = server.accept()
+    conn.recv(64)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
+def test_a_worker_does_not_join_an_exchange_another_user_holds():
+    plans, ready = _plans(2), CTX.Event()
+    squatter = CTX.Process(target=_squatter, args=(plans[0].address, ready))
+    squatter.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(ConnectionError, match="held by another user's process"):
+            ShmGroup(plans[1], connect_timeout=30)
+    finally:
+        squatter.kill()
+        squatter.join(30)
