@@ -105,9 +105,11 @@ class Run:
                 ports.update(int(a.rsplit(":", 1)[1]) for a in addresses)
         return sorted(ports)
 
-    def wait_for_file(self, path: Path, timeout: float = 30) -> None:
+    def wait_for_file(self, path: Path, timeout: float = 30, nonempty: bool = False) -> None:
+        """Until ``path`` exists (and, ``nonempty``, has content: a pid file is created
+        before its writer has written the pid)."""
         deadline = time.monotonic() + timeout
-        while not path.exists():
+        while not path.exists() or (nonempty and not path.read_text().strip()):
             assert self.proc is not None and self.proc.poll() is None, self.proc.communicate()[0]
             assert time.monotonic() < deadline, f"{path} never appeared"
             time.sleep(0.05)

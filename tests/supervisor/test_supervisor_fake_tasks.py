@@ -117,7 +117,7 @@ def test_tfrun_sigkilled_leaves_no_task_or_grandchild(fake_run):
     run = fake_run(["--workers", "2", *FAST], "*=grandchild,forever").start()
     pid_files = [run.run_dir / f"grandchild-worker-{i}.pid" for i in range(2)]
     for pid_file in pid_files:
-        run.wait_for_file(pid_file)
+        run.wait_for_file(pid_file, nonempty=True)  # read below: created before written
     grandchildren = [int(p.read_text()) for p in pid_files]
     assert all(psutil.pid_exists(pid) for pid in grandchildren)
     run.proc.kill()
