@@ -193,6 +193,12 @@ def check_bench_table(stdout: str, workdir) -> None:
     assert "all-reduce via" in lines[header] and "shared memory" in rows[1]
     # Both workers' metrics are in the run dir (worker 1's output is no less recorded).
     assert epochs_recorded(bench_dir / "workers-2") == {"worker-0": 2, "worker-1": 2}
+    # The same table as a page with the throughput chart (issue 15.1's plot).
+    assert lines[-1].startswith("tfrun bench: page: ") and \
+        lines[-1].endswith(f"{bench_dir.name}/bench.html"), lines[-3:]
+    page = (bench_dir / "bench.html").read_text()
+    assert "<h2>Throughput</h2>" in page and "data:image/png;base64," in page
+    assert "workers-1" in page and "workers-2" in page
 
 
 @pytest.mark.parametrize("command", sorted(RUN_HERE))

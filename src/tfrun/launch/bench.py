@@ -8,7 +8,8 @@
 they stand (before a ``--``); every other flag is a ``tfrun`` flag, the first other word
 is the script, and what follows it (and everything after ``--``) goes to the script. Each
 size is one ordinary tfrun run, ``<bench dir>/workers-<N>`` (its logs, summary and
-metrics as always); the table, also in ``<bench dir>/bench.json``, comes from the metrics
+metrics as always); the table, also in ``<bench dir>/bench.json`` and, with a throughput
+chart, ``<bench dir>/bench.html`` (not with TFRUN_REPORT=0), comes from the metrics
 the tasks record with no change to the script (``tfrun.metrics``), and so does the step
 breakdown -- all-reduce, compute, input per step (``tfrun.breakdown``; bench switches it on).
 
@@ -179,6 +180,16 @@ def _environ(values: dict[str, str]):
                 os.environ[name] = value
 
 
+def _write_page(runs: list, target: Path) -> Path | None:
+    """The table and a throughput chart as one HTML page (``tfrun report``'s comparison),
+    unless TFRUN_REPORT=0 or nothing ran."""
+    if not runs or os.environ.get("TFRUN_REPORT", "1") == "0":
+        return None
+    from .report import write_comparison
+
+    return write_comparison([run.run_dir for run in runs], target)
+
+
 def run_bench(argv: Sequence[str]) -> int:
     """``tfrun bench ...``: run every size, print the table; the exit code of a failed size."""
     from . import launch_and_report
@@ -226,8 +237,11 @@ def run_bench(argv: Sequence[str]) -> int:
     (bench_dir.path / "bench.json").write_text(text)
     if plan.json_path:
         Path(plan.json_path).write_text(text)
+    page = _write_page(runs, bench_dir.path / "bench.html")
     print(f"\ntfrun bench: {label}, {note}")
     print(format_table(rows, label="configuration"))
     print(f"tfrun bench: {bench_dir.path / 'bench.json'}")
+    if page is not None:
+        print(f"tfrun bench: page: {page}")
     sys.stdout.flush()
     return exit_code
