@@ -81,6 +81,17 @@ class CommOptions:
                                    implementation.upper()))
 
 
+    def check_hosts(self, hosts, *, expected: str, received: str) -> None:
+        """``shm`` needs every chief/worker on one host: a ConfigError when ``hosts`` are
+        several (``expected``/``received`` say where they were read)."""
+        if self.implementation == "shm" and len(set(hosts)) > 1:
+            raise ConfigError("--comm shm needs every worker on one host; shared memory "
+                              "cannot cross machines", expected=expected,
+                              fix="Use --comm auto (shared memory where every worker is on "
+                                  "one host, TensorFlow's collectives otherwise) or --comm ring",
+                              received=received)
+
+
 def from_env(environ=None) -> CommOptions | None:
     """The options tfrun passed this task (``TFRUN_COMM``), or None when it passed none."""
     text = (os.environ if environ is None else environ).get(COMM_ENV)

@@ -44,8 +44,8 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from .cluster import parse_address
-from .comm import from_env
+from .cluster import parse_address, parse_tf_config
+from .comm import CommOptions, from_env
 from .errors import ConfigError
 
 __all__ = ["ShmGroup", "ShmPlan", "in_use", "install", "plan_from_env"]
@@ -83,33 +83,27 @@ def plan_from_env(environ=None) -> ShmPlan | None:
     hosts is a ConfigError: shared memory cannot cross machines.
     """
     environ = os.environ if environ is None else environ
-    comm = from_env(environ)
-    implementation = comm.implementation if comm else "auto"
-    if implementation not in ("auto", "shm"):
+    comm = from_env(environ) or CommOptions()
+    if comm.implementation not in ("auto", "shm") or not environ.get("TF_CONFIG"):
         return None
     try:
-        config = json.loads(environ.get("TF_CONFIG") or "{}")
-    except ValueError:
+        config = parse_tf_config(environ["TF_CONFIG"])
+    except ConfigError:
+        return None  # not a cluster tfrun made; TensorFlow will say what is wrong with it
+    cluster = config.cluster
+    members = {task: address for task, address in cluster.addresses().items()
+               if task.role in ("chief", "worker")}
+    if len(members) < 2 or cluster.ps or config.task not in members:
         return None
-    cluster, task = config.get("cluster") or {}, config.get("task") or {}
-    members = [(f"{role}:{i}", address) for role in ("chief", "worker")
-               for i, address in enumerate(cluster.get(role) or [])]
-    me = f"{task.get('type')}:{task.get('index', 0)}"
-    if len(members) < 2 or cluster.get("ps") or me not in dict(members):
-        return None
-    hosts = {parse_address(address)[0] for _, address in members}
+    hosts = {parse_address(address)[0] for address in members.values()}
+    comm.check_hosts(hosts, expected="chief/worker addresses with one host name",
+                     received=", ".join(sorted(hosts)))
     if len(hosts) != 1:
-        if implementation == "shm":
-            raise ConfigError("--comm shm needs every worker on one host", fix="Use "
-                              "--comm auto (shared memory where it applies, TensorFlow's "
-                              "collectives across hosts) or ring",
-                              expected="chief/worker addresses with one host name",
-                              received=", ".join(sorted(hosts)))
         return None
-    names = tuple(name for name, _ in members)
-    key = json.dumps([environ.get("TFRUN_RUN_DIR", ""), members])
+    names = tuple(str(task) for task in members)  # chief first, then workers
+    key = json.dumps([environ.get("TFRUN_RUN_DIR", ""), sorted(cluster.as_dict().items())])
     address = "\0tfrun-shm-" + hashlib.sha256(key.encode()).hexdigest()[:24]
-    return ShmPlan(rank=names.index(me), names=names, address=address)
+    return ShmPlan(rank=names.index(str(config.task)), names=names, address=address)
 
 
 class ShmGroup:

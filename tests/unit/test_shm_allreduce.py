@@ -124,14 +124,21 @@ def _dies_after_one(plan, results):
         results.put(str(exc))
 
 
-def test_a_peer_that_dies_fails_the_others_at_once_with_its_name():
+def _pair(target, reports: int):
+    """Ranks 0 and 1 of a fresh plan run ``target(plan, results)``: the first ``reports``
+    messages they put, and the processes (joined)."""
     results = CTX.Queue()
-    procs = [CTX.Process(target=_dies_after_one, args=(p, results)) for p in _plans(2)]
+    procs = [CTX.Process(target=target, args=(p, results)) for p in _plans(2)]
     for p in procs:
         p.start()
-    message = results.get(timeout=60)
+    messages = [results.get(timeout=60) for _ in range(reports)]
     for p in procs:
         p.join(30)
+    return messages, procs
+
+
+def test_a_peer_that_dies_fails_the_others_at_once_with_its_name():
+    [message], procs = _pair(_dies_after_one, reports=1)
     assert "worker:1 left the exchange" in message and "worker:0 stops too" in message
     assert [p.exitcode for p in procs] == [0, 3]
 
@@ -146,13 +153,7 @@ def _mismatched(plan, results):
 
 
 def test_different_all_reduces_on_different_workers_are_an_error_not_a_wrong_sum():
-    results = CTX.Queue()
-    procs = [CTX.Process(target=_mismatched, args=(p, results)) for p in _plans(2)]
-    for p in procs:
-        p.start()
-    messages = [results.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(30)
+    messages, _ = _pair(_mismatched, reports=2)
     assert all("not running the same all-reduces" in m for m in messages), messages
     assert any("16 bytes" in m and "32 bytes" in m for m in messages)
 

@@ -182,14 +182,10 @@ class LaunchConfig:
                                       received=value)
         if self.comm is not None:
             comm = CommOptions.parse(self.comm)  # a ConfigError that names the bad item
+            # (A Slurm or Ray placement on several nodes: each task says so at start.)
             hosts = sorted(set(self.hosts or ()))
-            if comm.implementation == "shm" and len(hosts) > 1:
-                # (A Slurm or Ray placement on several nodes: each task says so at start.)
-                raise ConfigError("--comm shm needs every worker on one host; shared memory "
-                                  "cannot cross machines", expected="one host in --hosts",
-                                  fix="Use --comm auto (shared memory where every worker is "
-                                      "on one host, TensorFlow's collectives otherwise) or "
-                                      "--comm ring", received=f"--hosts {','.join(hosts)}")
+            comm.check_hosts(hosts, expected="one host in --hosts",
+                             received=f"--hosts {','.join(hosts)}")
         if self.roles not in ROLE_MODES:
             raise ConfigError(f"Unknown role mode {self.roles!r}", expected="auto or script",
                               fix="Pass --roles auto or --roles script", received=self.roles)
