@@ -63,6 +63,9 @@ def prepare() -> None:
     from . import shm_allreduce
 
     shm_allreduce.install()  # workers all on this host: all-reduce through shared memory
+    from . import heap
+
+    heap.install()  # undo tf.data's 128 KiB mmap pin (a page-faulted mmap per MatMul buffer)
     if os.environ.get("TFRUN_COMM"):
         when_imported("tensorflow.python.distribute.collective_all_reduce_strategy",
                       _default_communication_options)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["COMM_ENV", "CommOptions", "from_env"]
+__all__ = ["COMM_ENV", "CommOptions", "from_env", "parse_size"]
 
 COMM_ENV = "TFRUN_COMM"
 IMPLEMENTATIONS = ("auto", "ring", "nccl", "shm")
@@ -103,13 +103,21 @@ def _expected() -> str:
             "chooses), timeout=SECONDS")
 
 
-def _parse_size(value: str, text: str) -> int:
-    match = _SIZE.match(value)
+def parse_size(value: str) -> int | None:
+    """Bytes in ``4MB``, ``512K``, ``1.5MiB``, ``1048576`` (powers of 1024), else None."""
+    match = _SIZE.match(value.strip())
     if not match:
-        raise ConfigError(f"--comm pack={value!r} is not a size", expected="e.g. pack=4MB, "
-                          "pack=512K, pack=1048576 or pack=0", fix=_FIX, received=repr(text))
+        return None
     number, unit = float(match.group(1)), match.group(2).lower()
     return int(number * 1024 ** " kmg".index(unit or " "))
+
+
+def _parse_size(value: str, text: str) -> int:
+    size = parse_size(value)
+    if size is None:
+        raise ConfigError(f"--comm pack={value!r} is not a size", expected="e.g. pack=4MB, "
+                          "pack=512K, pack=1048576 or pack=0", fix=_FIX, received=repr(text))
+    return size
 
 
 def _parse_timeout(value: str, text: str) -> float:

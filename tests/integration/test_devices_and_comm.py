@@ -123,3 +123,19 @@ def test_too_few_devices_fails_before_anything_starts(tmp_path, flags, named):
     assert named in run.stdout and "Fix:" in run.stdout
     assert not run.run_dir.exists()  # no run dir, no task, no port
     assert_nothing_left(run)
+
+
+def test_mmap_threshold_keeps_matmul_buffers_off_fresh_mmaps(tmp_path):
+    """tfrun.heap with real TensorFlow: after a tf.distribute dataset is read (TensorFlow pins
+    glibc's mmap threshold at 128 KiB then), tfrun's default gives MatMuls their buffers back
+    from the heap; ``--mmap-threshold tf`` keeps TensorFlow's pin, and each call page-faults
+    its buffers in again (the probe's count, not a time: the effect on steps is measured by
+    benchmarks/bench_strategy_overhead.py)."""
+    faults = {}
+    for flags in ([], ["--mmap-threshold", "tf"]):
+        run = Run(tmp_path / (flags[-1] if flags else "default"),
+                  ["--workers", "1", *flags, str(SCRIPTS / "heap_probe.py")])
+        assert run.run(300) == 0, run.stdout[-3000:]
+        faults[flags[-1] if flags else "default"] = probes(run, "heap_probe")["worker:0"]["faults_per_call"]
+        assert_nothing_left(run)
+    assert faults["default"] < 50 and faults["tf"] > 500, faults

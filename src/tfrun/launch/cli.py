@@ -19,6 +19,7 @@ from ..cli import (
     _topology_from,
 )
 from ..errors import ConfigError
+from ..heap import DEFAULT_THRESHOLD
 from .config import (BACKENDS, KERAS_FLAVOURS, NETWORK_MODES, RAY_PLACEMENTS, ROLE_MODES,
                      SLURM_MODES, STRATEGIES, LaunchConfig)
 
@@ -181,6 +182,10 @@ def build_launch_parser() -> argparse.ArgumentParser:
                          "auto|shm|ring|nccl, pack=SIZE, timeout=SECONDS, e.g. 'ring,pack=4MB'; "
                          "auto (default): shared memory when every worker is on one host, "
                          "TensorFlow's collectives otherwise")
+    tf.add_argument("--mmap-threshold", default=DEFAULT_THRESHOLD, metavar="SIZE",
+                    help="glibc's mmap threshold in every task (default 32M); 'tf' keeps the "
+                         "128K TensorFlow's tf.data pins, under which every large MatMul buffer "
+                         "is a fresh, page-faulted mmap (see tfrun.heap)")
     tf.add_argument("--roles", choices=ROLE_MODES, default="auto",
                     help="auto: with ps, tfrun runs ps/workers as servers and the script on the "
                          "chief; script: every task runs the script (seed-001 convention)")
@@ -310,6 +315,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,
         tensorboard=args.tensorboard,
         keras=args.keras, devices=args.devices, roles=args.roles, comm=args.comm,
+        mmap_threshold=args.mmap_threshold,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Literal
 
 from ..cluster import TaskId, Topology
 from ..comm import CommOptions
+from ..heap import DEFAULT_THRESHOLD, parse_threshold
 from ..errors import ConfigError
 
 __all__ = ["BACKENDS", "RAY_PLACEMENTS", "KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "SLURM_MODES", "STRATEGIES",
@@ -70,6 +71,7 @@ class LaunchConfig:
     keras: str = "3"
     devices: int | None = None          # split the CPU into N logical devices
     comm: str | None = None             # --comm: collective options (see tfrun.comm)
+    mmap_threshold: str = DEFAULT_THRESHOLD  # glibc's, in every task (see tfrun.heap)
     roles: str = "auto"
     python: str = sys.executable        # also the Python on other hosts (same path)
     # ---- several machines (SSH launch, per-node launch)
@@ -186,6 +188,7 @@ class LaunchConfig:
             hosts = sorted(set(self.hosts or ()))
             comm.check_hosts(hosts, expected="one host in --hosts",
                              received=f"--hosts {','.join(hosts)}")
+        parse_threshold(self.mmap_threshold)  # a ConfigError that names the bad size
         if self.roles not in ROLE_MODES:
             raise ConfigError(f"Unknown role mode {self.roles!r}", expected="auto or script",
                               fix="Pass --roles auto or --roles script", received=self.roles)

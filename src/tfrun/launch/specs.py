@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..cluster import ClusterPlan, TaskId, parse_address
 from ..comm import COMM_ENV, CommOptions
+from ..heap import MMAP_THRESHOLD_ENV
 from .backends.base import CONTROLLED_ENV, TaskSpec
 from .config import LaunchConfig
 from .ports import TF_REUSE_PORT_ENV
@@ -97,6 +98,7 @@ def spec_factory(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, *, with
         base["TFRUN_DEVICES"] = str(config.devices)
     if config.comm:
         base[COMM_ENV] = CommOptions.parse(config.comm).to_text()
+    base[MMAP_THRESHOLD_ENV] = config.mmap_threshold
     argv = task_argv(config)
     addresses = plan.cluster.addresses()
     hosts = task_hosts(plan) if remote else {}

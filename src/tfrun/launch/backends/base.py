@@ -29,7 +29,8 @@ __all__ = ["CONTROLLED_ENV", "Backend", "TaskHandle", "TaskSpec"]
 #: starts from, then sets those the spec gives (so e.g. a stale TF_CONFIG never leaks in).
 CONTROLLED_ENV = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "TFRUN_DEVICES", "TFRUN_SUPERVISOR_PID",
                   "TFRUN_NETNS", "TFRUN_USERNS", "TFRUN_HOST_LOOPBACK", "TFRUN_SCRATCH_DIR",
-                  "TFRUN_CGROUP", "TFRUN_COMM", "TFRUN_CPUS")
+                  "TFRUN_CGROUP", "TFRUN_COMM", "TFRUN_CPUS",
+                  "TFRUN_MMAP_THRESHOLD")
 
 
 @dataclass(frozen=True)

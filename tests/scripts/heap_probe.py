@@ -1,0 +1,35 @@
+"""Counts the page faults of MatMuls after a tf.distribute dataset has been read (tfrun.heap).
+
+    tfrun --workers 1 heap_probe.py            # tfrun's default --mmap-threshold
+    tfrun --workers 1 --mmap-threshold tf heap_probe.py
+
+Reading a distributed dataset builds TensorFlow's first GeneratorDataset kernel, which pins
+glibc's mmap threshold at 128 KiB; oneDNN's MatMul packing buffers (over 1 MiB here) are
+then a fresh mmap each call unless tfrun set the threshold back.
+"""
+
+import json
+import resource
+
+import tensorflow as tf
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0"])  # what Keras fit reads data through
+data = tf.data.Dataset.from_tensor_slices(tf.ones((64, 8))).batch(8).repeat()
+next(iter(strategy.experimental_distribute_dataset(data)))  # TensorFlow pins it here
+
+a, b = tf.random.normal((1024, 1024)), tf.random.normal((1024, 1024))
+
+
+@tf.function
+def matmuls():
+    return tf.reduce_sum(tf.matmul(a, b)) + tf.reduce_sum(tf.matmul(a, b, transpose_b=True))
+
+
+for _ in range(10):  # trace, and let the heap grow to what a call needs
+    matmuls().numpy()
+calls = 40
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(calls):
+    matmuls().numpy()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print("heap_probe: " + json.dumps({"faults_per_call": faults / calls}), flush=True)
