@@ -9,13 +9,16 @@ after the other (so the rounds interleave):
 * 1 process pinned to 1 core, no strategy: the baseline;
 * 2 workers by hand: two processes with hand-written TF_CONFIGs (the seeds' way), started
   as ``python -m tfrun.bootstrap`` so that they get tfrun's Keras 3 fixes (plain Keras 3
-  ``fit`` fails under MultiWorkerMirroredStrategy) but no launcher, no supervisor, and
-  TensorFlow's collectives (``TFRUN_COMM=ring``: what a user without tfrun gets);
+  ``fit`` fails under MultiWorkerMirroredStrategy) but no launcher, no supervisor,
+  TensorFlow's collectives (``TFRUN_COMM=ring``) and TensorFlow's 128 KiB mmap-threshold pin
+  (no ``TFRUN_MMAP_THRESHOLD``): what a user without tfrun gets;
 * 2 workers under ``tfrun --workers 2`` with its defaults (all-reduce through shared
-  memory: both workers are on this host);
-* 2 workers under ``tfrun --comm ring``: TensorFlow's collectives, like by hand -- so
-  tfrun / by-hand of this row is tfrun's own overhead;
-* 2 workers under tfrun with other candidate settings (``--cpus-per-task 1``).
+  memory: both workers are on this host; glibc's mmap threshold back at 32 MiB, see
+  ``tfrun.heap``);
+* 2 workers under ``tfrun --comm ring --mmap-threshold tf``: TensorFlow's collectives and
+  heap setting, like by hand -- so tfrun / by-hand of this row is tfrun's own overhead;
+* 2 workers under tfrun with one default turned back (``--mmap-threshold tf``: shared
+  memory, TensorFlow's pin) and another candidate setting (``--cpus-per-task 1``).
 
 It prints samples/s per configuration (median over rounds), scaling efficiency
 (samples/s of 2 workers / (2 x the baseline's)) and tfrun / by-hand. Numbers, not checks:
@@ -44,7 +47,8 @@ SCRIPT_ARGS = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
 ENV = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
 TFRUN_VARIANTS = {
     "tfrun --workers 2 (defaults)": [],
-    "tfrun --comm ring": ["--comm", "ring"],
+    "tfrun --comm ring --mmap-threshold tf": ["--comm", "ring", "--mmap-threshold", "tf"],
+    "tfrun --mmap-threshold tf": ["--mmap-threshold", "tf"],
     "tfrun --cpus-per-task 1": ["--cpus-per-task", "1"],
 }
 
@@ -101,7 +105,7 @@ def main() -> None:
                 out = scratch / f"r{round_}-{i}"
                 out.mkdir()
                 measured[name].append(run(out))
-                print(f"round {round_ + 1}/{args.rounds}  {name:<32} {measured[name][-1]:9.0f} samples/s",
+                print(f"round {round_ + 1}/{args.rounds}  {name:<40} {measured[name][-1]:9.0f} samples/s",
                       flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -109,10 +113,10 @@ def main() -> None:
     base = median["1 process, 1 core (baseline)"]
     hand = median["2 workers by hand"]
     print(f"\nweak scaling, {args.rounds} interleaved rounds, {os.cpu_count()} CPUs, median samples/s")
-    print(f"  {'configuration':<34} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} {'/by hand':>9}")
+    print(f"  {'configuration':<42} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} {'/by hand':>9}")
     for name, value in median.items():
         two = not name.startswith("1 process")
-        print(f"  {name:<34} {value:10.0f} {value / base:8.2f} "
+        print(f"  {name:<42} {value:10.0f} {value / base:8.2f} "
               f"{value / (2 * base) if two else 1.0:10.2f} "
               f"{value / hand if two else float('nan'):9.2f}")
     best = max(TFRUN_VARIANTS, key=median.get)
