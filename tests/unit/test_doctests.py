@@ -5,7 +5,9 @@ import doctest
 import pytest
 
 import tfrun.cluster
+import tfrun.comm
 import tfrun.errors
+import tfrun.heap
 import tfrun.launch.config
 import tfrun.launch.logs
 import tfrun.launch.policy
@@ -14,7 +16,7 @@ import tfrun.launch.bench
 import tfrun.launch.runstats
 
 
-@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.errors, tfrun.launch.config, tfrun.launch.logs,
+@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.heap, tfrun.launch.config, tfrun.launch.logs,
                                     tfrun.launch.policy, tfrun.launch.ports,
                                     tfrun.launch.bench, tfrun.launch.runstats])
 def test_docstring_examples(module):
