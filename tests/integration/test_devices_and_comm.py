@@ -136,6 +136,9 @@ def test_mmap_threshold_keeps_matmul_buffers_off_fresh_mmaps(tmp_path):
         run = Run(tmp_path / (flags[-1] if flags else "default"),
                   ["--workers", "1", *flags, str(SCRIPTS / "heap_probe.py")])
         assert run.run(300) == 0, run.stdout[-3000:]
-        faults[flags[-1] if flags else "default"] = probes(run, "heap_probe")["worker:0"]["faults_per_call"]
+        faults[flags[-1] if flags else "default"] = probes(run, "heap_probe")["worker:0"]
         assert_nothing_left(run)
-    assert faults["default"] < 50 and faults["tf"] > 500, faults
+    assert faults["default"]["faults_per_call"] < 50 and faults["tf"]["faults_per_call"] > 500, faults
+    # A 4 MiB buffer is 1,024 pages: faulted in at each use unless it stays on the heap and
+    # the heap keeps it (tfrun also raises the trim threshold TensorFlow's pin left low).
+    assert faults["default"]["faults_per_buffer"] < 50 and faults["tf"]["faults_per_buffer"] > 200, faults

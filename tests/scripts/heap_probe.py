@@ -11,6 +11,7 @@ then a fresh mmap each call unless tfrun set the threshold back.
 import json
 import resource
 
+import numpy as np
 import tensorflow as tf
 
 strategy = tf.distribute.MirroredStrategy(["/cpu:0"])  # what Keras fit reads data through
@@ -32,4 +33,17 @@ before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(calls):
     matmuls().numpy()
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print("heap_probe: " + json.dumps({"faults_per_call": faults / calls}), flush=True)
+
+
+def faults_per_buffer(calls=40):
+    """A 4 MiB buffer made and freed, like the per-step arrays of an all-reduce: with
+    TensorFlow's 128 KiB trim threshold, freeing it hands it back and it faults in again."""
+    np.ones(1 << 20, np.float32).sum()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        np.ones(1 << 20, np.float32).sum()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
+print("heap_probe: " + json.dumps({"faults_per_call": faults / calls,
+                                   "faults_per_buffer": faults_per_buffer()}), flush=True)
