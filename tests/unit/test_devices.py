@@ -115,7 +115,7 @@ def test_visible_gpus_from_the_environment_or_the_driver(tmp_path):
 
 @pytest.mark.parametrize("argv, named", [
     (["--cpus-per-task", "0.5", "t.py"], "--cpus-per-task 0.5: a local task gets whole devices"),
-    (["--backend", "ray", "--cpus-per-task", "0", "t.py"], "--backend ray cannot run a task on 0 CPUs"),
+    (["--backend", "ray", "--cpus-per-task", "0", "t.py"], "--cpus-per-task must be a finite number of CPUs > 0"),
     (["--hosts", "a,b", "--gpus-per-task", "1", "t.py"], "does not split other hosts' devices"),
 ])
 def test_device_flags_that_cannot_be_honoured_here_are_refused(argv, named):
