@@ -153,9 +153,7 @@ class LaunchConfig:
             value = getattr(self, name)
             if value is None:
                 continue
-            # 0 CPUs: a local run's tasks share every CPU; Ray cannot run a task on none.
-            if not 0 <= value < float("inf") or (name == "cpus_per_task" and value == 0
-                                                 and self.backend == "ray"):
+            if not 0 <= value < float("inf") or (name == "cpus_per_task" and value == 0):
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be a finite number of "
                                   f"{'CPUs > 0' if name == 'cpus_per_task' else 'GPUs >= 0'}",
