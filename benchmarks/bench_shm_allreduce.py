@@ -3,8 +3,10 @@ all-reduce of the same gradients, in one invocation.
 
     python benchmarks/bench_shm_allreduce.py [--runs 3] [--rounds 50]
 
-1. ``tfrun --workers 2 --comm ring`` and ``tfrun --workers 2`` (default: shared memory,
-   every worker on this host), alternating ``--runs`` times, on the built-in MLP (seed
+1. ``tfrun --workers 2 --comm ring``, ``tfrun --workers 2`` (default: shared memory,
+   every worker on this host, through the native exchange) and the same with
+   ``TFRUN_SHM_KERNEL=0`` (the Python exchange, a ``tf.py_function``), alternating ``--runs``
+   times, on the built-in MLP (seed
    000's 784-1024-1024-10, 7.1 MiB of float32 gradients) with ``TFRUN_BREAKDOWN=1``:
    worker 0's all-reduce of those gradients through the model's strategy, its whole step
    and the run's samples/s.
@@ -32,10 +34,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tfrun_breakdown(scratch: Path, name: str, flags: list[str]) -> dict:
+def tfrun_breakdown(scratch: Path, name: str, flags: list[str], extra_env: dict) -> dict:
     """Worker 0's breakdown record (plus samples/s) of one 2-worker tfrun run."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", TFRUN_BREAKDOWN="1", TFRUN_REPORT="0")
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFRUN_SHM_KERNEL")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", TFRUN_BREAKDOWN="1", TFRUN_REPORT="0", **extra_env)
     run_dir = scratch / name
     result = subprocess.run([sys.executable, "-m", "tfrun", "--workers", "2", "--quiet-tasks",
                              "--color", "never", "--run-dir", str(run_dir), *flags, "-m",
@@ -93,8 +95,11 @@ def shared_memory_allreduce(size: int, rounds: int) -> float:
         block.unlink()
 
 
-CONFIGS = {"TensorFlow (--comm ring)": ["--comm", "ring"],
-           "tfrun shared memory (default)": []}
+SHM = "tfrun shared memory (default)"
+SHM_PYTHON = "... Python exchange"
+CONFIGS = {"TensorFlow (--comm ring)": (["--comm", "ring"], {}),
+           SHM: ([], {}),
+           SHM_PYTHON: ([], {"TFRUN_SHM_KERNEL": "0"})}
 
 
 def main() -> None:
@@ -105,8 +110,8 @@ def main() -> None:
     measured: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="tfrun-bench-shm-") as scratch:
         for run in range(args.runs):
-            for i, (name, flags) in enumerate(CONFIGS.items()):
-                got = tfrun_breakdown(Path(scratch), f"r{run}-{i}", flags)
+            for i, (name, (flags, extra_env)) in enumerate(CONFIGS.items()):
+                got = tfrun_breakdown(Path(scratch), f"r{run}-{i}", flags, extra_env)
                 measured[name].append(got)
                 print(f"run {run + 1}/{args.runs}  {name:<30} all-reduce {got['allreduce_ms']:7.2f} ms"
                       f"  step {got['step_ms']:7.2f} ms  {got['samples_per_second']:7.0f} samples/s",
@@ -123,10 +128,14 @@ def main() -> None:
         print(f"  {name:<30} {m['allreduce_ms']:15.2f} {mib / m['allreduce_ms'] * 1000:8,.0f} "
               f"{m['step_ms']:10.2f} {m['samples_per_second']:10,.0f}")
     print(f"  {'bare shared memory (floor)':<30} {bare_ms:15.2f} {mib / bare_ms * 1000:8,.0f}")
-    tf_, shm = median["TensorFlow (--comm ring)"], median["tfrun shared memory (default)"]
+    tf_, shm, python = median["TensorFlow (--comm ring)"], median[SHM], median[SHM_PYTHON]
     print(f"all-reduce: TensorFlow / tfrun shared memory {tf_['allreduce_ms'] / shm['allreduce_ms']:.1f}x;"
           f" samples/s: tfrun shared memory / TensorFlow "
           f"{shm['samples_per_second'] / tf_['samples_per_second']:.2f}x")
+    print(f"native exchange vs Python exchange: all-reduce "
+          f"{python['allreduce_ms'] / shm['allreduce_ms']:.2f}x faster, step "
+          f"{python['step_ms'] / shm['step_ms']:.2f}x, samples/s "
+          f"{shm['samples_per_second'] / python['samples_per_second']:.2f}x")
 
 
 if __name__ == "__main__":

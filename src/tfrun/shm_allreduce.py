@@ -24,6 +24,12 @@ per-replica collective launcher) so that a launcher of this cluster's workers --
 replica per worker -- uses the exchange; anything else (GPUs, several replicas per
 worker, integer or sparse values, XLA) stays on TensorFlow's collectives.
 
+Two implementations of the same protocol: this module's Python one (``ShmGroup``, run as a
+``tf.py_function``) and the native one (``_shm_kernel.cc``: the op ``TfrunShmAllReduce``,
+which reads its input tensor in place and sums into its output tensor; ``tfrun._native``
+builds it). Python always sets the group up; ``ShmGroup.use_native`` then hands it over.
+The native one is used whenever it builds; the two interoperate, byte for byte.
+
     >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '
     ...        '"task": {"type": "worker", "index": 1}}', "TFRUN_RUN_DIR": "/r"}
     >>> plan_from_env(env).rank, plan_from_env(env).size, plan_from_env(env).names
@@ -123,6 +129,8 @@ class ShmGroup:
         self._exchanges = 0
         self._peers: dict[int, socket.socket] = {}       # rank 0: every other; else {0: hub}
         self._maps: list[mmap.mmap] = []
+        self._native = None                              # the ctypes library, once handed over
+        self._native_views: list = []                    # keep the mapped addresses valid
         memfd = os.memfd_create(f"tfrun-shm-{plan.rank}", os.MFD_CLOEXEC)
         fds: list[int] = []
         try:
@@ -215,18 +223,55 @@ class ShmGroup:
             return sock
 
     # -- exchange -----------------------------------------------------------------------
+    def use_native(self, library) -> None:
+        """Hand this group to the native exchange (``tfrun._native``'s ctypes ``library``):
+        from now on every exchange -- ``all_reduce`` and the TfrunShmAllReduce op -- runs
+        there, continuing this group's exchange count."""
+        import ctypes
+
+        import numpy as np
+
+        if self._native is not None:
+            return
+        self._native_views = [np.frombuffer(m, np.uint8) for m in self._maps]
+        addresses = (ctypes.c_void_p * self.plan.size)(
+            *(view.ctypes.data for view in self._native_views))
+        fds = (ctypes.c_int * self.plan.size)(
+            *(self._peers[r].fileno() if r in self._peers else -1 for r in range(self.plan.size)))
+        for conn in self._peers.values():
+            conn.setblocking(True)  # the native side polls with its own timeout
+        library.tfrun_shm_register(self.plan.rank, self.plan.size, addresses, self._stride,
+                                   self.chunk_bytes, fds, "\n".join(self.plan.names).encode(),
+                                   self._exchanges)
+        self._native = library
+
     def all_reduce(self, values, timeout: float | None = None):
         """The sum over every task of ``values`` (1-D NumPy array), summed in rank order."""
         import numpy as np
 
         flat = np.ascontiguousarray(values).reshape(-1)
         out = np.empty_like(flat)
+        if self._native is not None:
+            self._native_all_reduce(flat, out, timeout)
+            return out
         raw, result = flat.view(np.uint8), out.view(np.uint8)
         step = self.chunk_bytes - self.chunk_bytes % max(flat.itemsize, 1)
         for start in range(0, max(raw.size, 1), step):
             self._exchange(raw[start:start + step], result[start:start + step], flat.dtype,
                            timeout)
         return out
+
+    def _native_all_reduce(self, flat, out, timeout) -> None:
+        import ctypes
+
+        from ._native import DTYPE_CODES
+
+        error = ctypes.create_string_buffer(2048)
+        kind = self._native.tfrun_shm_all_reduce(flat.ctypes.data, out.ctypes.data, flat.nbytes,
+                                                 DTYPE_CODES[flat.dtype.name], timeout or 0.0,
+                                                 error, len(error))
+        if kind:
+            raise _NATIVE_ERRORS.get(kind, RuntimeError)(error.value.decode(errors="replace"))
 
     def _exchange(self, mine, result, dtype, timeout) -> None:
         import numpy as np
@@ -284,6 +329,10 @@ class ShmGroup:
                 f"{self.plan.names[self.plan.rank]} stops too. Received: {got!r}")
 
     def close(self) -> None:
+        if self._native is not None:  # first: the native side must not touch what goes next
+            self._exchanges = self._native.tfrun_shm_unregister()
+            self._native = None
+        self._native_views.clear()
         for conn in self._peers.values():
             conn.close()
         self._peers.clear()
@@ -293,6 +342,10 @@ class ShmGroup:
             except BufferError:  # a NumPy view still alive: the process's exit frees it
                 pass
         self._maps.clear()
+
+
+#: The native exchange's result kinds (``_shm_kernel.cc``'s ``Kind``) as Python's errors.
+_NATIVE_ERRORS = {1: RuntimeError, 2: ConnectionError, 3: TimeoutError, 4: RuntimeError}
 
 
 def _same_user(conn: socket.socket) -> bool:
@@ -357,22 +410,38 @@ def _applies(launcher, plan: ShmPlan, tensor, options) -> bool:
 
 
 def _shm_all_reduce(device, tensor, control_input, plan: ShmPlan, timeout):
+    import numpy as np
     import tensorflow as tf
     from tensorflow.python.framework import ops
 
-    def exchange(values):
-        array_ = values.numpy()
-        return _joined(plan).all_reduce(array_, timeout).reshape(array_.shape)
+    from . import _native
+
+    loaded = _native.kernel()
+    if loaded is not None:
+        # The native op needs the group before it first runs: join now, while tracing (every
+        # worker traces the same step; the Python exchange joins at its first call instead).
+        _joined(plan)
+        native_op = loaded[0].tfrun_shm_all_reduce
+
+        def call():
+            return native_op(tensor, timeout_seconds=timeout or 0.0)
+    else:
+        def exchange(values):
+            array_ = np.asarray(values)  # a view: EagerTensor.numpy() would copy it first
+            return _joined(plan).all_reduce(array_, timeout).reshape(array_.shape)
+
+        def call():
+            return tf.py_function(exchange, [tensor], tensor.dtype)
 
     if tf.executing_eagerly():
         with ops.device(device):
-            return tf.py_function(exchange, [tensor], tensor.dtype)
+            return call()
     graph = ops.get_default_graph()
     # Every task must run its exchanges in the same order: chain them in program order
     # (in each graph; a while/cond body is a graph of its own).
     before = [op for op in (_last_op.get(graph), control_input) if op is not None]
     with ops.device(device), ops.control_dependencies(before):
-        result = tf.py_function(exchange, [tensor], tensor.dtype)
+        result = call()
     result.set_shape(tensor.shape)
     _last_op[graph] = result.op
     return result
@@ -385,12 +454,18 @@ def in_use() -> bool:
 
 def _joined(plan: ShmPlan) -> ShmGroup:
     global _group
+    from . import _native
+
     with _group_lock:
         if _group is None:
+            loaded = _native.kernel()  # built/loaded once per process; None: the Python path
             _group = ShmGroup(plan)
+            if loaded is not None:
+                _group.use_native(loaded[1])
             if plan.rank == 0:
+                how = ("native exchange" if loaded is not None else
+                       f"Python exchange, the native one is unavailable: {_native.kernel_reason()}")
                 print(f"tfrun: all-reduce through shared memory: {plan.size} workers on this "
-                      "host (--comm ring for TensorFlow's collectives)", file=sys.stderr,
+                      f"host ({how}; --comm ring for TensorFlow's collectives)", file=sys.stderr,
                       flush=True)
         return _group
-

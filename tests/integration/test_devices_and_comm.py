@@ -47,21 +47,26 @@ def task_logs(run: Run) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted((run.run_dir / "logs").glob("*.log")))
 
 
-@pytest.mark.parametrize("flags, tasks", [
-    (["--workers", "2"], ("worker:0", "worker:1")),
-    (["--chief", "--workers", "1", "--comm", "shm,timeout=60"], ("chief:0", "worker:0")),
-], ids=["default", "shm"])
-def test_workers_on_one_host_all_reduce_through_shared_memory(tmp_path, flags, tasks):
+@pytest.mark.parametrize("flags, tasks, env, path", [
+    (["--workers", "2"], ("worker:0", "worker:1"), {}, "(native exchange;"),
+    (["--chief", "--workers", "1", "--comm", "shm,timeout=60"], ("chief:0", "worker:0"), {},
+     "(native exchange;"),
+    (["--workers", "2"], ("worker:0", "worker:1"), {"TFRUN_SHM_KERNEL": "0"},
+     "(Python exchange, the native one is unavailable: TFRUN_SHM_KERNEL=0;"),
+], ids=["default", "shm", "python-exchange"])
+def test_workers_on_one_host_all_reduce_through_shared_memory(tmp_path, flags, tasks, env, path):
     """Default (and --comm shm): the strategy's all-reduces, made plainly or by
-    tfrun.strategy(), go through tfrun's exchange, which TensorFlow's own options still
-    describe as AUTO; the sum is right. (Training through it: test_keras_exactness.py.)"""
-    run = Run(tmp_path, [*flags, str(SCRIPTS / "comm_probe.py")])
+    tfrun.strategy(), go through tfrun's exchange (native, or Python when turned off),
+    which TensorFlow's own options still describe as AUTO; the sum is right. (Training
+    through it: test_keras_exactness.py.)"""
+    run = Run(tmp_path, [*flags, str(SCRIPTS / "comm_probe.py")], env=env)
     assert run.run(300) == 0, run.stdout[-3000:]
     got = probes(run, "comm_probe")
     assert {t: g["implementation"] for t, g in got.items()} == dict.fromkeys(tasks, "AUTO")
     assert run.stdout.count("comm_probe: all-reduce sum 2") == 2
     logs = task_logs(run)
     assert logs.count(SHM_LINE + "2 workers on this host") == 1, logs[-3000:]  # rank 0 says it
+    assert logs.count(SHM_LINE + "2 workers on this host " + path) == 1, logs[-3000:]
     assert_nothing_left(run)
 
 

@@ -27,12 +27,16 @@ SETUPS = {
     "mwms-2-workers": ["--workers", "2"],
     "mwms-chief-worker": ["--chief", "--workers", "1"],
     # The two above all-reduce through tfrun's shared memory (the default for workers on
-    # one host); this one through TensorFlow's collectives.
+    # one host, its native exchange); the next one through its Python exchange
+    # (SETUP_ENV), the last through TensorFlow's collectives.
+    "mwms-2-workers-python-exchange": ["--workers", "2"],
     "mwms-2-workers-ring": ["--workers", "2", "--comm", "ring"],
 }
+SETUP_ENV = {"mwms-2-workers-python-exchange": {"TFRUN_SHM_KERNEL": "0"}}
 EXPECTED_STRATEGY = {"mirrored": "MirroredStrategy", "central": "CentralStorageStrategy",
                      "mwms-2-workers": "CollectiveAllReduceStrategy",
                      "mwms-chief-worker": "CollectiveAllReduceStrategy",
+                     "mwms-2-workers-python-exchange": "CollectiveAllReduceStrategy",
                      "mwms-2-workers-ring": "CollectiveAllReduceStrategy"}
 SHM_LINE = "tfrun: all-reduce through shared memory: 2 workers on this host"
 
@@ -75,12 +79,17 @@ def test_exact_against_single_process(setup, reference, workdir):
     out = f"{setup}-k{flavour}"
     # With the step breakdown on (issue 15.2): it measures after each fit, and must neither
     # fail under any strategy or flavour nor change what training computed.
-    result = run_tfrun(workdir, SETUPS[setup], flavour, out, extra_env={"TFRUN_BREAKDOWN": "1"})
+    result = run_tfrun(workdir, SETUPS[setup], flavour, out,
+                       extra_env={"TFRUN_BREAKDOWN": "1", **SETUP_ENV.get(setup, {})})
     assert result.returncode == 0, result.stdout[-4000:]
     logs = "".join(p.read_text(errors="replace") for p in (workdir / f"run-{out}" / "logs").glob("*.log"))
     assert "no step breakdown" not in logs
     shared_memory = setup.startswith("mwms") and not setup.endswith("ring")
     assert (SHM_LINE in logs) == shared_memory, logs[-3000:]
+    if shared_memory:
+        python = setup in SETUP_ENV
+        assert (SHM_LINE + " (Python exchange" in logs) == python, logs[-3000:]
+        assert (SHM_LINE + " (native exchange" in logs) == (not python), logs[-3000:]
     for recorded in (workdir / f"run-{out}" / "metrics").glob("*.jsonl"):
         records = [json.loads(line) for line in recorded.read_text().splitlines()]
         breakdowns = [r for r in records if r["event"] == "breakdown"]

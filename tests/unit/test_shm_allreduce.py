@@ -1,18 +1,24 @@
 """The shared-memory all-reduce (issue 15.3): the pure plan, and real processes exchanging
-through real memfds and an abstract Unix socket (no TensorFlow here; the strategy-level
-tests are in tests/integration/test_devices_and_comm.py)."""
+through real memfds and an abstract Unix socket, with the Python exchange and the native one
+(tfrun/_shm_kernel.cc through ctypes). No TensorFlow in these processes: the native library
+is built once in a subprocess; the strategy-level tests are in
+tests/integration/test_devices_and_comm.py."""
 
+import ctypes
 import json
 import multiprocessing as mp
 import os
 import socket
 import struct
+import subprocess
+import sys
 import time
 import uuid
 
 import numpy as np
 import pytest
 
+from tfrun import _native
 from tfrun.errors import ConfigError
 from tfrun.shm_allreduce import ShmGroup, ShmPlan, plan_from_env
 
@@ -69,9 +75,37 @@ def _plans(size):
     return [ShmPlan(rank=r, names=names, address=address) for r in range(size)]
 
 
-def _member(plan, chunk_bytes, arrays, results):
+@pytest.fixture(scope="module")
+def native_library(tmp_path_factory):
+    """The native exchange, built the way a task builds it (TensorFlow's headers and
+    flags), in a subprocess so that this process and its forks never load TensorFlow."""
+    cache = tmp_path_factory.mktemp("kernel-cache")
+    build = subprocess.run([sys.executable, "-c", "from tfrun._native import library_path; "
+                            "print(library_path())"], capture_output=True, text=True,
+                           env={**os.environ, "TFRUN_CACHE_DIR": str(cache),
+                                "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    return build.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(params=["python", "native"])
+def exchange(request):
+    """None for the Python exchange, else the native library's path."""
+    return request.getfixturevalue("native_library") if request.param == "native" else None
+
+
+def _open(plan, native, **kwargs):
+    group = ShmGroup(plan, connect_timeout=30, **kwargs)
+    if native:
+        library = ctypes.CDLL(native)
+        _native._declare(library)
+        group.use_native(library)
+    return group
+
+
+def _member(plan, chunk_bytes, arrays, results, native=None):
     try:
-        group = ShmGroup(plan, chunk_bytes=chunk_bytes, connect_timeout=30)
+        group = _open(plan, native, chunk_bytes=chunk_bytes)
         out = [group.all_reduce(a(plan.rank)) for a in arrays]
         results.put((plan.rank, [o.tobytes() for o in out], [str(o.dtype) for o in out]))
         group.close()
@@ -79,10 +113,12 @@ def _member(plan, chunk_bytes, arrays, results):
         results.put((plan.rank, repr(exc), None))
 
 
-def _run(size, arrays, chunk_bytes=1 << 20):
+def _run(size, arrays, chunk_bytes=1 << 20, natives=None):
+    """Each rank's results; ``natives``: per rank, None (Python) or the native library."""
     results = CTX.Queue()
-    procs = [CTX.Process(target=_member, args=(p, chunk_bytes, arrays, results))
-             for p in _plans(size)]
+    natives = natives or [None] * size
+    procs = [CTX.Process(target=_member, args=(p, chunk_bytes, arrays, results, native))
+             for p, native in zip(_plans(size), natives)]
     for p in procs:
         p.start()
     got = dict((rank, (out, dtypes)) for rank, out, dtypes in (results.get(timeout=60) for _ in procs))
@@ -95,11 +131,14 @@ def _floats(dtype, n):
     return lambda rank: (np.random.default_rng(rank).normal(size=n) * 100).astype(dtype)
 
 
+ARRAYS = [_floats("float32", 1000), _floats("float64", 7), _floats("float16", 3),
+          _floats("float32", 0), _floats("float32", 5000)]  # 20 kB: several chunks of 4 kB
+
+
 @pytest.mark.parametrize("size", [2, 3])
-def test_sums_in_rank_order_and_every_task_gets_the_same_bits(size):
-    arrays = [_floats("float32", 1000), _floats("float64", 7), _floats("float16", 3),
-              _floats("float32", 0), _floats("float32", 5000)]  # 20 kB: several chunks of 4 kB
-    got = _run(size, arrays, chunk_bytes=4096)
+def test_sums_in_rank_order_and_every_task_gets_the_same_bits(size, exchange):
+    arrays = ARRAYS
+    got = _run(size, arrays, chunk_bytes=4096, natives=[exchange] * size)
     assert sorted(got) == list(range(size))
     for i, make in enumerate(arrays):
         expected = make(0)
@@ -112,8 +151,17 @@ def test_sums_in_rank_order_and_every_task_gets_the_same_bits(size):
             assert out[i] == expected.tobytes(), (rank, i)
 
 
-def _dies_after_one(plan, results):
-    group = ShmGroup(plan, connect_timeout=30)
+def test_the_native_and_the_python_exchange_speak_the_same_protocol(native_library):
+    """One worker on each: the same bits as all-Python (a task whose build failed still
+    meets the others)."""
+    mixed = _run(3, ARRAYS, chunk_bytes=4096, natives=[native_library, None, native_library])
+    python = _run(3, ARRAYS, chunk_bytes=4096)
+    assert all(isinstance(out, list) for out, _ in mixed.values()), mixed
+    assert mixed == python
+
+
+def _dies_after_one(plan, results, native=None):
+    group = _open(plan, native)
     group.all_reduce(np.ones(4, np.float32))
     if plan.rank == 1:
         os._exit(3)  # no goodbye: the process just ends
@@ -124,11 +172,11 @@ def _dies_after_one(plan, results):
         results.put(str(exc))
 
 
-def _pair(target, reports: int):
-    """Ranks 0 and 1 of a fresh plan run ``target(plan, results)``: the first ``reports``
-    messages they put, and the processes (joined)."""
+def _pair(target, reports: int, native=None):
+    """Ranks 0 and 1 of a fresh plan run ``target(plan, results, native)``: the first
+    ``reports`` messages they put, and the processes (joined)."""
     results = CTX.Queue()
-    procs = [CTX.Process(target=target, args=(p, results)) for p in _plans(2)]
+    procs = [CTX.Process(target=target, args=(p, results, native)) for p in _plans(2)]
     for p in procs:
         p.start()
     messages = [results.get(timeout=60) for _ in range(reports)]
@@ -137,14 +185,14 @@ def _pair(target, reports: int):
     return messages, procs
 
 
-def test_a_peer_that_dies_fails_the_others_at_once_with_its_name():
-    [message], procs = _pair(_dies_after_one, reports=1)
+def test_a_peer_that_dies_fails_the_others_at_once_with_its_name(exchange):
+    [message], procs = _pair(_dies_after_one, reports=1, native=exchange)
     assert "worker:1 left the exchange" in message and "worker:0 stops too" in message
     assert [p.exitcode for p in procs] == [0, 3]
 
 
-def _mismatched(plan, results):
-    group = ShmGroup(plan, connect_timeout=30)
+def _mismatched(plan, results, native=None):
+    group = _open(plan, native)
     try:
         group.all_reduce(np.ones(4 if plan.rank == 0 else 8, np.float32))
         results.put("no error")
@@ -152,8 +200,8 @@ def _mismatched(plan, results):
         results.put(str(exc))
 
 
-def test_different_all_reduces_on_different_workers_are_an_error_not_a_wrong_sum():
-    messages, _ = _pair(_mismatched, reports=2)
+def test_different_all_reduces_on_different_workers_are_an_error_not_a_wrong_sum(exchange):
+    messages, _ = _pair(_mismatched, reports=2, native=exchange)
     assert all("not running the same all-reduces" in m for m in messages), messages
     assert any("16 bytes" in m and "32 bytes" in m for m in messages)
 

@@ -1,0 +1,139 @@
+"""Builds, caches and loads tfrun's native shared-memory exchange (``_shm_kernel.cc``).
+
+Why native: the Python exchange runs as a ``tf.py_function``, which copies the summed
+gradients into a new tensor and takes the GIL on every step; the op sums straight into its
+output tensor (see ``benchmarks/bench_shm_allreduce.py`` for both, side by side).
+
+The source ships with tfrun and is compiled on first use against the installed TensorFlow's
+headers (``tf.sysconfig``) with ``$CXX`` (else ``c++``/``g++``), into
+``$TFRUN_CACHE_DIR`` (else ``$XDG_CACHE_HOME/tfrun``, else ``~/.cache/tfrun``), named after
+a hash of the source, TensorFlow's version and the flags: a later run, or the other
+workers of this one, load it from there. Workers that start together build it once (a file
+lock). No compiler, a failed build, or ``TFRUN_SHM_KERNEL=0`` keeps the Python exchange;
+``kernel()`` says why in ``kernel_reason()``.
+
+    >>> _cache_dir({"TFRUN_CACHE_DIR": "/scratch/tfrun"})
+    PosixPath('/scratch/tfrun')
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+__all__ = ["KERNEL_ENV", "kernel", "kernel_reason", "library_path"]
+
+KERNEL_ENV = "TFRUN_SHM_KERNEL"
+SOURCE = Path(__file__).with_name("_shm_kernel.cc")
+DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
+_BUILD_TIMEOUT = 600
+
+_lock = threading.Lock()
+_loaded: tuple | None = None   # (op module, ctypes library) once loaded
+_reason: str | None = None     # why there is none, once tried
+
+
+def _cache_dir(environ=None) -> Path:
+    environ = os.environ if environ is None else environ
+    if environ.get("TFRUN_CACHE_DIR"):
+        return Path(environ["TFRUN_CACHE_DIR"])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tfrun"
+
+
+def _compiler(environ=None) -> str | None:
+    environ = os.environ if environ is None else environ
+    named = environ.get("CXX")
+    if named:
+        return shutil.which(named)
+    return shutil.which("c++") or shutil.which("g++")
+
+
+def library_path(environ=None) -> Path:
+    """The built library (building it first if needed); OSError/RuntimeError say why not."""
+    compiler = _compiler(environ)
+    if compiler is None:
+        raise OSError("no C++ compiler (set CXX, or install g++)")
+    import tensorflow as tf
+
+    flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    libdir = tf.sysconfig.get_lib()
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, tf.__version__.encode(), compiler.encode(),
+                                     *(f.encode() for f in flags)])).hexdigest()[:16]
+    cache = _cache_dir(environ)
+    target = cache / f"shm_kernel-{key}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(cache / f"shm_kernel-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait for one build
+        if target.exists():
+            return target
+        fd, partial = tempfile.mkstemp(prefix=target.name, suffix=".partial", dir=cache)
+        os.close(fd)
+        try:
+            # -w: TensorFlow's own headers warn by the page; the rpath lets ctypes load it
+            # in a process that has not imported TensorFlow (the unit tests' workers).
+            build = subprocess.run(
+                [compiler, "-shared", "-fPIC", "-O3", "-w", str(SOURCE), "-o", partial, *flags,
+                 f"-Wl,-rpath,{libdir}"], capture_output=True, text=True,
+                timeout=_BUILD_TIMEOUT)
+            if build.returncode != 0:
+                raise RuntimeError(f"{Path(compiler).name} failed: "
+                                   f"{(build.stderr or build.stdout).strip()[-1500:]}")
+            os.replace(partial, target)  # whole or not at all: a reader never sees half
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    return target
+
+
+def kernel(environ=None):
+    """``(op module, ctypes library)`` of the native exchange, or None (then
+    ``kernel_reason()`` says why). Built and loaded once per process."""
+    global _loaded, _reason
+    environ = os.environ if environ is None else environ
+    with _lock:
+        if _loaded is not None or _reason is not None:
+            return _loaded
+        if environ.get(KERNEL_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+            _reason = f"{KERNEL_ENV}={environ[KERNEL_ENV]}"
+            return None
+        try:
+            path = library_path(environ)
+            import tensorflow as tf
+
+            module = tf.load_op_library(str(path))
+            library = ctypes.CDLL(str(path))  # the same handle: one group, seen by both
+        except Exception as exc:  # a speed path never fails the run: the Python one stays
+            _reason = f"{type(exc).__name__}: {exc}"
+            return None
+        _declare(library)
+        _loaded = (module, library)
+        return _loaded
+
+
+def kernel_reason() -> str | None:
+    """Why ``kernel()`` returned None (None if it has not, or has not been asked)."""
+    return _reason
+
+
+def _declare(library) -> None:
+    library.tfrun_shm_register.argtypes = [
+        ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64,
+        ctypes.c_int64, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_uint64]
+    library.tfrun_shm_register.restype = ctypes.c_int
+    library.tfrun_shm_unregister.argtypes = []
+    library.tfrun_shm_unregister.restype = ctypes.c_uint64
+    library.tfrun_shm_all_reduce.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double,
+        ctypes.c_char_p, ctypes.c_int]
+    library.tfrun_shm_all_reduce.restype = ctypes.c_int
