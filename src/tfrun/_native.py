@@ -70,9 +70,11 @@ def library_path(environ=None) -> Path:
                                      *(f.encode() for f in flags)])).hexdigest()[:16]
     cache = _cache_dir(environ)
     target = cache / f"shm_kernel-{key}.so"
-    if target.exists():
-        return target
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_private(cache)
+    if target.exists():
+        _check_private(target)
+        return target
     with open(cache / f"shm_kernel-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait for one build
         if target.exists():
@@ -94,6 +96,16 @@ def library_path(environ=None) -> Path:
             if os.path.exists(partial):
                 os.unlink(partial)
     return target
+
+
+def _check_private(path: Path) -> None:
+    """The library is loaded into the task: only this user may have written it (or the
+    directory it is in), or another user could run code in every worker."""
+    status = path.stat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o022:
+        raise OSError(f"{path} is not private to this user (owner uid {status.st_uid}, mode "
+                      f"{status.st_mode & 0o777:o}): set TFRUN_CACHE_DIR to a directory only "
+                      "you can write")
 
 
 def kernel(environ=None):

@@ -43,6 +43,18 @@ def test_no_compiler_keeps_the_python_exchange_and_says_so(fresh, tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("mode", [0o777, 0o770])
+def test_a_cache_others_can_write_is_not_loaded_from(fresh, tmp_path, mode):
+    """A library there could have been planted by another user: Python exchange, and why."""
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(mode)
+    assert _native.kernel({"TFRUN_CACHE_DIR": str(cache)}) is None
+    assert "is not private to this user" in _native.kernel_reason()
+    assert "TFRUN_CACHE_DIR" in _native.kernel_reason()
+    assert list(cache.iterdir()) == []
+
+
 def _kernel_in_subprocess(environ: dict) -> subprocess.CompletedProcess:
     """kernel() in a fresh process (it imports TensorFlow to read its build flags)."""
     code = textwrap.dedent("""
