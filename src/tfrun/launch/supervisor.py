@@ -143,6 +143,7 @@ class Supervisor:
         if console.lead == LEAD_AUTO:
             console.lead = self.lead_task()
         self._status_at = 0.0
+        self._status_epoch: dict | None = None  # the lead's epoch record last shown
 
     def _backend(self, record: TaskRecord) -> Backend:
         return self.backends[record.task]
@@ -171,9 +172,13 @@ class Supervisor:
         return "tfrun: " + " · ".join(parts)
 
     def _tick_status(self) -> None:
+        """Redraw the status line about once a second, and at once when the lead task
+        reports an epoch (a short epoch would otherwise come and go between two redraws)."""
         now = time.monotonic()
-        if self.console.live and now - self._status_at >= 1.0:
-            self._status_at = now
+        lead = next((r for r in self.records if str(r.task) == self.console.lead), None)
+        epoch = lead.logger.last_epoch if lead is not None else None
+        if self.console.live and (now - self._status_at >= 1.0 or epoch is not self._status_epoch):
+            self._status_at, self._status_epoch = now, epoch
             self.console.set_status(self.status_line())
 
     def _distinct_backends(self) -> list[Backend]:
