@@ -28,11 +28,14 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["KERNEL_ENV", "kernel", "kernel_reason", "library_path"]
+__all__ = ["KERNEL_ENV", "all_reduce", "kernel", "kernel_reason", "library_path", "open_library",
+           "register"]
 
 KERNEL_ENV = "TFRUN_SHM_KERNEL"
 SOURCE = Path(__file__).with_name("_shm_kernel.cc")
+#: What _shm_kernel.cc calls dtypes (its ``SumAs``) and results (its ``Kind``).
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
+ERRORS = {1: RuntimeError, 2: ConnectionError, 3: TimeoutError, 4: RuntimeError}
 _BUILD_TIMEOUT = 600
 
 _lock = threading.Lock()
@@ -124,11 +127,10 @@ def kernel(environ=None):
             import tensorflow as tf
 
             module = tf.load_op_library(str(path))
-            library = ctypes.CDLL(str(path))  # the same handle: one group, seen by both
+            library = open_library(path)  # the same handle: one group, seen by both
         except Exception as exc:  # a speed path never fails the run: the Python one stays
             _reason = f"{type(exc).__name__}: {exc}"
             return None
-        _declare(library)
         _loaded = (module, library)
         return _loaded
 
@@ -138,7 +140,10 @@ def kernel_reason() -> str | None:
     return _reason
 
 
-def _declare(library) -> None:
+def open_library(path) -> ctypes.CDLL:
+    """The built library through ctypes, its C entry points declared (no TensorFlow import
+    needed: it finds TensorFlow's framework library by its rpath)."""
+    library = ctypes.CDLL(str(path))
     library.tfrun_shm_register.argtypes = [
         ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64,
         ctypes.c_int64, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_uint64]
@@ -149,3 +154,25 @@ def _declare(library) -> None:
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double,
         ctypes.c_char_p, ctypes.c_int]
     library.tfrun_shm_all_reduce.restype = ctypes.c_int
+    return library
+
+
+def register(library, rank: int, names, addresses, fds, *, stride: int, chunk_bytes: int,
+             exchanges: int) -> None:
+    """Hand a connected group to the native exchange: every task's mapped buffer
+    (``addresses``) and the socket to each (``fds``, -1 where none), by rank."""
+    size = len(names)
+    library.tfrun_shm_register(rank, size, (ctypes.c_void_p * size)(*addresses), stride,
+                               chunk_bytes, (ctypes.c_int * size)(*fds),
+                               "\n".join(names).encode(), exchanges)
+
+
+def all_reduce(library, flat, out, timeout: float | None) -> None:
+    """The native exchange of the contiguous NumPy array ``flat`` into ``out``; raises what
+    the Python exchange raises for the same failure, with the same words."""
+    error = ctypes.create_string_buffer(2048)
+    kind = library.tfrun_shm_all_reduce(flat.ctypes.data, out.ctypes.data, flat.nbytes,
+                                        DTYPE_CODES[flat.dtype.name], timeout or 0.0, error,
+                                        len(error))
+    if kind:
+        raise ERRORS.get(kind, RuntimeError)(error.value.decode(errors="replace"))

@@ -227,22 +227,20 @@ class ShmGroup:
         """Hand this group to the native exchange (``tfrun._native``'s ctypes ``library``):
         from now on every exchange -- ``all_reduce`` and the TfrunShmAllReduce op -- runs
         there, continuing this group's exchange count."""
-        import ctypes
-
         import numpy as np
+
+        from ._native import register
 
         if self._native is not None:
             return
         self._native_views = [np.frombuffer(m, np.uint8) for m in self._maps]
-        addresses = (ctypes.c_void_p * self.plan.size)(
-            *(view.ctypes.data for view in self._native_views))
-        fds = (ctypes.c_int * self.plan.size)(
-            *(self._peers[r].fileno() if r in self._peers else -1 for r in range(self.plan.size)))
         for conn in self._peers.values():
             conn.setblocking(True)  # the native side polls with its own timeout
-        library.tfrun_shm_register(self.plan.rank, self.plan.size, addresses, self._stride,
-                                   self.chunk_bytes, fds, "\n".join(self.plan.names).encode(),
-                                   self._exchanges)
+        register(library, self.plan.rank, self.plan.names,
+                 [view.ctypes.data for view in self._native_views],
+                 [self._peers[r].fileno() if r in self._peers else -1
+                  for r in range(self.plan.size)],
+                 stride=self._stride, chunk_bytes=self.chunk_bytes, exchanges=self._exchanges)
         self._native = library
 
     def all_reduce(self, values, timeout: float | None = None):
@@ -252,7 +250,9 @@ class ShmGroup:
         flat = np.ascontiguousarray(values).reshape(-1)
         out = np.empty_like(flat)
         if self._native is not None:
-            self._native_all_reduce(flat, out, timeout)
+            from ._native import all_reduce
+
+            all_reduce(self._native, flat, out, timeout)
             return out
         raw, result = flat.view(np.uint8), out.view(np.uint8)
         step = self.chunk_bytes - self.chunk_bytes % max(flat.itemsize, 1)
@@ -260,18 +260,6 @@ class ShmGroup:
             self._exchange(raw[start:start + step], result[start:start + step], flat.dtype,
                            timeout)
         return out
-
-    def _native_all_reduce(self, flat, out, timeout) -> None:
-        import ctypes
-
-        from ._native import DTYPE_CODES
-
-        error = ctypes.create_string_buffer(2048)
-        kind = self._native.tfrun_shm_all_reduce(flat.ctypes.data, out.ctypes.data, flat.nbytes,
-                                                 DTYPE_CODES[flat.dtype.name], timeout or 0.0,
-                                                 error, len(error))
-        if kind:
-            raise _NATIVE_ERRORS.get(kind, RuntimeError)(error.value.decode(errors="replace"))
 
     def _exchange(self, mine, result, dtype, timeout) -> None:
         import numpy as np
@@ -342,10 +330,6 @@ class ShmGroup:
             except BufferError:  # a NumPy view still alive: the process's exit frees it
                 pass
         self._maps.clear()
-
-
-#: The native exchange's result kinds (``_shm_kernel.cc``'s ``Kind``) as Python's errors.
-_NATIVE_ERRORS = {1: RuntimeError, 2: ConnectionError, 3: TimeoutError, 4: RuntimeError}
 
 
 def _same_user(conn: socket.socket) -> bool:

@@ -4,7 +4,6 @@ through real memfds and an abstract Unix socket, with the Python exchange and th
 is built once in a subprocess; the strategy-level tests are in
 tests/integration/test_devices_and_comm.py."""
 
-import ctypes
 import json
 import multiprocessing as mp
 import os
@@ -97,9 +96,7 @@ def exchange(request):
 def _open(plan, native, **kwargs):
     group = ShmGroup(plan, connect_timeout=30, **kwargs)
     if native:
-        library = ctypes.CDLL(native)
-        _native._declare(library)
-        group.use_native(library)
+        group.use_native(_native.open_library(native))
     return group
 
 

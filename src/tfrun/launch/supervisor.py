@@ -157,8 +157,7 @@ class Supervisor:
         """``tfrun: 2/2 tasks up · epoch 3/15 · 142 steps/s · 0 restarts · 0:12``."""
         up = sum(r.state == TaskState.RUNNING for r in self.records)
         parts = [f"{up}/{len(self.records)} tasks up"]
-        lead = next((r for r in self.records if str(r.task) == self.console.lead), None)
-        epoch = lead.logger.last_epoch if lead is not None else None
+        epoch = self._lead_epoch()
         if epoch:
             total = f"/{epoch['epochs']}" if epoch.get("epochs") else ""
             parts.append(f"epoch {epoch.get('epoch')}{total} done")
@@ -171,12 +170,16 @@ class Supervisor:
         parts.append(f"{elapsed // 60}:{elapsed % 60:02d}")
         return "tfrun: " + " · ".join(parts)
 
+    def _lead_epoch(self) -> dict | None:
+        """The lead task's last epoch record (None before its first)."""
+        lead = next((r for r in self.records if str(r.task) == self.console.lead), None)
+        return lead.logger.last_epoch if lead is not None else None
+
     def _tick_status(self) -> None:
         """Redraw the status line about once a second, and at once when the lead task
         reports an epoch (a short epoch would otherwise come and go between two redraws)."""
         now = time.monotonic()
-        lead = next((r for r in self.records if str(r.task) == self.console.lead), None)
-        epoch = lead.logger.last_epoch if lead is not None else None
+        epoch = self._lead_epoch()
         if self.console.live and (now - self._status_at >= 1.0 or epoch is not self._status_epoch):
             self._status_at, self._status_epoch = now, epoch
             self.console.set_status(self.status_line())
