@@ -42,7 +42,8 @@ def test_fixes_are_applied_right_after_keras_is_imported():
     assert out["after"] == ["mwms_symbolic_build", "mwms_reduce_logs", "distributed_assign_add",
                             "batchnorm_moving_stats", "steps_per_execution",
                             "optimizer_build_in_replica_context", "layer_build_in_replica_context",
-                            "backup_and_restore_multi_worker", "fit_under_parameter_server"]
+                            "backup_and_restore_multi_worker", "fit_under_parameter_server",
+                            "epoch_iterators_multi_worker"]
     assert out["wrapped"] and out["warnings"] == []
 
 

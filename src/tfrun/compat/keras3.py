@@ -428,6 +428,79 @@ def _fix_fit_under_parameter_server() -> None:
     _route("evaluate", "evaluate_from_keras_arguments")
 
 
+# --------------------------------------------------------------------------- 10
+
+_RELEASE_THREAD = "tfrun-iterator-release"
+_releasing: list = []  # threads that drop finished epoch iterators (joined at exit)
+
+
+def _fix_epoch_iterators_multi_worker() -> None:
+    """tfrun's own finding (no upstream issue): per-epoch input stalls under multi-worker MWMS.
+
+    With ``steps_per_epoch=None``, Keras's ``EpochIterator`` makes *two* distributed
+    iterators per epoch: one at the epoch's start and one after its last step, which the
+    next epoch's start then throws away unused. Under MWMS each is a MultiDeviceIterator
+    (about 40 ms to make), and dropping one waits, in the training thread, for tf.data's
+    background threads to stop -- its autotuning thread above all: 100-500 ms at about
+    every other epoch with one CPU per worker (and at times with shared CPUs), while the
+    other workers wait for this one. Measured on ``mnist_mlp``'s 23-step epochs, where it
+    was most of the epoch.
+
+    Under multi-worker MWMS only: the unused iterator is not made (the next epoch makes
+    its own, as before), and the finished epoch's iterator is dropped by a background
+    thread once the next epoch's first step has run (TensorFlow releases the GIL while it
+    waits; the thread is joined at exit). Side effect: a ``shuffle(seed=...)`` that
+    reshuffles each iteration draws one iterator seed per epoch instead of two, so from
+    the second epoch the (still deterministic) order differs from Keras without tfrun.
+    """
+    import atexit
+    import threading
+
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    original_get = TFEpochIterator._get_iterator
+    original_enumerate = TFEpochIterator._enumerate_iterator
+
+    @functools.wraps(original_get)
+    def _get_iterator(self):
+        if self.__dict__.get("_tfrun_epoch_stepped") and self.steps_per_epoch is None:
+            # Keras is making the next epoch's iterator after this epoch's last step; the
+            # next epoch's start makes its own. Keep the finished one for a later release.
+            self._tfrun_finished = [self._current_iterator]
+            return ()
+        return original_get(self)
+
+    @functools.wraps(original_enumerate)
+    def _enumerate_iterator(self):
+        if not _is_multi_worker(self._distribute_strategy):
+            yield from original_enumerate(self)
+            return
+        self._tfrun_epoch_stepped = False
+        finished = self.__dict__.pop("_tfrun_finished", None)
+        for item in original_enumerate(self):
+            yield item
+            # Resumed: a step of this epoch has run, so the training loop no longer holds
+            # the finished iterator: `finished` is its last reference.
+            if finished:
+                _release_in_background(finished)
+            finished = None
+            self._tfrun_epoch_stepped = True
+
+    def _release_in_background(holder: list) -> None:
+        _releasing[:] = [t for t in _releasing if t.is_alive()]
+        thread = threading.Thread(target=holder.clear, name=_RELEASE_THREAD, daemon=True)
+        thread.start()
+        _releasing.append(thread)
+
+    def _join_releases() -> None:
+        for thread in _releasing:
+            thread.join(timeout=30)
+
+    atexit.register(_join_releases)  # a release cut short at exit could crash the exit
+    TFEpochIterator._get_iterator = _get_iterator
+    TFEpochIterator._enumerate_iterator = _enumerate_iterator
+
+
 FIXES: tuple[Fix, ...] = (
     Fix("mwms_symbolic_build", "keras-team/keras#20585", _fix_mwms_symbolic_build),
     Fix("mwms_reduce_logs", "keras-team/keras#20585", _fix_mwms_reduce_logs),
@@ -441,4 +514,6 @@ FIXES: tuple[Fix, ...] = (
     Fix("backup_and_restore_multi_worker", "keras-team/keras#18624",
         _fix_backup_and_restore_multi_worker),
     Fix("fit_under_parameter_server", "keras-team/keras#18624", _fix_fit_under_parameter_server),
+    Fix("epoch_iterators_multi_worker", "tfrun (per-epoch stalls, see the docstring)",
+        _fix_epoch_iterators_multi_worker),
 )
