@@ -14,11 +14,12 @@ after the other (so the rounds interleave):
   (no ``TFRUN_MMAP_THRESHOLD``): what a user without tfrun gets;
 * 2 workers under ``tfrun --workers 2`` with its defaults (all-reduce through shared
   memory: both workers are on this host; glibc's mmap threshold back at 32 MiB, see
-  ``tfrun.heap``);
-* 2 workers under ``tfrun --comm ring --mmap-threshold tf``: TensorFlow's collectives and
-  heap setting, like by hand -- so tfrun / by-hand of this row is tfrun's own overhead;
-* 2 workers under tfrun with one default turned back (``--mmap-threshold tf``: shared
-  memory, TensorFlow's pin) and another candidate setting (``--cpus-per-task 1``).
+  ``tfrun.heap``; one CPU each, see ``tfrun.launch.devices``);
+* 2 workers under ``tfrun --comm ring --mmap-threshold tf --cpus-per-task 0``:
+  TensorFlow's collectives and heap setting, CPUs shared, like by hand -- so tfrun /
+  by-hand of this row is tfrun's own overhead;
+* 2 workers under tfrun with one default turned back each: ``--cpus-per-task 0`` (the
+  tasks share both CPUs) and ``--mmap-threshold tf`` (TensorFlow's pin).
 
 It prints samples/s per configuration (median over rounds), scaling efficiency
 (samples/s of 2 workers / (2 x the baseline's)) and tfrun / by-hand. Numbers, not checks:
@@ -47,9 +48,10 @@ SCRIPT_ARGS = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
 ENV = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
 TFRUN_VARIANTS = {
     "tfrun --workers 2 (defaults)": [],
-    "tfrun --comm ring --mmap-threshold tf": ["--comm", "ring", "--mmap-threshold", "tf"],
+    "tfrun --comm ring --mmap-threshold tf --cpus-per-task 0": ["--comm", "ring", "--mmap-threshold",
+                                                                "tf", "--cpus-per-task", "0"],
+    "tfrun --cpus-per-task 0": ["--cpus-per-task", "0"],
     "tfrun --mmap-threshold tf": ["--mmap-threshold", "tf"],
-    "tfrun --cpus-per-task 1": ["--cpus-per-task", "1"],
 }
 
 
@@ -105,7 +107,7 @@ def main() -> None:
                 out = scratch / f"r{round_}-{i}"
                 out.mkdir()
                 measured[name].append(run(out))
-                print(f"round {round_ + 1}/{args.rounds}  {name:<40} {measured[name][-1]:9.0f} samples/s",
+                print(f"round {round_ + 1}/{args.rounds}  {name:<56} {measured[name][-1]:9.0f} samples/s",
                       flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -113,10 +115,10 @@ def main() -> None:
     base = median["1 process, 1 core (baseline)"]
     hand = median["2 workers by hand"]
     print(f"\nweak scaling, {args.rounds} interleaved rounds, {os.cpu_count()} CPUs, median samples/s")
-    print(f"  {'configuration':<42} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} {'/by hand':>9}")
+    print(f"  {'configuration':<58} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} {'/by hand':>9}")
     for name, value in median.items():
         two = not name.startswith("1 process")
-        print(f"  {name:<42} {value:10.0f} {value / base:8.2f} "
+        print(f"  {name:<58} {value:10.0f} {value / base:8.2f} "
               f"{value / (2 * base) if two else 1.0:10.2f} "
               f"{value / hand if two else float('nan'):9.2f}")
     best = max(TFRUN_VARIANTS, key=median.get)

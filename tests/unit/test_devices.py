@@ -19,8 +19,36 @@ def test_default_gives_each_worker_one_gpu_when_there_are_enough():
     shares = share_devices([W0, W1], gpus=list("0123"), cpus=[0, 1], gpus_per_task=None,
                            cpus_per_task=None, ps_cluster=False)
     assert gpus_of(shares) == {"worker:0": ("0",), "worker:1": ("1",)}
+    assert shares[W1].env() == {"CUDA_VISIBLE_DEVICES": "1", "TFRUN_CPUS": "1",
+                                "TF_NUM_INTRAOP_THREADS": "1"}  # and a CPU each (default)
+    shared = share_devices([W0, W1], gpus=list("0123"), cpus=[0, 1], gpus_per_task=None,
+                           cpus_per_task=0, ps_cluster=False)
+    assert shared[W1].env() == {"CUDA_VISIBLE_DEVICES": "1"}
+
+
+@pytest.mark.parametrize("tasks, cpus, want", [
+    ([W0, W1], [0, 1], [(0,), (1,)]),
+    ([CHIEF, W0, W1], [0, 1, 2, 3, 4, 5, 6], [(0, 1), (2, 3), (4, 5)]),  # an even split
+    ([CHIEF, W0, EVAL], [4, 5, 6], [(4,), (5,), (6,)]),  # every task counts
+])
+def test_default_splits_the_cpus_of_a_mwms_cluster_that_fits_one_task_per_cpu(tasks, cpus, want):
+    shares = share_devices(tasks, gpus=[], cpus=cpus, gpus_per_task=None, cpus_per_task=None,
+                           ps_cluster=False)
+    assert [s.cpus for s in shares.values()] == want
+    assert shares[tasks[-1]].env()["TF_NUM_INTRAOP_THREADS"] == str(len(want[-1]))
+
+
+@pytest.mark.parametrize("tasks, cpus, ps_cluster, per_task", [
+    ([W0], [0, 1], False, None),                  # one task: nothing to split
+    ([W0, W1, W2], [0, 1], False, None),          # more tasks than CPUs
+    ([CHIEF, W0, W1, PS], list(range(8)), True, None),  # servers would hold CPUs idle
+    ([W0, W1], [0, 1], False, 0),                 # --cpus-per-task 0: shared
+])
+def test_default_shares_every_cpu_otherwise(tasks, cpus, ps_cluster, per_task):
+    shares = share_devices(tasks, gpus=[], cpus=cpus, gpus_per_task=None, cpus_per_task=per_task,
+                           ps_cluster=ps_cluster)
     assert all(s.cpus is None for s in shares.values())
-    assert shares[W1].env() == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert describe_shares(shares) is None
 
 
 @pytest.mark.parametrize("gpus, tasks", [([], [W0, W1]), (["0"], [W0, W1]), (["0", "1"], [W0, W1, W2]),
@@ -87,6 +115,7 @@ def test_visible_gpus_from_the_environment_or_the_driver(tmp_path):
 
 @pytest.mark.parametrize("argv, named", [
     (["--cpus-per-task", "0.5", "t.py"], "--cpus-per-task 0.5: a local task gets whole devices"),
+    (["--backend", "ray", "--cpus-per-task", "0", "t.py"], "--backend ray cannot run a task on 0 CPUs"),
     (["--hosts", "a,b", "--gpus-per-task", "1", "t.py"], "does not split other hosts' devices"),
 ])
 def test_device_flags_that_cannot_be_honoured_here_are_refused(argv, named):

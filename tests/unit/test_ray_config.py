@@ -38,7 +38,7 @@ def test_ray_wins_over_an_allocation():  # --backend ray inside sbatch: Ray plac
 @pytest.mark.parametrize("kw, named", [
     ({"backend": "k8s"}, "'k8s'"),
     ({"ray_placement": "scatter"}, "'scatter'"),
-    ({"cpus_per_task": 0.0}, "CPUs > 0"),
+    ({"backend": "ray", "cpus_per_task": 0.0}, "cannot run a task on 0 CPUs"),  # local: 0 = shared
     ({"cpus_per_task": float("inf")}, "inf"),
     ({"gpus_per_task": -1.0}, "GPUs >= 0"),
     ({"backend": "ray", "hosts": ("a", "b")}, "--hosts a,b"),

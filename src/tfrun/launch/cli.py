@@ -163,9 +163,11 @@ def build_launch_parser() -> argparse.ArgumentParser:
     devices = parser.add_argument_group(
         "devices per task", "local tasks get their own GPUs/CPUs; with --backend ray, the "
         "resources Ray reserves for each task (fractions allowed)")
-    devices.add_argument("--cpus-per-task", type=_positive_float, default=None, metavar="C",
-                         help="pin each local task to C CPUs of its own, TF threads to match "
-                              "(default: tasks share every CPU; Ray: 1)")
+    devices.add_argument("--cpus-per-task", type=_non_negative_float, default=None, metavar="C",
+                         help="pin each local task to C CPUs of its own, TF threads to match; "
+                              "0: tasks share every CPU (default: an even split for a "
+                              "MultiWorkerMirrored cluster with a CPU per task, else shared; "
+                              "Ray: 1)")
     devices.add_argument("--gpus-per-task", type=_non_negative_float, default=None, metavar="G",
                          help="give each training task G GPUs of its own via "
                               "CUDA_VISIBLE_DEVICES; 0: none (default: one per training "

@@ -153,10 +153,17 @@ class LaunchConfig:
             value = getattr(self, name)
             if value is None:
                 continue
-            if not 0 <= value < float("inf") or (name == "cpus_per_task" and value == 0):
+            if name == "cpus_per_task" and value == 0 and self.backend == "ray":
+                # (A local run's --cpus-per-task 0 means: the tasks share every CPU.)
+                raise ConfigError("--backend ray cannot run a task on 0 CPUs",
+                                  expected="--cpus-per-task > 0 with --backend ray (fractions "
+                                           "allowed, e.g. 0.5)",
+                                  fix="Pass e.g. --cpus-per-task 1, or drop --backend ray",
+                                  received="--cpus-per-task 0")
+            if not 0 <= value < float("inf"):
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be a finite number of "
-                                  f"{'CPUs > 0' if name == 'cpus_per_task' else 'GPUs >= 0'}",
+                                  f"{'CPUs' if name == 'cpus_per_task' else 'GPUs'} >= 0",
                                   expected="e.g. 1 or 0.5", fix=f"Pass e.g. {flag} 1",
                                   received=value)
         if self.backend == "ray" and (self.hosts is not None or self.node_rank is not None):

@@ -8,7 +8,12 @@ on every GPU in each of them. Without the flag, a machine with several GPUs, at 
 per training task, gives each training task one GPU (``tfrun.strategy()`` then all-reduces
 across workers with NCCL, TensorFlow's choice for GPUs). ``--cpus-per-task C``
 pins every task to C CPUs of its own (``TFRUN_CPUS``, applied by the task's bootstrap
-before TensorFlow starts) and sizes TensorFlow's intra-op thread pool to match.
+before TensorFlow starts) and sizes TensorFlow's intra-op thread pool to match. Without
+the flag, a MultiWorkerMirrored cluster (no ps) of at least two tasks and at most one task
+per CPU splits the CPUs evenly the same way: each task otherwise sizes TensorFlow's thread
+pools for the whole machine, and the tasks' threads fight over every core (measured,
+``benchmarks/bench_scaling.py``: 2 workers on 2 cores, 0.78 scaling efficiency pinned
+against 0.63 sharing). ``--cpus-per-task 0`` lets the tasks share every CPU.
 
 The GPUs are the ones this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else those
 the NVIDIA driver lists. The CPUs are this process's affinity.
@@ -85,7 +90,9 @@ def share_devices(tasks: Sequence[TaskId], *, gpus: Sequence[str], cpus: Sequenc
     computing = [t for t in tasks if _computes(t, ps_cluster)]
     takers = [t for t in computing if t.role != "evaluator"]
     gpu_shares = _share_gpus(tasks, takers, computing, list(gpus), gpus_per_task)
-    cpu_shares = _share_cpus(tasks, list(cpus), cpus_per_task)
+    if cpus_per_task is None:
+        cpus_per_task = _default_cpus_per_task(tasks, cpus, ps_cluster)
+    cpu_shares = _share_cpus(tasks, list(cpus), cpus_per_task or None)  # 0: shared
     return {t: DeviceShare(gpus=gpu_shares.get(t), cpus=cpu_shares.get(t)) for t in tasks}
 
 
@@ -125,6 +132,14 @@ def _share_gpus(tasks, takers, computing, gpus: list[str], per_task: int | None
     return shares
 
 
+def _default_cpus_per_task(tasks, cpus: Sequence[int], ps_cluster: bool) -> int | None:
+    """An even split for a MultiWorkerMirrored cluster that fits one task per CPU, else None
+    (shared): a ps cluster's servers mostly wait, and would each hold CPUs idle."""
+    if ps_cluster or not 2 <= len(tasks) <= len(cpus):
+        return None
+    return len(cpus) // len(tasks)
+
+
 def _share_cpus(tasks, cpus: list[int], per_task: int | None) -> dict[TaskId, tuple[int, ...]]:
     if per_task is None:
         return {}
@@ -133,7 +148,7 @@ def _share_cpus(tasks, cpus: list[int], per_task: int | None) -> dict[TaskId, tu
             f"--cpus-per-task {per_task} for {len(tasks)} task(s) needs "
             f"{per_task * len(tasks)} CPUs; this process may use {len(cpus)} ({_ranges(cpus)})",
             expected=f"at most {len(cpus) // len(tasks)} CPU(s) per task here",
-            fix="Pass a smaller --cpus-per-task (or none: tasks then share every CPU)",
+            fix="Pass a smaller --cpus-per-task (or 0: tasks then share every CPU)",
             received=per_task)
     return {t: tuple(cpus[i * per_task:(i + 1) * per_task]) for i, t in enumerate(tasks)}
 
