@@ -54,7 +54,7 @@ from .cluster import parse_address, parse_tf_config
 from .comm import CommOptions, from_env
 from .errors import ConfigError
 
-__all__ = ["ShmGroup", "ShmPlan", "in_use", "install", "plan_from_env"]
+__all__ = ["ShmGroup", "ShmPlan", "current_exchange", "install", "plan_from_env"]
 
 _MAGIC = b"TFRS"
 _HELLO = struct.Struct("<4sIII")        # magic, version, rank, size
@@ -431,9 +431,12 @@ def _shm_all_reduce(device, tensor, control_input, plan: ShmPlan, timeout):
     return result
 
 
-def in_use() -> bool:
-    """Whether this task's all-reduces have gone through shared memory."""
-    return _group is not None
+def current_exchange() -> str | None:
+    """Which exchange carries this task's all-reduces: ``"native"`` (the TfrunShmAllReduce
+    op), ``"Python"`` (the fallback), or None when none has gone through shared memory."""
+    if _group is None:
+        return None
+    return "native" if _group._native is not None else "Python"
 
 
 def _joined(plan: ShmPlan) -> ShmGroup:

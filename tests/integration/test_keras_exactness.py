@@ -97,7 +97,9 @@ def test_exact_against_single_process(setup, reference, workdir):
         for b in breakdowns:
             assert b["replicas"] == 2 and b["allreduce_ms"] > 0 and b["allreduce_bytes"] > 0, b
             assert b["step_ms"] == pytest.approx(b["rest_ms"] + b["allreduce_ms"], abs=0.01)
-            assert b["allreduce_via"] == ("shared memory" if shared_memory else "tensorflow"), b
+            via = "tensorflow" if not shared_memory else (
+                "shared memory (Python)" if setup in SETUP_ENV else "shared memory (native)")
+            assert b["allreduce_via"] == via, b
     files = sorted(glob.glob(str(workdir / f"{out}-*.npz")))
     tasks = [dict(np.load(f)) for f in files]
     assert len(tasks) == (2 if setup.startswith("mwms") else 1)

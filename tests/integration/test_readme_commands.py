@@ -189,8 +189,8 @@ def check_bench_table(stdout: str, workdir) -> None:
     assert two["rest_ms"] == pytest.approx(two["step_ms"] - two["allreduce_ms"], abs=0.01)
     assert "all-reduce (ms)" in lines[header] and "rest (ms)" in lines[header]
     # Two workers on this host: through tfrun's shared memory (issue 15.3).
-    assert one["allreduce_via"] is None and two["allreduce_via"] == "shared memory"
-    assert "all-reduce via" in lines[header] and "shared memory" in rows[1]
+    assert one["allreduce_via"] is None and two["allreduce_via"] == "shared memory (native)"
+    assert "all-reduce via" in lines[header] and "shared memory (native)" in rows[1]
     # Both workers' metrics are in the run dir (worker 1's output is no less recorded).
     assert epochs_recorded(bench_dir / "workers-2") == {"worker-0": 2, "worker-1": 2}
     # The same table as a page with the throughput chart (issue 15.1's plot).
