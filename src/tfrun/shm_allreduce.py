@@ -243,6 +243,11 @@ class ShmGroup:
                  stride=self._stride, chunk_bytes=self.chunk_bytes, exchanges=self._exchanges)
         self._native = library
 
+    @property
+    def exchange(self) -> str:
+        """``"native"`` once handed to the native exchange, else ``"Python"``."""
+        return "native" if self._native is not None else "Python"
+
     def all_reduce(self, values, timeout: float | None = None):
         """The sum over every task of ``values`` (1-D NumPy array), summed in rank order."""
         import numpy as np
@@ -434,9 +439,7 @@ def _shm_all_reduce(device, tensor, control_input, plan: ShmPlan, timeout):
 def current_exchange() -> str | None:
     """Which exchange carries this task's all-reduces: ``"native"`` (the TfrunShmAllReduce
     op), ``"Python"`` (the fallback), or None when none has gone through shared memory."""
-    if _group is None:
-        return None
-    return "native" if _group._native is not None else "Python"
+    return None if _group is None else _group.exchange
 
 
 def _joined(plan: ShmPlan) -> ShmGroup:
@@ -450,8 +453,9 @@ def _joined(plan: ShmPlan) -> ShmGroup:
             if loaded is not None:
                 _group.use_native(loaded[1])
             if plan.rank == 0:
-                how = ("native exchange" if loaded is not None else
-                       f"Python exchange, the native one is unavailable: {_native.kernel_reason()}")
+                how = f"{_group.exchange} exchange"
+                if loaded is None:
+                    how += f", the native one is unavailable: {_native.kernel_reason()}"
                 print(f"tfrun: all-reduce through shared memory: {plan.size} workers on this "
                       f"host ({how}; --comm ring for TensorFlow's collectives)", file=sys.stderr,
                       flush=True)

@@ -178,9 +178,11 @@ class Supervisor:
     def _tick_status(self) -> None:
         """Redraw the status line about once a second, and at once when the lead task
         reports an epoch (a short epoch would otherwise come and go between two redraws)."""
+        if not self.console.live:
+            return  # (no lookup in the poll loop when nothing is drawn)
         now = time.monotonic()
         epoch = self._lead_epoch()
-        if self.console.live and (now - self._status_at >= 1.0 or epoch is not self._status_epoch):
+        if now - self._status_at >= 1.0 or epoch is not self._status_epoch:
             self._status_at, self._status_epoch = now, epoch
             self.console.set_status(self.status_line())
 
