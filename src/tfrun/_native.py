@@ -146,33 +146,40 @@ def open_library(path) -> ctypes.CDLL:
     library = ctypes.CDLL(str(path))
     library.tfrun_shm_register.argtypes = [
         ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64,
-        ctypes.c_int64, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_uint64]
+        ctypes.c_int64, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_uint64,
+        ctypes.c_double]
     library.tfrun_shm_register.restype = ctypes.c_int
     library.tfrun_shm_unregister.argtypes = []
     library.tfrun_shm_unregister.restype = ctypes.c_uint64
     library.tfrun_shm_all_reduce.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double,
-        ctypes.c_char_p, ctypes.c_int]
+        ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_double, ctypes.c_char_p,
+        ctypes.c_int]
     library.tfrun_shm_all_reduce.restype = ctypes.c_int
     return library
 
 
 def register(library, rank: int, names, addresses, fds, *, stride: int, chunk_bytes: int,
-             exchanges: int) -> None:
+             exchanges: int, spin_seconds: float = 0.0) -> None:
     """Hand a connected group to the native exchange: every task's mapped buffer
-    (``addresses``) and the socket to each (``fds``, -1 where none), by rank."""
+    (``addresses``) and the socket to each (``fds``, -1 where none), by rank; a barrier
+    polls for ``spin_seconds`` before it sleeps."""
     size = len(names)
     library.tfrun_shm_register(rank, size, (ctypes.c_void_p * size)(*addresses), stride,
                                chunk_bytes, (ctypes.c_int * size)(*fds),
-                               "\n".join(names).encode(), exchanges)
+                               "\n".join(names).encode(), exchanges, spin_seconds)
 
 
-def all_reduce(library, flat, out, timeout: float | None) -> None:
-    """The native exchange of the contiguous NumPy array ``flat`` into ``out``; raises what
-    the Python exchange raises for the same failure, with the same words."""
+def all_reduce(library, flats, outs, timeout: float | None) -> None:
+    """The native exchange of the contiguous NumPy arrays ``flats`` (one dtype), as one
+    concatenation, into ``outs``; raises what the Python exchange raises for the same
+    failure, with the same words."""
+    count = len(flats)
     error = ctypes.create_string_buffer(2048)
-    kind = library.tfrun_shm_all_reduce(flat.ctypes.data, out.ctypes.data, flat.nbytes,
-                                        DTYPE_CODES[flat.dtype.name], timeout or 0.0, error,
-                                        len(error))
+    kind = library.tfrun_shm_all_reduce(
+        count, (ctypes.c_void_p * count)(*(flat.ctypes.data for flat in flats)),
+        (ctypes.c_void_p * count)(*(out.ctypes.data for out in outs)),
+        (ctypes.c_int64 * count)(*(flat.nbytes for flat in flats)),
+        DTYPE_CODES[flats[0].dtype.name], timeout or 0.0, error, len(error))
     if kind:
         raise ERRORS.get(kind, RuntimeError)(error.value.decode(errors="replace"))

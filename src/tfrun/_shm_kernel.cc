@@ -3,7 +3,10 @@
 //
 // Why: the Python exchange runs as a tf.py_function, which costs a copy of the gradients
 // back into a new tensor, the GIL and the Python calls on every step; this op reads its
-// input tensor where it is and sums straight into its output tensor.
+// input tensors where they are and sums straight into its output tensors. It takes a whole
+// pack of gradients as a list: the exchange sees their concatenation, which TensorFlow's
+// batch_all_reduce would have made with a ConcatV2 and taken apart with a SplitV (two more
+// copies of every gradient per step), without making it.
 //
 // The protocol is shm_allreduce.py's, byte for byte: the Python side sets the group up
 // (sockets, memfds, mappings) and hands it over with tfrun_shm_register; an exchange is
@@ -12,9 +15,12 @@
 // tfrun/_native.py; nothing here opens, maps or closes anything.
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <cstdint>
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -39,6 +45,7 @@ struct Group {
   int64_t stride = 0;
   int64_t chunk = 0;
   uint64_t exchanges = 0;
+  double spin = 0;  // seconds a barrier polls its socket before it sleeps in poll()
 };
 
 std::mutex group_mutex;
@@ -75,8 +82,26 @@ int WaitFor(int fd, short events, double timeout) {
   }
 }
 
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 Result Expect(const Group& g, int peer, char want, double timeout) {
   int fd = g.fds[peer];
+  // Spin first (with sched_yield, so this task's other threads on this CPU still run): a
+  // worker that sleeps in poll() waits for the scheduler -- on a VM, for the hypervisor to
+  // wake its idle vCPU -- every time its peer is a little late, twice per step.
+  const double spin = timeout > 0 ? std::min(g.spin, timeout) : g.spin;
+  for (const double until = Seconds() + spin; spin > 0;) {
+    char got = 0;
+    ssize_t n = recv(fd, &got, 1, MSG_DONTWAIT);
+    if (n == 1 && got == want) return {};
+    if (n >= 0) return Left(g, peer, n == 1 ? std::string("b'") + got + "'" : "b''");
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;  // recv says below
+    if (Seconds() > until) break;
+    sched_yield();
+  }
   for (;;) {
     if (WaitFor(fd, POLLIN, timeout) == 0) return TimedOut(g, timeout);
     char got = 0;
@@ -141,14 +166,38 @@ bool SumAs(int dtype, const std::vector<const char*>& views, char* out, int64_t 
   return false;
 }
 
-Result Exchange(Group& g, const char* mine, char* result, int64_t bytes, int dtype,
+int ItemSize(int dtype) { return dtype <= 1 ? 2 : dtype == 2 ? 4 : 8; }
+
+// The tensors of one all-reduce, in order: the exchange moves their concatenation.
+struct Pieces {
+  std::vector<const char*> in;
+  std::vector<char*> out;
+  std::vector<int64_t> bytes;
+};
+
+// Calls part(piece, offset in the piece, offset from start, bytes) for every piece's share
+// of the concatenation's bytes [start, start + length).
+template <typename Part>
+void ForEachPart(const Pieces& pieces, int64_t start, int64_t length, Part part) {
+  int64_t base = 0;
+  for (size_t i = 0; i < pieces.bytes.size() && base < start + length; ++i) {
+    const int64_t from = std::max(start, base);
+    const int64_t to = std::min(start + length, base + pieces.bytes[i]);
+    if (from < to) part(i, from - base, from - start, to - from);
+    base += pieces.bytes[i];
+  }
+}
+
+Result Exchange(Group& g, const Pieces& pieces, int64_t start, int64_t bytes, int dtype,
                 double timeout) {
   const int64_t offset = static_cast<int64_t>(g.exchanges % 2) * g.stride;
   g.exchanges += 1;
   char* own = const_cast<char*>(g.maps[g.rank]) + offset;
   const uint64_t header[2] = {g.exchanges, static_cast<uint64_t>(bytes)};  // "<QQ"
   std::memcpy(own, header, sizeof(header));
-  if (bytes > 0) std::memcpy(own + kHeaderBytes, mine, bytes);
+  ForEachPart(pieces, start, bytes, [&](size_t i, int64_t at, int64_t to, int64_t n) {
+    std::memcpy(own + kHeaderBytes + to, pieces.in[i] + at, n);
+  });
   Result r = Barrier(g, timeout);
   if (r.kind != kOk) return r;
   std::vector<const char*> views;
@@ -167,24 +216,33 @@ Result Exchange(Group& g, const char* mine, char* result, int64_t bytes, int dty
     }
     views.push_back(g.maps[rank] + offset + kHeaderBytes);
   }
-  if (!SumAs(dtype, views, result, bytes)) return {kMismatch, Prefix() + "unknown dtype code"};
+  bool known = true;
+  ForEachPart(pieces, start, bytes, [&](size_t i, int64_t at, int64_t to, int64_t n) {
+    std::vector<const char*> parts;
+    for (int rank = 0; rank < g.size; ++rank) {
+      // This task's own values are read from its input (the same bytes as its buffer's).
+      parts.push_back(rank == g.rank ? pieces.in[i] + at : views[rank] + to);
+    }
+    known = known && SumAs(dtype, parts, pieces.out[i] + at, n);
+  });
+  if (!known) return {kMismatch, Prefix() + "unknown dtype code"};
   return {};
 }
 
-int ItemSize(int dtype) { return dtype <= 1 ? 2 : dtype == 2 ? 4 : 8; }
-
-Result AllReduce(const char* in, char* out, int64_t bytes, int dtype, double timeout) {
+Result AllReduce(const Pieces& pieces, int dtype, double timeout) {
   std::lock_guard<std::mutex> lock(group_mutex);
   if (group == nullptr) return {kNotRegistered, Prefix() + "no exchange is registered"};
   const int64_t item = ItemSize(dtype);
   const int64_t step = group->chunk - group->chunk % item;
+  int64_t total = 0;
+  for (int64_t bytes : pieces.bytes) total += bytes;
   int64_t start = 0;
   do {  // like the Python exchange: an empty tensor still takes one (empty) exchange
-    const int64_t length = std::min(step, bytes - start);
-    Result r = Exchange(*group, in + start, out + start, length, dtype, timeout);
+    const int64_t length = std::min(step, total - start);
+    Result r = Exchange(*group, pieces, start, length, dtype, timeout);
     if (r.kind != kOk) return r;
     start += step;
-  } while (start < bytes);
+  } while (start < total);
   return {};
 }
 
@@ -193,11 +251,13 @@ Result AllReduce(const char* in, char* out, int64_t bytes, int dtype, double tim
 extern "C" {
 
 // Hands this process's connected group to the native exchange (replacing any earlier one).
-// maps: size pointers; fds: size sockets (-1 where none); names: size '\n'-separated names.
+// maps: size pointers; fds: size sockets (-1 where none); names: size '\n'-separated names;
+// spin: seconds a barrier keeps polling before it sleeps (0: it sleeps at once).
 int tfrun_shm_register(int rank, int size, const char* const* maps, int64_t stride,
                        int64_t chunk, const int* fds, const char* names,
-                       uint64_t exchanges) {
+                       uint64_t exchanges, double spin) {
   Group* g = new Group;
+  g->spin = spin;
   g->rank = rank;
   g->size = size;
   g->stride = stride;
@@ -227,12 +287,19 @@ uint64_t tfrun_shm_unregister() {
   return exchanges;
 }
 
-// The all-reduce of `bytes` bytes of `dtype` values at `in` into `out` (may not overlap).
+// The all-reduce of `count` arrays of `dtype` values (in[i]: bytes[i] bytes, summed into
+// out[i], which may not overlap any input), exchanged as their concatenation.
 // Returns a Kind; the message goes into error (error_size bytes, NUL-terminated).
-int tfrun_shm_all_reduce(const void* in, void* out, int64_t bytes, int dtype, double timeout,
-                         char* error, int error_size) {
-  Result r = AllReduce(static_cast<const char*>(in), static_cast<char*>(out), bytes, dtype,
-                       timeout);
+int tfrun_shm_all_reduce(int count, const void* const* in, void* const* out,
+                         const int64_t* bytes, int dtype, double timeout, char* error,
+                         int error_size) {
+  Pieces pieces;
+  for (int i = 0; i < count; ++i) {
+    pieces.in.push_back(static_cast<const char*>(in[i]));
+    pieces.out.push_back(static_cast<char*>(out[i]));
+    pieces.bytes.push_back(bytes[i]);
+  }
+  Result r = AllReduce(pieces, dtype, timeout);
   if (error_size > 0) snprintf(error, error_size, "%s", r.message.c_str());
   return r.kind;
 }
@@ -242,16 +309,18 @@ int tfrun_shm_all_reduce(const void* in, void* out, int64_t bytes, int dtype, do
 namespace tensorflow {
 
 REGISTER_OP("TfrunShmAllReduce")
-    .Input("input: T")
-    .Output("output: T")
+    .Input("inputs: N * T")
+    .Output("outputs: N * T")
+    .Attr("N: int >= 1")
     .Attr("T: {half, bfloat16, float, double}")
     .Attr("timeout_seconds: float = 0")
     .SetIsStateful()  // it talks to the other workers: never pruned, folded or merged
     .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
+      for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
       return absl::OkStatus();
     });
 
+// The sum over every worker of each input tensor, one exchange (or one per chunk) for all.
 class TfrunShmAllReduceOp : public OpKernel {
  public:
   explicit TfrunShmAllReduceOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -262,13 +331,19 @@ class TfrunShmAllReduceOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& input = context->input(0);
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, input.shape(), &output));
-    const int64_t bytes = static_cast<int64_t>(input.TotalBytes());
-    Result r = AllReduce(static_cast<const char*>(input.tensor_data().data()),
-                         const_cast<char*>(output->tensor_data().data()), bytes, dtype_,
-                         timeout_);
+    OpInputList inputs;
+    OP_REQUIRES_OK(context, context->input_list("inputs", &inputs));
+    OpOutputList outputs;
+    OP_REQUIRES_OK(context, context->output_list("outputs", &outputs));
+    Pieces pieces;
+    for (int i = 0; i < inputs.size(); ++i) {
+      Tensor* output = nullptr;
+      OP_REQUIRES_OK(context, outputs.allocate(i, inputs[i].shape(), &output));
+      pieces.in.push_back(inputs[i].tensor_data().data());
+      pieces.out.push_back(const_cast<char*>(output->tensor_data().data()));
+      pieces.bytes.push_back(static_cast<int64_t>(inputs[i].TotalBytes()));
+    }
+    Result r = AllReduce(pieces, dtype_, timeout_);
     switch (r.kind) {
       case kOk: return;
       case kTimeout: context->SetStatus(absl::DeadlineExceededError(r.message)); return;

@@ -19,16 +19,18 @@ its name, instead of waiting. Both ends check that the other is a process of the
 
 The pure part, ``plan_from_env``, decides from the task's environment whether the
 exchange applies (every chief/worker address on one host, no parameter servers, ``--comm``
-auto or shm). ``install`` hooks ``CollectiveReplicaLauncher.all_reduce`` (TensorFlow's
-per-replica collective launcher) so that a launcher of this cluster's workers -- one CPU
-replica per worker -- uses the exchange; anything else (GPUs, several replicas per
-worker, integer or sparse values, XLA) stays on TensorFlow's collectives.
+auto or shm). ``install`` hooks ``CollectiveReplicaLauncher.all_reduce`` and
+``batch_all_reduce`` (TensorFlow's per-replica collective launcher) so that a launcher of
+this cluster's workers -- one CPU replica per worker -- uses the exchange; anything else
+(GPUs, several replicas per worker, integer or sparse values, XLA) stays on TensorFlow's
+collectives.
 
 Two implementations of the same protocol: this module's Python one (``ShmGroup``, run as a
 ``tf.py_function``) and the native one (``_shm_kernel.cc``: the op ``TfrunShmAllReduce``,
-which reads its input tensor in place and sums into its output tensor; ``tfrun._native``
-builds it). Python always sets the group up; ``ShmGroup.use_native`` then hands it over.
-The native one is used whenever it builds; the two interoperate, byte for byte.
+which reads its input tensors in place and sums into its output tensors, a whole pack of
+gradients at once, without TensorFlow's concat and split; ``tfrun._native`` builds it).
+Python always sets the group up; ``ShmGroup.use_native`` then hands it over. The native
+one is used whenever it builds; the two interoperate, byte for byte.
 
     >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '
     ...        '"task": {"type": "worker", "index": 1}}', "TFRUN_RUN_DIR": "/r"}
@@ -54,7 +56,8 @@ from .cluster import parse_address, parse_tf_config
 from .comm import CommOptions, from_env
 from .errors import ConfigError
 
-__all__ = ["ShmGroup", "ShmPlan", "current_exchange", "install", "plan_from_env"]
+__all__ = ["ShmGroup", "ShmPlan", "current_exchange", "install", "plan_from_env",
+           "spin_seconds"]
 
 _MAGIC = b"TFRS"
 _HELLO = struct.Struct("<4sIII")        # magic, version, rank, size
@@ -64,6 +67,8 @@ _HEADER_BYTES = 64                      # keeps the data cache-line aligned
 #: only committed as it is written (memfd), so a small model never touches most of it.
 CHUNK_BYTES = 16 * 1024 * 1024
 _CONNECT_TIMEOUT = 600.0
+#: How long the native exchange's barrier polls before it sleeps (see ``spin_seconds``).
+SPIN_SECONDS = 0.005
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,19 @@ class ShmPlan:
     @property
     def size(self) -> int:
         return len(self.names)
+
+
+def spin_seconds(workers: int, cpus: int | None = None) -> float:
+    """How long a barrier of the native exchange polls for its peers before it sleeps:
+    ``SPIN_SECONDS`` when every worker of the exchange can have a CPU of this host to itself
+    (then waking from a sleep, twice per step, is what costs: on a VM, the hypervisor must
+    wake the idle vCPU), else 0 -- a spinning worker would take the CPU its peer needs.
+
+    >>> spin_seconds(2, cpus=2), spin_seconds(3, cpus=2)
+    (0.005, 0.0)
+    """
+    cpus = os.cpu_count() if cpus is None else cpus
+    return SPIN_SECONDS if cpus and workers <= cpus else 0.0
 
 
 def plan_from_env(environ=None) -> ShmPlan | None:
@@ -240,7 +258,8 @@ class ShmGroup:
                  [view.ctypes.data for view in self._native_views],
                  [self._peers[r].fileno() if r in self._peers else -1
                   for r in range(self.plan.size)],
-                 stride=self._stride, chunk_bytes=self.chunk_bytes, exchanges=self._exchanges)
+                 stride=self._stride, chunk_bytes=self.chunk_bytes, exchanges=self._exchanges,
+                 spin_seconds=spin_seconds(self.plan.size))
         self._native = library
 
     @property
@@ -252,19 +271,33 @@ class ShmGroup:
         """The sum over every task of ``values`` (1-D NumPy array), summed in rank order."""
         import numpy as np
 
-        flat = np.ascontiguousarray(values).reshape(-1)
-        out = np.empty_like(flat)
+        return self.all_reduce_many([np.asarray(values).reshape(-1)], timeout)[0]
+
+    def all_reduce_many(self, arrays, timeout: float | None = None) -> list:
+        """``all_reduce`` of several arrays of one dtype at once: the exchange moves their
+        concatenation (so the other tasks may pass it whole, or cut elsewhere), the sums come
+        back as arrays of the same shapes."""
+        import numpy as np
+
+        flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+        if len({flat.dtype for flat in flats}) != 1:
+            raise ValueError("all_reduce_many takes one or more arrays of one dtype. Received: "
+                             + ", ".join(str(flat.dtype) for flat in flats))
         if self._native is not None:
             from ._native import all_reduce
 
-            all_reduce(self._native, flat, out, timeout)
-            return out
-        raw, result = flat.view(np.uint8), out.view(np.uint8)
-        step = self.chunk_bytes - self.chunk_bytes % max(flat.itemsize, 1)
-        for start in range(0, max(raw.size, 1), step):
-            self._exchange(raw[start:start + step], result[start:start + step], flat.dtype,
-                           timeout)
-        return out
+            outs = [np.empty_like(flat) for flat in flats]
+            all_reduce(self._native, flats, outs, timeout)
+        else:
+            flat = np.concatenate(flats) if len(flats) > 1 else flats[0]
+            out = np.empty_like(flat)
+            raw, result = flat.view(np.uint8), out.view(np.uint8)
+            step = self.chunk_bytes - self.chunk_bytes % max(flat.itemsize, 1)
+            for start in range(0, max(raw.size, 1), step):
+                self._exchange(raw[start:start + step], result[start:start + step],
+                               flat.dtype, timeout)
+            outs = np.split(out, np.cumsum([f.size for f in flats])[:-1])
+        return [out.reshape(np.shape(a)) for out, a in zip(outs, arrays)]
 
     def _exchange(self, mine, result, dtype, timeout) -> None:
         import numpy as np
@@ -368,17 +401,41 @@ def _hook(module, plan: ShmPlan) -> None:
     original = launcher_class.all_reduce
     if getattr(original, "__tfrun_shm__", False):
         return
+    original_batch = launcher_class.batch_all_reduce
 
     def all_reduce(self, input_tensor, control_input=None, options=None):
         merged = self._options.merge(options)
         if not _applies(self, plan, input_tensor, merged):
             return original(self, input_tensor, control_input, options)
-        return _shm_all_reduce(self._device, input_tensor, control_input, plan,
-                               merged.timeout_seconds)
+        return _shm_all_reduce(self._device, [input_tensor], control_input, plan,
+                               merged.timeout_seconds)[0]
 
-    all_reduce.__tfrun_shm__ = True
-    all_reduce.__wrapped__ = original
-    launcher_class.all_reduce = all_reduce
+    def batch_all_reduce(self, input_tensor_packs, options=None):
+        # In a graph, TensorFlow concatenates each pack of gradients into one tensor for
+        # all_reduce and splits the sum apart: two more copies of every gradient per step.
+        # The native op takes the pack as it is (the Python exchange keeps TensorFlow's way).
+        from tensorflow.python.eager import context
+
+        from . import _native
+
+        merged = self._options.merge(options)
+        outputs = []
+        for pack in input_tensor_packs:
+            if not context.executing_eagerly() and len(pack) > 1 \
+                    and len({tensor.dtype for tensor in pack}) == 1 \
+                    and all(_applies(self, plan, tensor, merged) for tensor in pack) \
+                    and _native.kernel() is not None:
+                outputs.extend(_shm_all_reduce(self._device, pack, None, plan,
+                                               merged.timeout_seconds))
+            else:
+                outputs.extend(original_batch(self, [pack], options))
+        return outputs
+
+    for name, hooked, wrapped in (("all_reduce", all_reduce, original),
+                                  ("batch_all_reduce", batch_all_reduce, original_batch)):
+        hooked.__tfrun_shm__ = True
+        hooked.__wrapped__ = wrapped
+        setattr(launcher_class, name, hooked)
 
 
 def _applies(launcher, plan: ShmPlan, tensor, options) -> bool:
@@ -398,7 +455,9 @@ def _applies(launcher, plan: ShmPlan, tensor, options) -> bool:
     return not control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
 
 
-def _shm_all_reduce(device, tensor, control_input, plan: ShmPlan, timeout):
+def _shm_all_reduce(device, tensors, control_input, plan: ShmPlan, timeout) -> list:
+    """The all-reduce of ``tensors`` (one tensor for the Python exchange; any number of one
+    dtype for the native op, which exchanges their concatenation) as a list of sums."""
     import numpy as np
     import tensorflow as tf
     from tensorflow.python.framework import ops
@@ -413,14 +472,16 @@ def _shm_all_reduce(device, tensor, control_input, plan: ShmPlan, timeout):
         native_op = loaded[0].tfrun_shm_all_reduce
 
         def call():
-            return native_op(tensor, timeout_seconds=timeout or 0.0)
+            return native_op(tensors, timeout_seconds=timeout or 0.0)
     else:
+        (tensor,) = tensors  # batch_all_reduce only hands packs to the native op
+
         def exchange(values):
             array_ = np.asarray(values)  # a view: EagerTensor.numpy() would copy it first
             return _joined(plan).all_reduce(array_, timeout).reshape(array_.shape)
 
         def call():
-            return tf.py_function(exchange, [tensor], tensor.dtype)
+            return [tf.py_function(exchange, [tensor], tensor.dtype)]
 
     if tf.executing_eagerly():
         with ops.device(device):
@@ -430,10 +491,11 @@ def _shm_all_reduce(device, tensor, control_input, plan: ShmPlan, timeout):
     # (in each graph; a while/cond body is a graph of its own).
     before = [op for op in (_last_op.get(graph), control_input) if op is not None]
     with ops.device(device), ops.control_dependencies(before):
-        result = call()
-    result.set_shape(tensor.shape)
-    _last_op[graph] = result.op
-    return result
+        results = call()
+    for result, tensor in zip(results, tensors):
+        result.set_shape(tensor.shape)
+    _last_op[graph] = results[0].op
+    return results
 
 
 def current_exchange() -> str | None:

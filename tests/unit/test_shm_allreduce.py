@@ -110,11 +110,11 @@ def _member(plan, chunk_bytes, arrays, results, native=None):
         results.put((plan.rank, repr(exc), None))
 
 
-def _run(size, arrays, chunk_bytes=1 << 20, natives=None):
+def _run(size, arrays, chunk_bytes=1 << 20, natives=None, member=_member):
     """Each rank's results; ``natives``: per rank, None (Python) or the native library."""
     results = CTX.Queue()
     natives = natives or [None] * size
-    procs = [CTX.Process(target=_member, args=(p, chunk_bytes, arrays, results, native))
+    procs = [CTX.Process(target=member, args=(p, chunk_bytes, arrays, results, native))
              for p, native in zip(_plans(size), natives)]
     for p in procs:
         p.start()
@@ -157,6 +157,54 @@ def test_the_native_and_the_python_exchange_speak_the_same_protocol(native_libra
     assert mixed == python
 
 
+def _cut_member(plan, chunk_bytes, cuts, results, native=None):
+    """Rank r all-reduces the same 5000 floats as every rank, cut at ``cuts[r]``."""
+    try:
+        group = _open(plan, native, chunk_bytes=chunk_bytes)
+        sums = group.all_reduce_many(np.split(_floats("float32", 5000)(plan.rank), cuts[plan.rank]))
+        results.put((plan.rank, np.concatenate(sums).tobytes(), [s.size for s in sums]))
+        group.close()
+    except BaseException as exc:  # reported to the test
+        results.put((plan.rank, repr(exc), None))
+
+
+# Pieces that start and end inside and on the 4 kB chunks (1024 floats), and empty ones.
+CUTS = [[0, 1, 1000, 1024, 1024, 3000], [], [17, 2048, 4999]]
+
+
+@pytest.mark.parametrize("natives", ["native", "mixed", "python"])
+def test_a_list_of_arrays_is_exchanged_as_its_concatenation(natives, request):
+    """all_reduce_many (the native op's path: a pack of gradients without concat/split):
+    every rank gets the rank-order sum of the concatenation, back in its own pieces,
+    wherever each rank cut it and whichever exchange it runs."""
+    library = request.getfixturevalue("native_library") if natives != "python" else None
+    per_rank = {"native": [library] * 3, "mixed": [library, None, library],
+                "python": [None] * 3}[natives]
+    got = _run(3, CUTS, chunk_bytes=4096, natives=per_rank, member=_cut_member)
+    expected = _floats("float32", 5000)(0)
+    for rank in (1, 2):
+        expected = expected + _floats("float32", 5000)(rank)
+    for rank in range(3):
+        out, sizes = got[rank]
+        assert sizes == [len(piece) for piece in np.split(np.zeros(5000), CUTS[rank])], got[rank]
+        assert out == expected.tobytes(), rank
+
+
+def _mixed_dtypes(plan, results, native=None):
+    group = _open(plan, native)
+    try:
+        group.all_reduce_many([np.ones(2, np.float32), np.ones(2, np.float64)])
+        results.put("no error")
+    except ValueError as exc:
+        results.put(str(exc))
+
+
+def test_a_list_of_arrays_of_several_dtypes_is_refused(exchange):
+    messages, procs = _pair(_mixed_dtypes, reports=2, native=exchange)
+    assert messages == ["all_reduce_many takes one or more arrays of one dtype. Received: "
+                        "float32, float64"] * 2
+
+
 def _dies_after_one(plan, results, native=None):
     group = _open(plan, native)
     group.all_reduce(np.ones(4, np.float32))
@@ -186,6 +234,27 @@ def test_a_peer_that_dies_fails_the_others_at_once_with_its_name(exchange):
     [message], procs = _pair(_dies_after_one, reports=1, native=exchange)
     assert "worker:1 left the exchange" in message and "worker:0 stops too" in message
     assert [p.exitcode for p in procs] == [0, 3]
+
+
+def _late_peer(plan, results, native=None):
+    group = _open(plan, native)
+    if plan.rank == 1:
+        time.sleep(1.5)  # late for rank 0's 0.3 s timeout
+        results.put("late")
+        return
+    try:
+        group.all_reduce(np.ones(4, np.float32), timeout=0.3)
+        results.put("no error")
+    except TimeoutError as exc:
+        results.put(str(exc))
+
+
+def test_an_exchange_that_outlasts_the_timeout_fails_with_it(exchange):
+    """The native barrier first spins (a worker per CPU here), then sleeps in poll(): the
+    --comm timeout bounds both."""
+    messages, procs = _pair(_late_peer, reports=2, native=exchange)
+    assert sorted(messages) == ["late", "tfrun shared-memory all-reduce: exchange 1 took longer "
+                                        "than the --comm timeout of 0.3 s"], messages
 
 
 def _mismatched(plan, results, native=None):
