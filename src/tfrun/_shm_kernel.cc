@@ -18,9 +18,9 @@
 #include <sched.h>
 #include <sys/socket.h>
 
-#include <cstdint>
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
