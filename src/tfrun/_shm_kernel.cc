@@ -89,26 +89,23 @@ double Seconds() {
 
 Result Expect(const Group& g, int peer, char want, double timeout) {
   int fd = g.fds[peer];
-  // Spin first (with sched_yield, so this task's other threads on this CPU still run): a
-  // worker that sleeps in poll() waits for the scheduler -- on a VM, for the hypervisor to
-  // wake its idle vCPU -- every time its peer is a little late, twice per step.
-  const double spin = timeout > 0 ? std::min(g.spin, timeout) : g.spin;
-  for (const double until = Seconds() + spin; spin > 0;) {
+  // Poll first, for g.spin seconds (with sched_yield, so this task's other threads on this
+  // CPU still run), then sleep in poll(): a worker that sleeps waits for the scheduler --
+  // on a VM, for the hypervisor to wake its idle vCPU -- every time its peer is a little
+  // late, twice per step.
+  const double until = Seconds() + (timeout > 0 ? std::min(g.spin, timeout) : g.spin);
+  for (;;) {
     char got = 0;
     ssize_t n = recv(fd, &got, 1, MSG_DONTWAIT);
     if (n == 1 && got == want) return {};
-    if (n >= 0) return Left(g, peer, n == 1 ? std::string("b'") + got + "'" : "b''");
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;  // recv says below
-    if (Seconds() > until) break;
-    sched_yield();
-  }
-  for (;;) {
-    if (WaitFor(fd, POLLIN, timeout) == 0) return TimedOut(g, timeout);
-    char got = 0;
-    ssize_t n = recv(fd, &got, 1, 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (n == 1 && got == want) return {};
-    return Left(g, peer, n == 1 ? std::string("b'") + got + "'" : "b''");
+    if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      return Left(g, peer, n == 1 ? std::string("b'") + got + "'" : "b''");
+    }
+    if (Seconds() < until) {
+      sched_yield();
+    } else if (WaitFor(fd, POLLIN, timeout) == 0) {
+      return TimedOut(g, timeout);
+    }
   }
 }
 
@@ -257,12 +254,12 @@ int tfrun_shm_register(int rank, int size, const char* const* maps, int64_t stri
                        int64_t chunk, const int* fds, const char* names,
                        uint64_t exchanges, double spin) {
   Group* g = new Group;
-  g->spin = spin;
   g->rank = rank;
   g->size = size;
   g->stride = stride;
   g->chunk = chunk;
   g->exchanges = exchanges;
+  g->spin = spin;
   std::string all(names);
   size_t start = 0;
   for (int r = 0; r < size; ++r) {

@@ -56,8 +56,7 @@ from .cluster import parse_address, parse_tf_config
 from .comm import CommOptions, from_env
 from .errors import ConfigError
 
-__all__ = ["ShmGroup", "ShmPlan", "current_exchange", "install", "plan_from_env",
-           "spin_seconds"]
+__all__ = ["ShmGroup", "ShmPlan", "current_exchange", "install", "plan_from_env"]
 
 _MAGIC = b"TFRS"
 _HELLO = struct.Struct("<4sIII")        # magic, version, rank, size
@@ -67,7 +66,7 @@ _HEADER_BYTES = 64                      # keeps the data cache-line aligned
 #: only committed as it is written (memfd), so a small model never touches most of it.
 CHUNK_BYTES = 16 * 1024 * 1024
 _CONNECT_TIMEOUT = 600.0
-#: How long the native exchange's barrier polls before it sleeps (see ``spin_seconds``).
+#: How long the native exchange's barrier polls before it sleeps (see ``_spin_seconds``).
 SPIN_SECONDS = 0.005
 
 
@@ -85,13 +84,13 @@ class ShmPlan:
         return len(self.names)
 
 
-def spin_seconds(workers: int, cpus: int | None = None) -> float:
+def _spin_seconds(workers: int, cpus: int | None = None) -> float:
     """How long a barrier of the native exchange polls for its peers before it sleeps:
     ``SPIN_SECONDS`` when every worker of the exchange can have a CPU of this host to itself
     (then waking from a sleep, twice per step, is what costs: on a VM, the hypervisor must
     wake the idle vCPU), else 0 -- a spinning worker would take the CPU its peer needs.
 
-    >>> spin_seconds(2, cpus=2), spin_seconds(3, cpus=2)
+    >>> _spin_seconds(2, cpus=2), _spin_seconds(3, cpus=2)
     (0.005, 0.0)
     """
     cpus = os.cpu_count() if cpus is None else cpus
@@ -259,7 +258,7 @@ class ShmGroup:
                  [self._peers[r].fileno() if r in self._peers else -1
                   for r in range(self.plan.size)],
                  stride=self._stride, chunk_bytes=self.chunk_bytes, exchanges=self._exchanges,
-                 spin_seconds=spin_seconds(self.plan.size))
+                 spin_seconds=_spin_seconds(self.plan.size))
         self._native = library
 
     @property
@@ -269,9 +268,7 @@ class ShmGroup:
 
     def all_reduce(self, values, timeout: float | None = None):
         """The sum over every task of ``values`` (1-D NumPy array), summed in rank order."""
-        import numpy as np
-
-        return self.all_reduce_many([np.asarray(values).reshape(-1)], timeout)[0]
+        return self.all_reduce_many([values], timeout)[0].reshape(-1)
 
     def all_reduce_many(self, arrays, timeout: float | None = None) -> list:
         """``all_reduce`` of several arrays of one dtype at once: the exchange moves their
