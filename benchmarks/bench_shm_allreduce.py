@@ -41,7 +41,7 @@ def tfrun_breakdown(scratch: Path, name: str, flags: list[str], extra_env: dict)
     run_dir = scratch / name
     result = subprocess.run([sys.executable, "-m", "tfrun", "--workers", "2", "--quiet-tasks",
                              "--color", "never", "--run-dir", str(run_dir), *flags, "-m",
-                             "tfrun._bench_model", "--model", "mlp", "--steps", "40",
+                             "tfrun.in_task._bench_model", "--model", "mlp", "--steps", "40",
                              "--epochs", "3"], env=env, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"tfrun {' '.join(flags)} failed:\n{result.stdout[-3000:]}")

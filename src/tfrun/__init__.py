@@ -15,14 +15,14 @@ launcher (``tfrun`` CLI) stays fast.
 
 from __future__ import annotations
 
-from .callbacks import backup_and_restore
+from .in_task.callbacks import backup_and_restore
 from .errors import ClusterTimeout, ConfigError, TaskFailed, TfrunError
-from .evaluator import chief_output_dir, sidecar_evaluate
-from .runtime import (TaskInfo, global_batch_size, is_chief, output_dir, strategy, task,
+from .in_task.evaluator import chief_output_dir, sidecar_evaluate
+from .in_task.runtime import (TaskInfo, global_batch_size, is_chief, output_dir, strategy, task,
                       tensorboard_dir, training_done)
-from .metrics import log_metrics
-from .saving import save
-from .train import evaluate, fit
+from .in_task.metrics import log_metrics
+from .in_task.saving import save
+from .in_task.train import evaluate, fit
 
 __version__ = "0.1.0"
 

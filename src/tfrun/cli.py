@@ -11,8 +11,9 @@ Two entry points share one binary:
 * ``tfrun report RUN_DIR ...`` puts finished runs side by side;
 * ``tfrun [options] script.py [args]`` (or ``-m module``) launches a cluster.
 
-Every launch flag can also come from ``TFRUN_<FLAG>`` (``--max-restarts`` ->
-``TFRUN_MAX_RESTARTS``); a flag on the command line wins over the environment.
+Every launch flag can also come from the environment (``contract.flag_variable``:
+``--max-restarts`` reads ``contract.MAX_RESTARTS``); a flag on the command line wins over
+the environment.
 This module never imports TensorFlow, so the CLI starts in well under a second.
 """
 

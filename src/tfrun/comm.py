@@ -1,13 +1,13 @@
 """Collective communication options: ``tfrun --comm`` -> ``CommunicationOptions``.
 
-The launcher validates the text and hands it to every task as ``TFRUN_COMM``; in the task,
+The launcher validates the text and hands it to every task as ``contract.COMM``; in the task,
 ``tfrun.strategy()`` and a plain ``tf.distribute.MultiWorkerMirroredStrategy()`` (one made
 without ``communication_options``) get it as
 ``tf.distribute.experimental.CommunicationOptions``. Pure until ``to_tf``.
 
 Syntax: comma-separated ``IMPLEMENTATION`` and ``key=value`` items. Implementations:
 ``auto`` (the default) -- tfrun's shared-memory all-reduce when every worker is on one host
-and computes on CPU (see ``tfrun.shm_allreduce``), TensorFlow's choice otherwise; ``shm`` --
+and computes on CPU (see ``tfrun.in_task.shm_allreduce``), TensorFlow's choice otherwise; ``shm`` --
 shared memory, an error when the workers span hosts; ``ring``, ``nccl`` -- TensorFlow's.
 Items:
 ``pack=SIZE`` (``bytes_per_pack``: gradients are all-reduced in packs of about this size;
@@ -22,6 +22,7 @@ Sizes take K/M/G suffixes (powers of 1024, optional ``B``/``iB``).
 
 from __future__ import annotations
 
+from . import contract
 import os
 import re
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from .errors import ConfigError
 
 __all__ = ["COMM_ENV", "CommOptions", "from_env", "parse_size"]
 
-COMM_ENV = "TFRUN_COMM"
+COMM_ENV = contract.COMM
 IMPLEMENTATIONS = ("auto", "ring", "nccl", "shm")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?$", re.IGNORECASE)
 _FIX = "Pass e.g. --comm ring,pack=4MB,timeout=300"
@@ -64,7 +65,7 @@ class CommOptions:
         return cls(implementation, pack, timeout)
 
     def to_text(self) -> str:
-        """The ``--comm`` text (``TFRUN_COMM``) that parses back to these options."""
+        """The ``--comm`` text (``contract.COMM``) that parses back to these options."""
         text = f"{self.implementation},pack={self.bytes_per_pack}"
         return text + (f",timeout={self.timeout_seconds:g}" if self.timeout_seconds else "")
 
@@ -93,7 +94,7 @@ class CommOptions:
 
 
 def from_env(environ=None) -> CommOptions | None:
-    """The options tfrun passed this task (``TFRUN_COMM``), or None when it passed none."""
+    """The options tfrun passed this task (``contract.COMM``), or None when it passed none."""
     text = (os.environ if environ is None else environ).get(COMM_ENV)
     return CommOptions.parse(text) if text else None
 

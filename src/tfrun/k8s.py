@@ -7,9 +7,9 @@ JobSet (``jobset.x-k8s.io/v1alpha2``): one replicated job per role (chief, worke
 evaluator), each a single Indexed Job whose pods are that role's tasks (the pod's
 ``JOB_COMPLETION_INDEX`` is the task index). With DNS hostnames on, the pods are
 ``<jobset>-<role>-0-<index>.<subdomain>``; every pod's container runs the script through
-``python -m tfrun.bootstrap``, which builds TF_CONFIG from the labels JobSet puts on the
-pod (read through the downward API) and the role counts in ``TFRUN_K8S_ROLES``
-(``jobset_tf_config``), identically in every pod, and waits until every peer's DNS name
+``python -m tfrun.in_task.bootstrap``, which builds TF_CONFIG from the labels JobSet puts on the
+pod (read through the downward API) and the role counts in ``contract.K8S_ROLES``
+(``tfrun.in_task.pod.jobset_tf_config``), identically in every pod, and waits until every peer's DNS name
 resolves before training starts. ``failurePolicy.maxRestarts`` is the gang restart; the
 ``successPolicy`` ends the JobSet when the tracked roles (chief/workers, or the chief of
 a parameter-server cluster) succeed, and JobSet then deletes the ps/evaluator jobs.
@@ -23,10 +23,6 @@ Pure: dicts in, dicts out (``render_yaml`` / ``load_manifests`` are the only YAM
     ...                                command=("train.py",), topology=Topology(workers=2)))
     >>> manifest["kind"], [r["name"] for r in manifest["spec"]["replicatedJobs"]]
     ('JobSet', ['worker'])
-    >>> jobset_tf_config({"TFRUN_K8S_ROLES": "worker=2", "TFRUN_K8S_PORT": "2222",
-    ...     "TFRUN_K8S_JOBSET": "mnist", "TFRUN_K8S_SUBDOMAIN": "mnist",
-    ...     "TFRUN_K8S_REPLICATED_JOB": "worker", "JOB_COMPLETION_INDEX": "1"}).to_dict()["task"]
-    {'type': 'worker', 'index': 1}
 """
 
 from __future__ import annotations
@@ -35,16 +31,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .cluster import ClusterSpec, TaskConfig, TaskId, Topology
+from . import contract
+from .cluster import Topology
 from .errors import ConfigError
+from .in_task.pod import ROLES
 
 __all__ = ["JOBSET_API", "TFJOB_API", "K8sJob", "check_manifest", "job_manifest",
-           "jobset_tf_config", "load_manifests", "pod_hostnames", "render_yaml"]
+           "load_manifests", "render_yaml"]
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 TFJOB_API = "kubeflow.org/v1"
 KINDS = ("jobset", "tfjob")
-ROLES = ("chief", "worker", "ps", "evaluator")
 #: TFJob's replica type for each tfrun role (training-operator v1 spelling).
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 _TFJOB_ACCEPTED = ("Chief", "Master", "Worker", "PS", "Evaluator")
@@ -57,7 +54,7 @@ _LABEL = "jobset.sigs.k8s.io/"
 class K8sJob:
     """What ``tfrun k8s`` turns into a manifest.
 
-    ``command``: what follows ``python -m tfrun.bootstrap`` (``train.py args`` or
+    ``command``: what follows ``python -m tfrun.in_task.bootstrap`` (``train.py args`` or
     ``-m module args``). ``cpu``/``memory``: Kubernetes quantities per task ("2", "4Gi").
     """
 
@@ -157,7 +154,7 @@ def _common_env(job: K8sJob) -> list[dict]:
 def _container(job: K8sJob, env: list[dict]) -> dict:
     container: dict[str, Any] = {
         "name": CONTAINER, "image": job.image,
-        "command": [job.python, "-m", "tfrun.bootstrap", *job.command],
+        "command": [job.python, "-m", "tfrun.in_task.bootstrap", *job.command],
         "env": env,
         "ports": [{"name": "tfjob-port" if job.kind == "tfjob" else "tfrun",
                    "containerPort": job.port, "protocol": "TCP"}],
@@ -183,13 +180,13 @@ def _jobset(job: K8sJob) -> dict:
     counts = job.counts()
     roles_env = ",".join(f"{role}={n}" for role, n in counts.items())
     env = _common_env(job) + [
-        {"name": "TFRUN_K8S_ROLES", "value": roles_env},
-        {"name": "TFRUN_K8S_PORT", "value": str(job.port)},
-        {"name": "TFRUN_K8S_SUBDOMAIN", "value": job.name},
-        {"name": "TFRUN_K8S_DNS_TIMEOUT", "value": f"{job.dns_timeout:g}"},
-        _downward("TFRUN_K8S_JOBSET", "jobset-name"),
-        _downward("TFRUN_K8S_REPLICATED_JOB", "replicatedjob-name"),
-        _downward("TFRUN_K8S_JOB_INDEX", "job-index"),
+        {"name": contract.K8S_ROLES, "value": roles_env},
+        {"name": contract.K8S_PORT, "value": str(job.port)},
+        {"name": contract.K8S_SUBDOMAIN, "value": job.name},
+        {"name": contract.K8S_DNS_TIMEOUT, "value": f"{job.dns_timeout:g}"},
+        _downward(contract.K8S_JOBSET, "jobset-name"),
+        _downward(contract.K8S_REPLICATED_JOB, "replicatedjob-name"),
+        _downward(contract.K8S_JOB_INDEX, "job-index"),
     ]
     replicated = []
     for role, n in counts.items():
@@ -208,7 +205,7 @@ def _jobset(job: K8sJob) -> dict:
 
 
 def _tfjob(job: K8sJob) -> dict:
-    env = _common_env(job) + [{"name": "TFRUN_K8S_KIND", "value": "tfjob"}]
+    env = _common_env(job) + [{"name": contract.K8S_KIND, "value": "tfjob"}]
     specs = {}
     for role, n in job.counts().items():
         specs[TFJOB_TYPES[role]] = {
@@ -219,51 +216,6 @@ def _tfjob(job: K8sJob) -> dict:
         # (kubeflow/trainer#774: they never exit by themselves).
         "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": job.max_restarts},
         "tfReplicaSpecs": specs}}
-
-
-def pod_hostnames(jobset: str, subdomain: str, counts: Mapping[str, int]) -> dict[str, list[str]]:
-    """Each training role's pod DNS names, in task order (JobSet's naming).
-
-    >>> pod_hostnames("mnist", "mnist", {"worker": 2})
-    {'worker': ['mnist-worker-0-0.mnist', 'mnist-worker-0-1.mnist']}
-    """
-    return {role: [f"{jobset}-{role}-0-{i}.{subdomain}" for i in range(n)]
-            for role, n in counts.items() if role != "evaluator"}
-
-
-# --------------------------------------------------------------------------- in the pod
-
-
-def jobset_tf_config(environ: Mapping[str, str]) -> TaskConfig | None:
-    """The TF_CONFIG of this JobSet pod (None when not a tfrun JobSet pod)."""
-    roles = environ.get("TFRUN_K8S_ROLES")
-    if not roles:
-        return None
-    counts: dict[str, int] = {}
-    for part in roles.split(","):
-        role, _, n = part.partition("=")
-        if role not in ROLES or not n.isdigit():
-            raise ConfigError(f"TFRUN_K8S_ROLES has a bad entry {part!r}",
-                              expected="role=count, e.g. chief=1,worker=2",
-                              fix="Regenerate the manifest with tfrun k8s", received=roles)
-        counts[role] = int(n)
-    missing = [k for k in ("TFRUN_K8S_JOBSET", "TFRUN_K8S_REPLICATED_JOB",
-                           "JOB_COMPLETION_INDEX") if not environ.get(k)]
-    if missing:
-        raise ConfigError(f"This pod lacks {', '.join(missing)}, which JobSet and the Indexed "
-                          "Job set", expected="a pod of a JobSet made by tfrun k8s",
-                          fix="Apply the manifest as generated (JobSet controller installed)",
-                          received=", ".join(missing))
-    role = environ["TFRUN_K8S_REPLICATED_JOB"]
-    if role not in counts:
-        raise ConfigError(f"Replicated job {role!r} is not a tfrun role",
-                          expected=f"one of {', '.join(counts)}",
-                          fix="Keep the replicated job names tfrun k8s generates", received=role)
-    port = int(environ.get("TFRUN_K8S_PORT", "2222"))
-    subdomain = environ.get("TFRUN_K8S_SUBDOMAIN") or environ["TFRUN_K8S_JOBSET"]
-    hosts = pod_hostnames(environ["TFRUN_K8S_JOBSET"], subdomain, counts)
-    cluster = ClusterSpec(**{r: tuple(f"{h}:{port}" for h in hs) for r, hs in hosts.items()})
-    return TaskConfig(cluster=cluster, task=TaskId(role, int(environ["JOB_COMPLETION_INDEX"])))
 
 
 # --------------------------------------------------------------------------- --check
@@ -422,29 +374,3 @@ def load_manifests(text: str, source: str) -> list[Any]:
         raise ConfigError(f"{source} is not valid YAML{where}",
                           expected="a JobSet or TFJob manifest", fix="Fix the YAML syntax",
                           received=str(exc).splitlines()[0]) from None
-
-
-def wait_for_peers(config: TaskConfig, timeout: float, *, resolve=None, sleep=None) -> list[str]:
-    """Wait until every host of ``config``'s cluster resolves (pods get their DNS records
-    only once scheduled: TFJob's start-up DNS race); return those that never did."""
-    import socket
-    import time
-
-    resolve = resolve or (lambda host: socket.getaddrinfo(host, None))
-    sleep = sleep or time.sleep
-    hosts = sorted({a.rsplit(":", 1)[0] for a in config.cluster.addresses().values()})
-    deadline = time.monotonic() + timeout
-    told = False
-    while True:
-        missing = []
-        for host in hosts:
-            try:
-                resolve(host)
-            except OSError:
-                missing.append(host)
-        if not missing or time.monotonic() >= deadline:
-            return missing
-        if not told:
-            print(f"tfrun: waiting for the DNS names of {', '.join(missing)}", flush=True)
-            told = True
-        sleep(1.0)

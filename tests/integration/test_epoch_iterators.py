@@ -1,5 +1,5 @@
 """Keras 3 fit() under multi-worker MWMS: one distributed iterator per epoch, dropped off
-the training thread (tfrun.compat's epoch_iterators_multi_worker), with real tasks.
+the training thread (tfrun.in_task.compat's epoch_iterators_multi_worker), with real tasks.
 
 Without the fix Keras makes two per epoch (the second is thrown away unused) and drops
 each in the training thread, which then waits for tf.data's background threads."""

@@ -115,7 +115,7 @@ class SimulatedPods:
 
 def test_jobset_pods_form_one_keras3_mwms_cluster_and_match_single_process(fake_hosts, tmp_path):
     reference = tmp_path / "ref"
-    ref = subprocess.run([sys.executable, "-m", "tfrun.bootstrap", EXACTNESS, "reference",
+    ref = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", EXACTNESS, "reference",
                           str(reference)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr[-3000:]
     want = dict(np.load(f"{reference}-worker-0.npz"))

@@ -100,7 +100,7 @@ def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
 def reference(tmp_path_factory):
     """Single-process training on the same global batches (no cluster, no strategy)."""
     out = tmp_path_factory.mktemp("ref") / "ref"
-    done = subprocess.run([sys.executable, "-m", "tfrun.bootstrap", EXACTNESS, "reference",
+    done = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", EXACTNESS, "reference",
                            str(out)], env=env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return dict(np.load(f"{out}-worker-0.npz"))
@@ -306,7 +306,7 @@ def test_pernode_worker_killed_on_host_2_fails_both_nodes_within_the_bound(fake_
                          [MAIN_JOB, "--epochs", "500"])
     hub.wait_for("cluster formed")
     time.sleep(2)
-    workers = [p for p in fake_hosts.tfrun_processes(2) if "tfrun.bootstrap" in " ".join(p.cmdline())]
+    workers = [p for p in fake_hosts.tfrun_processes(2) if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())]
     assert len(workers) == 1
     workers[0].send_signal(signal.SIGKILL)
     killed = time.monotonic()

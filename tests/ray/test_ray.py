@@ -66,7 +66,7 @@ def reference(tmp_path_factory):
         env.pop("TF_USE_LEGACY_KERAS", None)
         if flavour == "2":
             env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
-        result = subprocess.run([sys.executable, "-m", "tfrun.bootstrap", EXACTNESS, "reference",
+        result = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", EXACTNESS, "reference",
                                  str(path)], env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         out[flavour] = dict(np.load(f"{path}-worker-0.npz"))

@@ -32,7 +32,7 @@ def test_generated_sbatch_script_trains_keras3_mwms_on_both_nodes_exactly(slurm,
     """`tfrun slurm` writes the job; its one tfrun line trains on both nodes, and every
     worker's weights match single-process training within 1e-5."""
     reference = tmp_path / "ref"
-    ref = subprocess.run([sys.executable, "-m", "tfrun.bootstrap", "tests/scripts/exactness.py",
+    ref = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", "tests/scripts/exactness.py",
                           "reference", str(reference)], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert ref.returncode == 0, ref.stderr[-3000:]

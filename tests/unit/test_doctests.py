@@ -4,24 +4,28 @@ import doctest
 
 import pytest
 
-import tfrun._native
+import tfrun.in_task._native
 import tfrun.cluster
 import tfrun.comm
 import tfrun.errors
-import tfrun.heap
+import tfrun.in_task.heap
 import tfrun.launch.config
 import tfrun.launch.logs
 import tfrun.launch.policy
 import tfrun.launch.ports
 import tfrun.launch.bench
 import tfrun.launch.runstats
-import tfrun.shm_allreduce
+import tfrun.in_task.shm_allreduce
+import tfrun.in_task.pod
+import tfrun.in_task.isolation
+import tfrun.contract
 
 
-@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.heap, tfrun.launch.config, tfrun.launch.logs,
+@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.logs,
                                     tfrun.launch.policy, tfrun.launch.ports,
-                                    tfrun.launch.bench, tfrun.launch.runstats, tfrun._native,
-                                    tfrun.shm_allreduce])
+                                    tfrun.launch.bench, tfrun.launch.runstats, tfrun.in_task._native,
+                                    tfrun.in_task.shm_allreduce, tfrun.in_task.pod,
+                                    tfrun.in_task.isolation, tfrun.contract])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -230,7 +230,7 @@ def test_peer_crash_alarm_continuations_stop_at_the_first_other_line():
 
 
 def test_replaced_device_count_reads_the_task_warning():
-    from tfrun._markers import DEVICES_REPLACED
+    from tfrun.contract import DEVICES_REPLACED
     from tfrun.launch.logs import replaced_device_count
 
     line = (f"/tmp/own.py:9: UserWarning: {DEVICES_REPLACED}3 logical CPU device(s) itself, "

@@ -1,4 +1,4 @@
-"""tfrun.metrics (task side) and the launcher's side of the records (TaskLogger, runstats,
+"""tfrun.in_task.metrics (task side) and the launcher's side of the records (TaskLogger, runstats,
 tfrun bench's argument split). Pure: no TensorFlow process; Keras callbacks are driven by hand."""
 
 import io
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tfrun import metrics
-from tfrun._markers import METRICS
+from tfrun.in_task import metrics
+from tfrun.contract import METRICS_LINE as METRICS
 from tfrun.errors import ConfigError
 from tfrun.launch.bench import parse_bench_argv, parse_sizes, scaling_note
 from tfrun.launch.logs import ConsoleSink, TaskLogger
@@ -234,7 +234,7 @@ def test_bench_takes_its_own_flags_anywhere_and_leaves_the_rest_to_tfrun():
 
 def test_bench_model_runs_the_built_in_module():
     plan = parse_bench_argv(["--model", "cnn", "--devices", "2", "--", "--steps", "5"])
-    assert plan.launch_argv == ("--devices", "2", "-m", "tfrun._bench_model", "--model", "cnn",
+    assert plan.launch_argv == ("--devices", "2", "-m", "tfrun.in_task._bench_model", "--model", "cnn",
                                 "--steps", "5")
     assert plan.sizes == (1, 2)  # the default
 

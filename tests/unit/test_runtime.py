@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tfrun import runtime
+from tfrun.in_task import runtime
 from tfrun.errors import ConfigError
 
 

@@ -17,6 +17,7 @@ Four modes, chosen from ``--hosts``, ``--node-rank`` and a Slurm allocation (``l
 
 from __future__ import annotations
 
+from .. import contract
 import importlib.util
 import json
 import os
@@ -373,8 +374,8 @@ def _supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
 
 
 def _write_report(run_dir: Path, console: ConsoleSink) -> None:
-    """The run's report.html; a run never fails for its report (``TFRUN_REPORT=0``: none)."""
-    if os.environ.get("TFRUN_REPORT", "1") == "0" or not (run_dir / "summary.json").exists():
+    """The run's report.html; a run never fails for its report (``contract.REPORT=0``: none)."""
+    if os.environ.get(contract.REPORT, "1") == "0" or not (run_dir / "summary.json").exists():
         return
     try:
         from .report import write_report

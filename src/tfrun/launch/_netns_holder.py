@@ -14,7 +14,7 @@ import socket
 import struct
 import sys
 
-from .netns import _CLONE_NEWNET, _CLONE_NEWUSER, _check, _libc
+from ..in_task.isolation import CLONE_NEWNET as _CLONE_NEWNET, CLONE_NEWUSER as _CLONE_NEWUSER, check as _check, libc as _libc
 from .rendezvous import probe_address
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1

@@ -31,7 +31,7 @@ from .. import __version__
 from ..errors import TfrunError
 from .backends.base import TaskHandle, TaskSpec
 from .backends.local import LocalBackend
-from .._markers import METRICS
+from ..contract import METRICS_LINE
 from .logs import ConsoleSink, NoiseFilter, OutputSplitter, read_chunks
 from .protocol import HEARTBEAT_INTERVAL, Channel, ProtocolError
 
@@ -157,7 +157,7 @@ class NodeAgent:
         def send(events) -> None:
             for kind, text in events:
                 if kind == "metrics":  # passed on as the task printed it, for the hub's log
-                    self.channel.send("out", id=task_id, line=METRICS + text)
+                    self.channel.send("out", id=task_id, line=METRICS_LINE + text)
                     continue
                 if kind == "progress":
                     self.channel.send("out", id=task_id, progress=text)

@@ -9,18 +9,19 @@ they stand (before a ``--``); every other flag is a ``tfrun`` flag, the first ot
 is the script, and what follows it (and everything after ``--``) goes to the script. Each
 size is one ordinary tfrun run, ``<bench dir>/workers-<N>`` (its logs, summary and
 metrics as always); the table, also in ``<bench dir>/bench.json`` and, with a throughput
-chart, ``<bench dir>/bench.html`` (not with TFRUN_REPORT=0), comes from the metrics
-the tasks record with no change to the script (``tfrun.metrics``), and so does the step
-breakdown -- all-reduce, compute, input per step (``tfrun.breakdown``; bench switches it on).
+chart, ``<bench dir>/bench.html`` (not with contract.REPORT=0), comes from the metrics
+the tasks record with no change to the script (``tfrun.in_task.metrics``), and so does the step
+breakdown -- all-reduce, compute, input per step (``tfrun.in_task.breakdown``; bench switches it on).
 
 Weak scaling is what a script that batches ``tfrun.global_batch_size(per_replica)`` does:
-the global batch grows with the workers. ``--strong`` sets ``TFRUN_BATCH_REPLICAS`` so
+the global batch grows with the workers. ``--strong`` sets ``contract.BATCH_REPLICAS`` so
 that ``global_batch_size`` keeps the first size's global batch. A script that batches a
 fixed number is strong scaling already. The table's last line says which it was.
 """
 
 from __future__ import annotations
 
+from .. import contract
 import contextlib
 import dataclasses
 import json
@@ -117,7 +118,7 @@ def parse_bench_argv(argv: Sequence[str]) -> BenchPlan:
             raise ConfigError("tfrun bench got both --model and a script",
                               expected="--model mlp|cnn, or a script", fix="Drop one of them",
                               received=" ".join(entry))
-        entry = ["-m", "tfrun._bench_model", "--model", str(model)]
+        entry = ["-m", "tfrun.in_task._bench_model", "--model", str(model)]
     elif not entry:
         raise ConfigError("tfrun bench needs a script (or --model mlp|cnn)", expected=USAGE,
                           fix="Call e.g. tfrun bench examples/mnist_mlp.py --workers 1,2",
@@ -182,8 +183,8 @@ def _environ(values: dict[str, str]):
 
 def _write_page(runs: list, target: Path) -> Path | None:
     """The table and a throughput chart as one HTML page (``tfrun report``'s comparison),
-    unless TFRUN_REPORT=0 or nothing ran."""
-    if not runs or os.environ.get("TFRUN_REPORT", "1") == "0":
+    unless contract.REPORT=0 or nothing ran."""
+    if not runs or os.environ.get(contract.REPORT, "1") == "0":
         return None
     from .report import write_comparison
 
@@ -205,10 +206,10 @@ def run_bench(argv: Sequence[str]) -> int:
     label = plan.model or first.display_name
     bench_dir = run_dir_for(dataclasses.replace(first, name=f"bench-{label}"))
     # The tasks read these from the environment tfrun passes on: the step breakdown
-    # (tfrun.breakdown) always, and for --strong the first size's replicas.
-    settings = {"TFRUN_BREAKDOWN": "1"}
+    # (tfrun.in_task.breakdown) always, and for --strong the first size's replicas.
+    settings = {contract.BREAKDOWN: "1"}
     if plan.strong:
-        settings["TFRUN_BATCH_REPLICAS"] = str(_replicas(first))
+        settings[contract.BATCH_REPLICAS] = str(_replicas(first))
     runs = []
     exit_code = 0
     try:

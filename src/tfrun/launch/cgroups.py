@@ -5,7 +5,7 @@ A process group reaches what a task starts, unless a helper starts its own sessi
 outlive the run. Each task therefore also runs in a cgroup of its own; when the task is
 released, ``cgroup.kill`` SIGKILLs everything in it, escaped helpers included, and the
 directory is removed. A task joins its cgroup itself, in the bootstrap, before any of
-the user's code runs (``TFRUN_CGROUP``), so nothing it starts can be outside it.
+the user's code runs (``contract.CGROUP``), so nothing it starts can be outside it.
 
 Needs a writable cgroup v2 hierarchy (root, or a delegated subtree) with ``cgroup.kill``
 (Linux 5.14). Where there is none, ``TaskCgroups.create()`` returns None and tasks are
@@ -18,13 +18,14 @@ contained by their process group only (the resolved configuration says so).
 
 from __future__ import annotations
 
+from .. import contract
 import os
 import secrets
 import signal
 import time
 from pathlib import Path
 
-__all__ = ["TaskCgroups", "available", "join_from_env", "kill", "own_cgroup_dir"]
+__all__ = ["TaskCgroups", "available", "kill", "own_cgroup_dir"]
 
 #: How long ``remove`` waits for killed processes to leave a cgroup before giving up.
 _EMPTY_TIMEOUT = 5.0
@@ -132,13 +133,3 @@ def _rmdir(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
-
-
-def join_from_env() -> None:
-    """Move this process into ``$TFRUN_CGROUP`` (bootstrap, before the user's code).
-
-    Raises OSError when it cannot: the caller must not run the task uncontained.
-    """
-    path = os.environ.get("TFRUN_CGROUP")
-    if path:
-        Path(path, "cgroup.procs").write_text("0")  # "0": the writing process itself

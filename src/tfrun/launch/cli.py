@@ -1,11 +1,12 @@
 """``tfrun [options] script.py [args]``: argparse -> LaunchConfig -> launch().
 
-Every flag can also be set as ``TFRUN_<FLAG>`` in the environment (``--join-timeout``
--> ``TFRUN_JOIN_TIMEOUT``); the command line wins.
+Every flag can also be set in the environment (``contract.flag_variable``: ``--join-timeout``
+reads ``contract.flag_variable('join_timeout')``); the command line wins.
 """
 
 from __future__ import annotations
 
+from .. import contract
 import argparse
 import os
 import shlex
@@ -19,7 +20,7 @@ from ..cli import (
     _topology_from,
 )
 from ..errors import ConfigError
-from ..heap import DEFAULT_THRESHOLD
+from ..in_task.heap import DEFAULT_THRESHOLD
 from .config import (BACKENDS, KERAS_FLAVOURS, NETWORK_MODES, RAY_PLACEMENTS, ROLE_MODES,
                      SLURM_MODES, STRATEGIES, LaunchConfig)
 
@@ -85,7 +86,7 @@ def build_launch_parser() -> argparse.ArgumentParser:
                "  tfrun --chief --workers 2 --ps 1 examples/ps_training.py\n"
                "  tfrun --devices 2 --strategy mirrored train.py --epochs 3\n"
                "  tfrun --backend ray --workers 2 train.py\n"
-               "every flag also reads TFRUN_<FLAG> (e.g. TFRUN_MAX_RESTARTS=2)",
+               f"every flag also reads {contract.ENV_PREFIX}<FLAG> (e.g. {contract.MAX_RESTARTS}=2)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_topology_flags(parser)
     run = parser.add_argument_group("run")
@@ -187,7 +188,7 @@ def build_launch_parser() -> argparse.ArgumentParser:
     tf.add_argument("--mmap-threshold", default=DEFAULT_THRESHOLD, metavar="SIZE",
                     help="glibc's mmap threshold in every task (default 32M); 'tf' keeps the "
                          "128K TensorFlow's tf.data pins, under which every large MatMul buffer "
-                         "is a fresh, page-faulted mmap (see tfrun.heap)")
+                         "is a fresh, page-faulted mmap (see tfrun.in_task.heap)")
     tf.add_argument("--roles", choices=ROLE_MODES, default="auto",
                     help="auto: with ps, tfrun runs ps/workers as servers and the script on the "
                          "chief; script: every task runs the script (seed-001 convention)")
@@ -208,11 +209,11 @@ def build_launch_parser() -> argparse.ArgumentParser:
 
 
 def _apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """``TFRUN_<DEST>`` becomes the flag's default, converted and checked like the flag."""
+    """``contract.flag_variable(dest)`` becomes the flag's default, converted and checked like the flag."""
     for action in parser._actions:
         if not action.option_strings or action.dest in ("help", "module"):
             continue
-        name = "TFRUN_" + action.dest.upper()
+        name = contract.flag_variable(action.dest)
         if name not in environ:
             continue
         raw = environ[name]
@@ -224,7 +225,7 @@ def _apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, s
             if raw.strip().lower() not in _TRUE | _FALSE:
                 raise ConfigError(f"{name} is not a boolean", expected="1/0, true/false, yes/no",
                                   fix=f"Set {name}=1 (same as {flag}) or unset it", received=repr(raw))
-            value = raw.strip().lower() in _TRUE  # the value of the dest (TFRUN_DOCTOR=0: no preflight)
+            value = raw.strip().lower() in _TRUE  # the value of the dest (contract.DOCTOR=0: no preflight)
         else:
             try:
                 value = action.type(raw) if action.type else raw

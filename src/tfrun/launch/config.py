@@ -1,6 +1,6 @@
 """LaunchConfig: the one frozen object a launch is made of.
 
-The CLI builds it from flags and ``TFRUN_*`` variables; the Python API takes it
+The CLI builds it from flags and tfrun's (``tfrun.contract``) variables; the Python API takes it
 directly::
 
     >>> from tfrun.cluster import Topology
@@ -18,7 +18,7 @@ from typing import Literal
 
 from ..cluster import TaskId, Topology
 from ..comm import CommOptions
-from ..heap import DEFAULT_THRESHOLD, parse_threshold
+from ..in_task.heap import DEFAULT_THRESHOLD, parse_threshold
 from ..errors import ConfigError
 
 __all__ = ["BACKENDS", "RAY_PLACEMENTS", "KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "SLURM_MODES", "STRATEGIES",
@@ -71,7 +71,7 @@ class LaunchConfig:
     keras: str = "3"
     devices: int | None = None          # split the CPU into N logical devices
     comm: str | None = None             # --comm: collective options (see tfrun.comm)
-    mmap_threshold: str = DEFAULT_THRESHOLD  # glibc's, in every task (see tfrun.heap)
+    mmap_threshold: str = DEFAULT_THRESHOLD  # glibc's, in every task (see tfrun.in_task.heap)
     roles: str = "auto"
     python: str = sys.executable        # also the Python on other hosts (same path)
     # ---- several machines (SSH launch, per-node launch)

@@ -7,7 +7,7 @@ while GPUs are left) G GPUs of its own through ``CUDA_VISIBLE_DEVICES``; the oth
 on every GPU in each of them. Without the flag, a machine with several GPUs, at least one
 per training task, gives each training task one GPU (``tfrun.strategy()`` then all-reduces
 across workers with NCCL, TensorFlow's choice for GPUs). ``--cpus-per-task C``
-pins every task to C CPUs of its own (``TFRUN_CPUS``, applied by the task's bootstrap
+pins every task to C CPUs of its own (``contract.CPUS``, applied by the task's bootstrap
 before TensorFlow starts) and sizes TensorFlow's intra-op thread pool to match. Without
 the flag, a MultiWorkerMirrored cluster (no ps) of at least two tasks and at most one task
 per CPU splits the CPUs evenly the same way: each task otherwise sizes TensorFlow's thread
@@ -23,11 +23,12 @@ the NVIDIA driver lists. The CPUs are this process's affinity.
     >>> shares = share_devices(tasks, gpus=["0", "1", "2", "3"], cpus=[0, 1],
     ...                        gpus_per_task=None, cpus_per_task=1, ps_cluster=False)
     >>> shares[tasks[1]].env()
-    {'CUDA_VISIBLE_DEVICES': '1', 'TFRUN_CPUS': '1', 'TF_NUM_INTRAOP_THREADS': '1'}
+    {'CUDA_VISIBLE_DEVICES': '1', contract.CPUS: '1', 'TF_NUM_INTRAOP_THREADS': '1'}
 """
 
 from __future__ import annotations
 
+from .. import contract
 import os
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -38,7 +39,7 @@ from ..errors import ConfigError
 __all__ = ["CPUS_ENV", "DeviceShare", "describe_shares", "share_devices", "visible_gpus"]
 
 #: The CPUs a task is pinned to ("0,1"), set by the launcher, applied by the bootstrap.
-CPUS_ENV = "TFRUN_CPUS"
+CPUS_ENV = contract.CPUS
 _NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 
 

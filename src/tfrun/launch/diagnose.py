@@ -7,7 +7,7 @@ worker:0) with an error naming the culprit::
     UNAVAILABLE: ... The following tasks are unhealthy (stopped sending heartbeats):
     /job:worker/replica:0/task:1
 
-tfrun's shared-memory all-reduce (``tfrun.shm_allreduce``) says the same in its own
+tfrun's shared-memory all-reduce (``tfrun.in_task.shm_allreduce``) says the same in its own
 words: ``tfrun shared-memory all-reduce: worker:1 left the exchange``.
 ``culprits`` finds such names, so the supervisor can blame the real task.
 
@@ -32,7 +32,7 @@ _TASK = r"/job:(\w+)/replica:\d+/task:(\d+)"
 _UNHEALTHY = re.compile(r"stopped sending heartbeats\):\s*\n((?:\s*" + _TASK + r"\s*\n?)+)")
 # Older wording: "Task /job:worker/replica:0/task:1 heartbeat timeout. This indicates ..."
 _TIMEOUT = re.compile(_TASK + r",? heartbeat timeout")
-# tfrun.shm_allreduce: a peer's socket closed under an all-reduce.
+# tfrun.in_task.shm_allreduce: a peer's socket closed under an all-reduce.
 _LEFT_EXCHANGE = re.compile(r"tfrun shared-memory all-reduce: (chief|worker):(\d+) left the exchange")
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterable
 
-from .._markers import DEVICES_REPLACED, METRICS
+from ..contract import DEVICES_REPLACED, METRICS_LINE
 
 __all__ = ["LEAD_AUTO", "ConsoleSink", "NoiseFilter", "OutputSplitter", "TaskLogger", "describe_write_error",
            "is_keras_progress", "is_tf_noise", "last_traceback", "parse_task_filter", "read_chunks",
@@ -140,7 +140,7 @@ def _final_text(raw: bytes) -> str:
     return segments[-1] if segments else ""
 
 
-_METRICS = METRICS.encode()
+_METRICS = METRICS_LINE.encode()
 
 
 class OutputSplitter:

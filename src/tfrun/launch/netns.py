@@ -15,8 +15,8 @@ Pieces:
   tfrun on stdin: ``probe HOST:PORT TIMEOUT`` -> ``1``/``0`` (join detection must
   connect from inside). It exits when its stdin closes, i.e. with tfrun;
 * ``slirp4netns`` attaches to it, and exits when tfrun's end of ``--exit-fd`` closes;
-* each task's bootstrap joins the namespace first thing (``join_from_env``), from the
-  ``TFRUN_NETNS`` / ``TFRUN_USERNS`` variables tfrun sets.
+* each task's bootstrap joins the namespace first thing (``tfrun.in_task.isolation.join_network``), from the
+  ``contract.NETNS`` / ``contract.USERNS`` variables tfrun sets.
 
     >>> from tfrun.launch.netns import PrivateNetwork, NetworkUnavailable
     >>> try:                                           # doctest: +SKIP
@@ -27,6 +27,7 @@ Pieces:
 
 from __future__ import annotations
 
+from .. import contract
 import os
 import select
 import shutil
@@ -40,56 +41,19 @@ __all__ = [
     "USERNS_ENV",
     "NetworkUnavailable",
     "PrivateNetwork",
-    "join_from_env",
 ]
 
 #: Where tasks reach this machine's 127.0.0.1 (slirp4netns' gateway address).
 HOST_LOOPBACK = "10.0.2.2"
-NETNS_ENV, USERNS_ENV = "TFRUN_NETNS", "TFRUN_USERNS"
+NETNS_ENV, USERNS_ENV = contract.NETNS, contract.USERNS
 #: Set on the holder and slirp4netns: the pid of the tfrun that made them.
-OWNER_ENV = "TFRUN_NETWORK_OF"
+OWNER_ENV = contract.NETWORK_OF
 
-_CLONE_NEWNET, _CLONE_NEWUSER = 0x40000000, 0x10000000
 _READY_TIMEOUT = 15.0
 
 
 class NetworkUnavailable(RuntimeError):
     """A private network cannot be made here; the message says why and what would fix it."""
-
-
-def _libc():
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        import ctypes
-
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def join_from_env(environ=os.environ) -> None:
-    """Join the run's private network if tfrun asked for it (a task's bootstrap calls this
-    while still single-threaded). Raises OSError when the namespace cannot be joined."""
-    netns = environ.get(NETNS_ENV)
-    if not netns:
-        return
-    libc = _libc()
-    userns = environ.get(USERNS_ENV)
-    if userns:
-        fd = os.open(userns, os.O_RDONLY)
-        try:
-            _check(libc.setns(fd, _CLONE_NEWUSER), f"setns({userns})")
-        finally:
-            os.close(fd)
-    fd = os.open(netns, os.O_RDONLY)
-    try:
-        _check(libc.setns(fd, _CLONE_NEWNET), f"setns({netns})")
-    finally:
-        os.close(fd)
 
 
 class PrivateNetwork:
@@ -130,7 +94,7 @@ class PrivateNetwork:
 
     def task_env(self) -> dict[str, str]:
         pid = self._holder.pid
-        env = {NETNS_ENV: f"/proc/{pid}/ns/net", "TFRUN_HOST_LOOPBACK": HOST_LOOPBACK}
+        env = {NETNS_ENV: f"/proc/{pid}/ns/net", contract.HOST_LOOPBACK: HOST_LOOPBACK}
         if self.userns:
             env[USERNS_ENV] = f"/proc/{pid}/ns/user"
         return env

@@ -1,7 +1,7 @@
 """What a finished run measured, read from its run dir, and several runs side by side.
 
 A run dir holds ``summary.json`` (how the run went, when it started and ended, every task)
-and ``metrics/<task>.jsonl`` (each task's epochs, recorded by ``tfrun.metrics``).
+and ``metrics/<task>.jsonl`` (each task's epochs, recorded by ``tfrun.in_task.metrics``).
 ``read_run`` turns one into a ``RunStats``; ``compare`` adds seed 000's columns -- speedup
 and scaling efficiency against the first run -- and ``format_table`` prints them::
 
@@ -40,7 +40,7 @@ class RunStats:
     epochs: int
     final: dict = field(default_factory=dict)   # the last epoch's logs
     task: str | None = None         # whose metrics these are
-    breakdown: dict = field(default_factory=dict)  # its last step breakdown (tfrun.breakdown)
+    breakdown: dict = field(default_factory=dict)  # its last step breakdown (tfrun.in_task.breakdown)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,7 +157,7 @@ def _cell(value, digits: int = 2) -> str:
     return str(value)
 
 
-#: step breakdown columns (tfrun.breakdown), shown when a run has one
+#: step breakdown columns (tfrun.in_task.breakdown), shown when a run has one
 _BREAKDOWN_COLUMNS = (("step_ms", "step (ms)"), ("rest_ms", "rest (ms)"),
                       ("allreduce_ms", "all-reduce (ms)"), ("allreduce_via", "all-reduce via"),
                       ("input_ms", "input (ms)"))

@@ -1,8 +1,8 @@
 """What each task runs: argv, environment and placement, for every launch mode.
 
-The environment is the launcher <-> script contract: TF_CONFIG plus ``TFRUN_*``
-variables (``TFRUN_RUN_DIR``, ``TFRUN_TASK_TYPE``, ``TFRUN_TASK_INDEX``,
-``TFRUN_RESTART_COUNT``, ...). A task starts from its own host's environment; for
+The environment is the launcher <-> script contract: TF_CONFIG plus tfrun's (``tfrun.contract``)
+variables (``contract.RUN_DIR``, ``contract.TASK_TYPE``, ``contract.TASK_INDEX``,
+``contract.RESTART_COUNT``, ...). A task starts from its own host's environment; for
 tasks on other hosts tfrun also forwards the launcher's variables that shape training
 (``FORWARDED_PREFIXES``, plus ``--env NAME[=VALUE]``), never the rest (paths, secrets).
 
@@ -12,13 +12,14 @@ tasks on other hosts tfrun also forwards the launcher's variables that shape tra
 
 from __future__ import annotations
 
+from .. import contract
 import os
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..cluster import ClusterPlan, TaskId, parse_address
 from ..comm import COMM_ENV, CommOptions
-from ..heap import MMAP_THRESHOLD_ENV
+from ..in_task.heap import MMAP_THRESHOLD_ENV
 from .backends.base import CONTROLLED_ENV, TaskSpec
 from .config import LaunchConfig
 from .ports import TF_REUSE_PORT_ENV
@@ -27,10 +28,10 @@ __all__ = ["FORWARDED_PREFIXES", "forwarded_env", "script_env", "task_argv", "sp
            "task_hosts"]
 
 #: Launcher variables every remote task gets too (prefix match).
-FORWARDED_PREFIXES = ("TF_", "TFRUN_", "KERAS_", "XLA_", "NCCL_", "OMP_", "MKL_",
+FORWARDED_PREFIXES = ("TF_", contract.ENV_PREFIX, "KERAS_", "XLA_", "NCCL_", "OMP_", "MKL_",
                       "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_VISIBLE_DEVICES")
 #: ... except these, which describe the launcher itself.
-_NOT_FORWARDED = set(CONTROLLED_ENV) | {"TFRUN_RUN_DIR", "TFRUN_REAPER_FOR"}
+_NOT_FORWARDED = set(CONTROLLED_ENV) | {contract.RUN_DIR, contract.REAPER_FOR}
 
 
 def forwarded_env(environ: Mapping[str, str], extra: Sequence[str]) -> dict[str, str]:
@@ -54,8 +55,8 @@ def script_env(*, strategy: str, keras: str, roles: str, run_dir: str) -> dict[s
     >>> script_env(strategy="auto", keras="2", roles="auto", run_dir="/r")["TF_USE_LEGACY_KERAS"]
     '1'
     """
-    env = {"PYTHONUNBUFFERED": "1", "TFRUN_RUN_DIR": run_dir, "TFRUN_STRATEGY": strategy,
-           "TFRUN_KERAS": keras, "TFRUN_ROLES": roles}
+    env = {"PYTHONUNBUFFERED": "1", contract.RUN_DIR: run_dir, contract.STRATEGY: strategy,
+           contract.KERAS: keras, contract.ROLES: roles}
     if keras == "2":
         env["TF_USE_LEGACY_KERAS"] = "1"
     return env
@@ -63,7 +64,7 @@ def script_env(*, strategy: str, keras: str, roles: str, run_dir: str) -> dict[s
 
 def task_argv(config: LaunchConfig) -> tuple[str, ...]:
     kind, target = config.entrypoint
-    argv = [config.python, "-m", "tfrun.bootstrap"]
+    argv = [config.python, "-m", "tfrun.in_task.bootstrap"]
     argv += ["-m", target] if kind == "module" else [target]
     return tuple(argv + list(config.script_args))
 
@@ -95,7 +96,7 @@ def spec_factory(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, *, with
     base.update(script_env(strategy=config.strategy, keras=config.keras, roles=config.roles,
                            run_dir=str(run_dir)))
     if config.devices:
-        base["TFRUN_DEVICES"] = str(config.devices)
+        base[contract.DEVICES] = str(config.devices)
     if config.comm:
         base[COMM_ENV] = CommOptions.parse(config.comm).to_text()
     base[MMAP_THRESHOLD_ENV] = config.mmap_threshold
@@ -106,8 +107,8 @@ def spec_factory(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, *, with
 
     def make_spec(task: TaskId, restarts: int) -> TaskSpec:
         env = dict(base)
-        env.update({"TFRUN_TASK_TYPE": task.role, "TFRUN_TASK_INDEX": str(task.index),
-                    "TFRUN_RESTART_COUNT": str(restarts)})
+        env.update({contract.TASK_TYPE: task.role, contract.TASK_INDEX: str(task.index),
+                    contract.RESTART_COUNT: str(restarts)})
         env.update((task_env or {}).get(task, {}))
         if with_tf_config:
             env["TF_CONFIG"] = plan.task_config(task).to_json()

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..cluster import ClusterPlan, TaskId
 from .backends.base import Backend, TaskHandle, TaskSpec
 from .config import LaunchConfig
-from .._markers import TF_CONFIG_REPLACED
+from ..contract import TF_CONFIG_REPLACED
 from .diagnose import TAIL_BYTES, culprits
 from .logs import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState

@@ -6,7 +6,7 @@ with which environment, on which host, holding which ports), and a ``TaskHandle`
 opaque ticket. How a backend makes a task's whole process tree die (a process group and
 a reaper here, an agent over SSH or TCP elsewhere) is its own business.
 
-    >>> spec = TaskSpec(task=TaskId("worker", 1), argv=("python", "-m", "tfrun.bootstrap", "t.py"),
+    >>> spec = TaskSpec(task=TaskId("worker", 1), argv=("python", "-m", "tfrun.in_task.bootstrap", "t.py"),
     ...                 env={"TF_CONFIG": "{}"}, host="node-2", ports=(2222,))
     >>> spec.task, spec.host
     (TaskId(role='worker', index=1), 'node-2')
@@ -14,6 +14,7 @@ a reaper here, an agent over SSH or TCP elsewhere) is its own business.
 
 from __future__ import annotations
 
+from ... import contract
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,17 +28,17 @@ __all__ = ["CONTROLLED_ENV", "Backend", "TaskHandle", "TaskSpec"]
 
 #: Variables tfrun decides for every task: a backend removes them from the environment it
 #: starts from, then sets those the spec gives (so e.g. a stale TF_CONFIG never leaks in).
-CONTROLLED_ENV = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "TFRUN_DEVICES", "TFRUN_SUPERVISOR_PID",
-                  "TFRUN_NETNS", "TFRUN_USERNS", "TFRUN_HOST_LOOPBACK", "TFRUN_SCRATCH_DIR",
-                  "TFRUN_CGROUP", "TFRUN_COMM", "TFRUN_CPUS",
-                  "TFRUN_MMAP_THRESHOLD")
+CONTROLLED_ENV = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", contract.DEVICES, contract.SUPERVISOR_PID,
+                  contract.NETNS, contract.USERNS, contract.HOST_LOOPBACK, contract.SCRATCH_DIR,
+                  contract.CGROUP, contract.COMM, contract.CPUS,
+                  contract.MMAP_THRESHOLD)
 
 
 @dataclass(frozen=True)
 class TaskSpec:
     """Everything needed to start one task, wherever it runs.
 
-    ``env`` is what tfrun sets (TF_CONFIG, TFRUN_*, forwarded variables) on top of the
+    ``env`` is what tfrun sets (TF_CONFIG, tfrun's own (tfrun.contract), forwarded variables) on top of the
     environment the task's host gives; ``ports`` are the ports the task's TensorFlow
     server will bind, which a remote backend holds on the task's host until then.
     """

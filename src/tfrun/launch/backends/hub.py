@@ -16,6 +16,7 @@ that connects here can make a node run anything else.
 
 from __future__ import annotations
 
+from ... import contract
 import socket
 import threading
 from pathlib import Path
@@ -53,7 +54,7 @@ class HubBackend(RemoteBackend):
                 host, heartbeat_timeout=heartbeat_timeout,
                 encode_start=lambda task_id, spec: {
                     "id": task_id, "task": str(spec.task),
-                    "restart": int(spec.env.get("TFRUN_RESTART_COUNT", "0"))})
+                    "restart": int(spec.env.get(contract.RESTART_COUNT, "0"))})
 
     def open(self, run_dir: Path) -> None:
         host, port = self.listen_address

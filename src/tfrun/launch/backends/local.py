@@ -16,6 +16,7 @@ launcher does for local runs before it plans the cluster.
 
 from __future__ import annotations
 
+from ... import contract
 import itertools
 import os
 import shutil
@@ -48,7 +49,7 @@ class _Reaper:
     """The watchdog process that kills registered groups if its owner dies (see reaper.py)."""
 
     def __init__(self, run_dir: Path) -> None:
-        env = {**os.environ, "TFRUN_REAPER_FOR": str(run_dir)}
+        env = {**os.environ, contract.REAPER_FOR: str(run_dir)}
         self.process = subprocess.Popen([sys.executable, "-m", "tfrun.launch.reaper"],
                                         stdin=subprocess.PIPE, start_new_session=True, text=True,
                                         env=env)
@@ -138,20 +139,20 @@ class LocalBackend(Backend):
         if self.network is not None:
             env.update(self.network.task_env())  # the bootstrap joins it first thing
         else:
-            env["TFRUN_HOST_LOOPBACK"] = "127.0.0.1"  # the same variable either way
+            env[contract.HOST_LOOPBACK] = "127.0.0.1"  # the same variable either way
         # The bootstrap dies with its parent (PR_SET_PDEATHSIG): that parent is us.
-        env["TFRUN_SUPERVISOR_PID"] = str(os.getpid())
+        env[contract.SUPERVISOR_PID] = str(os.getpid())
         handle = TaskHandle(task=spec.task, host=spec.host)
         if self.hold_ports:
             self._hold(id(handle), spec)
         if spec.run_dir:
             Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
             self._run_dirs.add(spec.run_dir)
-            env["TFRUN_SCRATCH_DIR"] = str(self._make_scratch(id(handle), spec))
+            env[contract.SCRATCH_DIR] = str(self._make_scratch(id(handle), spec))
         if self._cgroups is not None:
             cgroup = self._cgroups.make(f"{spec.task.slug}-{next(self._scratch_names)}")
             self._task_cgroups[id(handle)] = cgroup
-            env["TFRUN_CGROUP"] = str(cgroup)  # the bootstrap moves itself in first thing
+            env[contract.CGROUP] = str(cgroup)  # the bootstrap moves itself in first thing
         try:
             process = subprocess.Popen(list(spec.argv), env=env, cwd=spec.cwd,
                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

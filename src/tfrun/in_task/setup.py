@@ -6,6 +6,7 @@ imports TensorFlow unless the environment asks for something that needs it.
 
 from __future__ import annotations
 
+from .. import contract
 import importlib
 import importlib.abc
 import importlib.util
@@ -15,7 +16,7 @@ import signal
 import sys
 import threading
 
-from ._markers import TF_CONFIG_REPLACED
+from ..contract import TF_CONFIG_REPLACED
 from ._post_import import when_imported
 
 __all__ = ["prepare", "run_as_server_if_assigned"]
@@ -47,13 +48,13 @@ class _KerasToTfKeras(importlib.abc.MetaPathFinder):
 
 def prepare() -> None:
     _watch_tf_config()
-    legacy = os.environ.get("TFRUN_KERAS") == "2" or os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+    legacy = os.environ.get(contract.KERAS) == "2" or os.environ.get("TF_USE_LEGACY_KERAS") == "1"
     if legacy:
         sys.meta_path.insert(0, _KerasToTfKeras())
-    if os.environ.get("TFRUN_DEVICES"):
+    if os.environ.get(contract.DEVICES):
         from .runtime import configure_logical_devices
 
-        configure_logical_devices(int(os.environ["TFRUN_DEVICES"]))
+        configure_logical_devices(int(os.environ[contract.DEVICES]))
     from . import compat
 
     compat.install()  # Keras 3 fixes on `import keras`, tf_keras fixes on `import tf_keras`
@@ -66,17 +67,17 @@ def prepare() -> None:
     from . import heap
 
     heap.install()  # undo tf.data's 128 KiB mmap pin (a page-faulted mmap per MatMul buffer)
-    if os.environ.get("TFRUN_COMM"):
+    if os.environ.get(contract.COMM):
         when_imported("tensorflow.python.distribute.collective_all_reduce_strategy",
                       _default_communication_options)
-    if os.environ.get("TFRUN_KEEP_TF_SIGTERM", "") in ("", "0"):
+    if os.environ.get(contract.KEEP_TF_SIGTERM, "") in ("", "0"):
         when_imported("tensorflow.python.eager.context", _keep_sigterm_disposition)
 
 
 def _default_communication_options(module) -> None:
     """``tfrun --comm``: a MultiWorkerMirroredStrategy the script makes without
     ``communication_options`` gets tfrun's (one it passes itself is left alone)."""
-    from .comm import from_env
+    from ..comm import from_env
 
     strategy_class = module.CollectiveAllReduceStrategy
     original = strategy_class.__init__
@@ -154,7 +155,7 @@ def _keep_sigterm_disposition(context_module) -> None:
     installs a SIGTERM handler that only records the signal for its preemption
     notifier, so a task asked to stop goes on until SIGKILL: every stop would wait the
     whole ``--stop-grace``. Measured on TF 2.21: the handler appears during the first
-    ``Context.ensure_initialized``. ``TFRUN_KEEP_TF_SIGTERM=1`` keeps TensorFlow's handler
+    ``Context.ensure_initialized``. ``contract.KEEP_TF_SIGTERM=1`` keeps TensorFlow's handler
     (for a script that relies on ``PreemptionCheckpointHandler``).
     """
     context_class = context_module.Context
@@ -175,12 +176,12 @@ def _keep_sigterm_disposition(context_module) -> None:
 
 def _server_role() -> tuple[str, int, dict] | None:
     """(role, index, cluster) when this task should only serve, else None."""
-    if os.environ.get("TFRUN_ROLES", "auto") != "auto":
+    if os.environ.get(contract.ROLES, "auto") != "auto":
         return None
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         return None
-    from .cluster import parse_tf_config
+    from ..cluster import parse_tf_config
 
     config = parse_tf_config(raw)
     cluster = config.cluster

@@ -1,7 +1,7 @@
 """Where a synchronous step's time goes: gradient all-reduce, the rest, input (issue 15.2).
 
-Opt-in: with ``TFRUN_BREAKDOWN=1`` in the tasks' environment (``tfrun bench`` sets it), the
-recorder that ``tfrun.metrics`` adds to every ``fit`` measures, once the last epoch is over,
+Opt-in: with ``contract.BREAKDOWN=1`` in the tasks' environment (``tfrun bench`` sets it), the
+recorder that ``tfrun.in_task.metrics`` adds to every ``fit`` measures, once the last epoch is over,
 on every worker at the same point of the program:
 
 - **all-reduce**: one all-reduce of tensors shaped like the model's trainable variables --
@@ -11,7 +11,7 @@ on every worker at the same point of the program:
   of 20 after 2); that is the most a step can wait for input, and ``prefetch`` hides it
   when it is shorter than the rest of the step. (It is a batch as ``fit`` was given it: under
   MultiWorkerMirroredStrategy, each worker produces its share of it in training.)
-- **step**: the last epoch's steady step time (``tfrun.metrics``), and
+- **step**: the last epoch's steady step time (``tfrun.in_task.metrics``), and
   **rest** = step - all-reduce: the forward and backward passes, the update, any input wait
   prefetch did not hide, and the distributed step's other costs (the loss and metrics
   reductions, the distributed iterator). ``tfrun bench``'s one-worker row is the same
@@ -30,6 +30,7 @@ much of the all-reduce overlaps compute (on CPU here, none: the step waits for i
 
 from __future__ import annotations
 
+from .. import contract
 import os
 import statistics
 import time
@@ -39,8 +40,8 @@ __all__ = ["enabled", "measure"]
 
 
 def enabled() -> bool:
-    """True when the launcher asked for the breakdown (``TFRUN_BREAKDOWN=1``)."""
-    return os.environ.get("TFRUN_BREAKDOWN") == "1"
+    """True when the launcher asked for the breakdown (``contract.BREAKDOWN=1``)."""
+    return os.environ.get(contract.BREAKDOWN) == "1"
 
 
 def _median_ms(call: Callable[[], Any], warmup: int, repeats: int) -> float:

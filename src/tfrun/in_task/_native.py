@@ -6,18 +6,19 @@ output tensor (see ``benchmarks/bench_shm_allreduce.py`` for both, side by side)
 
 The source ships with tfrun and is compiled on first use against the installed TensorFlow's
 headers (``tf.sysconfig``) with ``$CXX`` (else ``c++``/``g++``), into
-``$TFRUN_CACHE_DIR`` (else ``$XDG_CACHE_HOME/tfrun``, else ``~/.cache/tfrun``), named after
+``contract.CACHE_DIR`` (else ``$XDG_CACHE_HOME/tfrun``, else ``~/.cache/tfrun``), named after
 a hash of the source, TensorFlow's version and the flags: a later run, or the other
 workers of this one, load it from there. Workers that start together build it once (a file
-lock). No compiler, a failed build, or ``TFRUN_SHM_KERNEL=0`` keeps the Python exchange;
+lock). No compiler, a failed build, or ``contract.SHM_KERNEL=0`` keeps the Python exchange;
 ``kernel()`` says why in ``kernel_reason()``.
 
-    >>> _cache_dir({"TFRUN_CACHE_DIR": "/scratch/tfrun"})
+    >>> _cache_dir({contract.CACHE_DIR: "/scratch/tfrun"})
     PosixPath('/scratch/tfrun')
 """
 
 from __future__ import annotations
 
+from .. import contract
 import ctypes
 import fcntl
 import hashlib
@@ -31,7 +32,7 @@ from pathlib import Path
 __all__ = ["KERNEL_ENV", "all_reduce", "kernel", "kernel_reason", "library_path", "open_library",
            "register"]
 
-KERNEL_ENV = "TFRUN_SHM_KERNEL"
+KERNEL_ENV = contract.SHM_KERNEL
 SOURCE = Path(__file__).with_name("_shm_kernel.cc")
 #: What _shm_kernel.cc calls dtypes (its ``SumAs``) and results (its ``Kind``).
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
@@ -45,8 +46,8 @@ _reason: str | None = None     # why there is none, once tried
 
 def _cache_dir(environ=None) -> Path:
     environ = os.environ if environ is None else environ
-    if environ.get("TFRUN_CACHE_DIR"):
-        return Path(environ["TFRUN_CACHE_DIR"])
+    if environ.get(contract.CACHE_DIR):
+        return Path(environ[contract.CACHE_DIR])
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tfrun"
 
@@ -107,7 +108,7 @@ def _check_private(path: Path) -> None:
     status = path.stat()
     if status.st_uid != os.getuid() or status.st_mode & 0o022:
         raise OSError(f"{path} is not private to this user (owner uid {status.st_uid}, mode "
-                      f"{status.st_mode & 0o777:o}): set TFRUN_CACHE_DIR to a directory only "
+                      f"{status.st_mode & 0o777:o}): set {contract.CACHE_DIR} to a directory only "
                       "you can write")
 
 

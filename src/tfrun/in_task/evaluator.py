@@ -9,11 +9,12 @@ On the evaluator task (``tfrun --evaluator``)::
 
 It returns when tfrun says training is done (``tfrun.training_done()``) and every checkpoint
 present then has been evaluated; tfrun gives it ``--evaluator-grace`` seconds for that.
-Results are also appended to ``$TFRUN_RUN_DIR/evaluator/results.jsonl``.
+Results are also appended to ``contract.RUN_DIR/evaluator/results.jsonl``.
 """
 
 from __future__ import annotations
 
+from .. import contract
 import glob
 import json
 import os
@@ -34,9 +35,9 @@ def sidecar_evaluate(model, dataset, checkpoint_dir: str, *, pattern: str = "*.w
         # Checkpoints carry the optimizer's slots; an unbuilt optimizer would skip them noisily.
         optimizer.build(model.trainable_variables)
     results_path = None
-    if os.environ.get("TFRUN_RUN_DIR"):
-        os.makedirs(os.path.join(os.environ["TFRUN_RUN_DIR"], "evaluator"), exist_ok=True)
-        results_path = os.path.join(os.environ["TFRUN_RUN_DIR"], "evaluator", "results.jsonl")
+    if os.environ.get(contract.RUN_DIR):
+        os.makedirs(os.path.join(os.environ[contract.RUN_DIR], "evaluator"), exist_ok=True)
+        results_path = os.path.join(os.environ[contract.RUN_DIR], "evaluator", "results.jsonl")
     while True:
         # Read "done" *before* listing: a checkpoint written just before the end is listed.
         done = training_done()

@@ -1,18 +1,18 @@
-"""Every task runs through here: ``python -m tfrun.bootstrap (script.py | -m module) [args]``.
+"""Every task runs through here: ``python -m tfrun.in_task.bootstrap (script.py | -m module) [args]``.
 
 In order, before the user's code:
 
 1. die with the supervisor (``PR_SET_PDEATHSIG``), so a SIGKILLed tfrun leaves no task,
-   move into the task's cgroup (``TFRUN_CGROUP``, see ``tfrun.launch.cgroups``) and join
-   the run's private network (``TFRUN_NETNS``, see ``tfrun.launch.netns``); in a pod of a
+   move into the task's cgroup (``contract.CGROUP``, see ``tfrun.in_task.isolation``) and join
+   the run's private network (``contract.NETNS``, see ``tfrun.in_task.isolation``); in a pod of a
    ``tfrun k8s`` JobSet, make TF_CONFIG from what JobSet gave the pod and wait for every
    peer's DNS name (``tfrun.k8s``; a TFJob pod's TF_CONFIG is normalised);
 2. dump every thread's Python stack on SIGUSR1 (``faulthandler``: works even when the
    main thread is stuck in C code), which ``--hang-timeout`` asks for; split the CPU into
-   logical devices when ``TFRUN_DEVICES`` is set;
+   logical devices when ``contract.DEVICES`` is set;
 3. install the Keras compatibility fixes (applied when Keras is first imported, so a
    script that never imports Keras pays nothing);
-4. with ``TFRUN_ROLES=auto`` in a parameter-server cluster, ps and worker tasks become
+4. with ``contract.ROLES=auto`` in a parameter-server cluster, ps and worker tasks become
    plain ``tf.distribute.Server``s and never run the script;
 5. run the script as ``__main__`` with ``sys.argv`` as if started by ``python script.py``.
 
@@ -22,6 +22,7 @@ same environment behaves the same.
 
 from __future__ import annotations
 
+from .. import contract
 import faulthandler
 import os
 import runpy
@@ -33,7 +34,7 @@ __all__ = ["main"]
 
 
 def _die_with_supervisor() -> None:
-    supervisor = os.environ.get("TFRUN_SUPERVISOR_PID")
+    supervisor = os.environ.get(contract.SUPERVISOR_PID)
     if not supervisor or not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -62,26 +63,26 @@ def _join_or_exit(join_from_env: Callable[[], None], what: str, fix: str = "") -
 
 
 def _join_cgroup() -> None:
-    if os.environ.get("TFRUN_CGROUP"):  # imports only when there is something to join
-        from .launch.cgroups import join_from_env
+    if os.environ.get(contract.CGROUP):  # imports only when there is something to join
+        from .isolation import join_cgroup
 
-        _join_or_exit(join_from_env, f"its cgroup {os.environ['TFRUN_CGROUP']}")
+        _join_or_exit(join_cgroup, f"its cgroup {os.environ[contract.CGROUP]}")
 
 
 def _join_private_network() -> None:
-    if os.environ.get("TFRUN_NETNS"):
-        from .launch.netns import join_from_env
+    if os.environ.get(contract.NETNS):
+        from .isolation import join_network
 
-        _join_or_exit(join_from_env, "the run's private network",
+        _join_or_exit(join_network, "the run's private network",
                       "; rerun with --network host to run without one")
 
 
 def _tf_config_from_kubernetes() -> None:
     """In a pod of a ``tfrun k8s`` manifest: make TF_CONFIG (JobSet) or normalise the
     operator's (TFJob), then wait until every peer's DNS name resolves."""
-    if os.environ.get("TFRUN_K8S_ROLES") and not os.environ.get("TF_CONFIG"):
-        from .errors import ConfigError
-        from .k8s import jobset_tf_config, wait_for_peers
+    if os.environ.get(contract.K8S_ROLES) and not os.environ.get("TF_CONFIG"):
+        from ..errors import ConfigError
+        from .pod import jobset_tf_config, wait_for_peers
 
         try:
             config = jobset_tf_config(os.environ)
@@ -89,16 +90,16 @@ def _tf_config_from_kubernetes() -> None:
             print(f"tfrun: error: {exc}", file=sys.stderr)
             os._exit(2)
         os.environ["TF_CONFIG"] = config.to_json()  # type: ignore[union-attr]
-        os.environ["TFRUN_TASK_TYPE"] = config.task.role  # type: ignore[union-attr]
-        os.environ["TFRUN_TASK_INDEX"] = str(config.task.index)  # type: ignore[union-attr]
-        unresolved = wait_for_peers(config, float(os.environ.get("TFRUN_K8S_DNS_TIMEOUT", "300")))
+        os.environ[contract.TASK_TYPE] = config.task.role  # type: ignore[union-attr]
+        os.environ[contract.TASK_INDEX] = str(config.task.index)  # type: ignore[union-attr]
+        unresolved = wait_for_peers(config, float(os.environ.get(contract.K8S_DNS_TIMEOUT, "300")))
         if unresolved:
             print(f"tfrun: error: these pods' DNS names never resolved: {', '.join(unresolved)} "
                   "(is the JobSet's enableDNSHostnames on and every pod scheduled?)",
                   file=sys.stderr)
             os._exit(1)
-    elif os.environ.get("TFRUN_K8S_KIND") == "tfjob" and os.environ.get("TF_CONFIG"):
-        from .cluster import parse_tf_config
+    elif os.environ.get(contract.K8S_KIND) == "tfjob" and os.environ.get("TF_CONFIG"):
+        from ..cluster import parse_tf_config
 
         # training-operator writes "master" for a Master replica, which TF2 rejects.
         os.environ["TF_CONFIG"] = parse_tf_config(os.environ["TF_CONFIG"]).to_json()
@@ -106,11 +107,11 @@ def _tf_config_from_kubernetes() -> None:
 
 def _run_user_code(argv: list[str]) -> None:
     if not argv:
-        print("usage: python -m tfrun.bootstrap (script.py | -m module) [args]", file=sys.stderr)
+        print("usage: python -m tfrun.in_task.bootstrap (script.py | -m module) [args]", file=sys.stderr)
         raise SystemExit(2)
     if argv[0] == "-m":
         if len(argv) < 2:
-            print("tfrun.bootstrap: -m needs a module name", file=sys.stderr)
+            print("tfrun.in_task.bootstrap: -m needs a module name", file=sys.stderr)
             raise SystemExit(2)
         sys.argv = [argv[1], *argv[2:]]
         sys.path.insert(0, os.getcwd())
@@ -124,7 +125,7 @@ def _run_user_code(argv: list[str]) -> None:
 
 def _pin_cpus() -> None:
     """``--cpus-per-task``: this task's own CPUs, before TensorFlow makes its threads."""
-    cpus = os.environ.get("TFRUN_CPUS")
+    cpus = os.environ.get(contract.CPUS)
     if cpus:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 
@@ -137,10 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     _join_private_network()
     _tf_config_from_kubernetes()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    from . import _task_setup
+    from . import setup as task_setup
 
-    _task_setup.prepare()
-    if _task_setup.run_as_server_if_assigned():
+    task_setup.prepare()
+    if task_setup.run_as_server_if_assigned():
         return
     try:
         _run_user_code(argv)

@@ -417,8 +417,9 @@ def _fix_fit_under_parameter_server() -> None:
         @functools.wraps(original)
         def routed(self, x=None, y=None, *args, **kwargs):
             from .. import train
+            from ..runtime import is_parameter_server_strategy
 
-            if not train._is_parameter_server(self.distribute_strategy):
+            if not is_parameter_server_strategy(self.distribute_strategy):
                 return original(self, x, y, *args, **kwargs)
             return getattr(train, handler)(self, x, y, *args, **kwargs)
 

@@ -28,18 +28,19 @@ collectives.
 Two implementations of the same protocol: this module's Python one (``ShmGroup``, run as a
 ``tf.py_function``) and the native one (``_shm_kernel.cc``: the op ``TfrunShmAllReduce``,
 which reads its input tensors in place and sums into its output tensors, a whole pack of
-gradients at once, without TensorFlow's concat and split; ``tfrun._native`` builds it).
+gradients at once, without TensorFlow's concat and split; ``tfrun.in_task._native`` builds it).
 Python always sets the group up; ``ShmGroup.use_native`` then hands it over. The native
 one is used whenever it builds; the two interoperate, byte for byte.
 
     >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '
-    ...        '"task": {"type": "worker", "index": 1}}', "TFRUN_RUN_DIR": "/r"}
+    ...        '"task": {"type": "worker", "index": 1}}', contract.RUN_DIR: "/r"}
     >>> plan_from_env(env).rank, plan_from_env(env).size, plan_from_env(env).names
     (1, 2, ('worker:0', 'worker:1'))
 """
 
 from __future__ import annotations
 
+from .. import contract
 import hashlib
 import json
 import mmap
@@ -52,9 +53,9 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from .cluster import parse_address, parse_tf_config
-from .comm import CommOptions, from_env
-from .errors import ConfigError
+from ..cluster import parse_address, parse_tf_config
+from ..comm import CommOptions, from_env
+from ..errors import ConfigError
 
 __all__ = ["ShmGroup", "ShmPlan", "current_exchange", "install", "plan_from_env"]
 
@@ -100,7 +101,7 @@ def _spin_seconds(workers: int, cpus: int | None = None) -> float:
 def plan_from_env(environ=None) -> ShmPlan | None:
     """The shared-memory plan for this task, or None when TensorFlow's collectives apply.
 
-    It applies when ``TFRUN_COMM`` asks for ``auto`` (the default) or ``shm``, the task is
+    It applies when ``contract.COMM`` asks for ``auto`` (the default) or ``shm``, the task is
     a chief or worker of a cluster of at least two such tasks and no parameter servers, and
     every chief/worker address names the same host. ``--comm shm`` on a cluster that spans
     hosts is a ConfigError: shared memory cannot cross machines.
@@ -124,7 +125,7 @@ def plan_from_env(environ=None) -> ShmPlan | None:
     if len(hosts) != 1:
         return None
     names = tuple(str(task) for task in members)  # chief first, then workers
-    key = json.dumps([environ.get("TFRUN_RUN_DIR", ""), sorted(cluster.as_dict().items())])
+    key = json.dumps([environ.get(contract.RUN_DIR, ""), sorted(cluster.as_dict().items())])
     address = "\0tfrun-shm-" + hashlib.sha256(key.encode()).hexdigest()[:24]
     return ShmPlan(rank=names.index(str(config.task)), names=names, address=address)
 
@@ -241,7 +242,7 @@ class ShmGroup:
 
     # -- exchange -----------------------------------------------------------------------
     def use_native(self, library) -> None:
-        """Hand this group to the native exchange (``tfrun._native``'s ctypes ``library``):
+        """Hand this group to the native exchange (``tfrun.in_task._native``'s ctypes ``library``):
         from now on every exchange -- ``all_reduce`` and the TfrunShmAllReduce op -- runs
         there, continuing this group's exchange count."""
         import numpy as np

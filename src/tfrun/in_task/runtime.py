@@ -1,6 +1,6 @@
 """Inside the training script: role, strategy, batch sizes and output directories.
 
-Reads only the environment (``TF_CONFIG`` plus optional ``TFRUN_*``), never which
+Reads only the environment (``TF_CONFIG`` plus optional tfrun's (``tfrun.contract``)), never which
 backend launched it, so a script started by hand with a TF_CONFIG behaves the same::
 
     import tfrun
@@ -15,6 +15,7 @@ backend launched it, so a script started by hand with a TF_CONFIG behaves the sa
 
 from __future__ import annotations
 
+from .. import contract
 import atexit
 import os
 import shutil
@@ -22,10 +23,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import comm
-from ._markers import DEVICES_REPLACED
-from .cluster import TaskConfig, parse_tf_config
-from .errors import ConfigError
+from .. import comm
+from ..contract import DEVICES_REPLACED
+from ..cluster import TaskConfig, parse_tf_config
+from ..errors import ConfigError
 
 __all__ = ["TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
            "chief_output_dir", "tensorboard_dir",
@@ -75,10 +76,10 @@ def is_chief() -> bool:
 
 def strategy_kind(kind: str | None = None) -> str:
     """The concrete strategy ``auto`` resolves to for this task (no TensorFlow import)."""
-    kind = kind or os.environ.get("TFRUN_STRATEGY") or "auto"
+    kind = kind or os.environ.get(contract.STRATEGY) or "auto"
     if kind not in _STRATEGY_KINDS:
         raise ConfigError(f"Unknown strategy {kind!r}", expected=f"one of {', '.join(_STRATEGY_KINDS)}",
-                          fix="Pass --strategy auto (or set TFRUN_STRATEGY)", received=kind)
+                          fix=f"Pass --strategy auto (or set {contract.STRATEGY})", received=kind)
     if kind != "auto":
         return kind
     info = task()
@@ -102,7 +103,7 @@ def _local_devices(tf) -> list[str]:
 def strategy(kind: str | None = None):
     """The ``tf.distribute.Strategy`` for this task, created once per process.
 
-    ``auto`` (default; ``--strategy``/``TFRUN_STRATEGY`` override it):
+    ``auto`` (default; ``--strategy``/``contract.STRATEGY`` override it):
 
     * a cluster with ps -> ``ParameterServerStrategy`` (used by the chief, the coordinator);
     * a cluster of chief/workers -> ``MultiWorkerMirroredStrategy``;
@@ -140,16 +141,23 @@ def strategy(kind: str | None = None):
     return made
 
 
+def is_parameter_server_strategy(strategy) -> bool:
+    """Whether ``strategy`` is a ``tf.distribute.ParameterServerStrategy`` (imports TF)."""
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+
+
 def global_batch_size(per_replica: int) -> int:
     """``per_replica`` times the number of replicas in sync (all workers, all devices).
 
-    ``TFRUN_BATCH_REPLICAS=K`` (set by ``tfrun bench --strong``) uses K instead, so every
+    ``contract.BATCH_REPLICAS=K`` (set by ``tfrun bench --strong``) uses K instead, so every
     cluster size trains with the same global batch.
     """
     if per_replica < 1:
         raise ConfigError("Per-replica batch size must be at least 1", expected="1 or more",
                           fix="Pass e.g. global_batch_size(64)", received=per_replica)
-    fixed = os.environ.get("TFRUN_BATCH_REPLICAS")
+    fixed = os.environ.get(contract.BATCH_REPLICAS)
     if fixed:
         return per_replica * int(fixed)
     return per_replica * strategy().num_replicas_in_sync
@@ -161,18 +169,18 @@ _private_dirs: list[str] = []
 def output_dir(subdir: str = "") -> str:
     """Where this task writes models, checkpoints and TensorBoard logs.
 
-    The chief gets the shared, real directory (``$TFRUN_OUTPUT_DIR``, else
-    ``$TFRUN_RUN_DIR/output``, else ``./output``); every other task gets a private
+    The chief gets the shared, real directory (``contract.OUTPUT_DIR``, else
+    ``contract.RUN_DIR/output``, else ``./output``); every other task gets a private
     directory, so that no two tasks ever write the same file (the pattern TensorFlow's
     multi-worker tutorials prescribe). Under tfrun that is the task's scratch directory
-    in the run dir (``$TFRUN_SCRATCH_DIR``), which tfrun removes when the task ends, even
+    in the run dir (``contract.SCRATCH_DIR``), which tfrun removes when the task ends, even
     when it is killed; elsewhere a temp directory deleted at exit.
     """
     if is_chief():
         path = chief_output_dir(subdir)
     else:
-        if not _private_dirs and os.environ.get("TFRUN_SCRATCH_DIR"):
-            _private_dirs.append(os.path.join(os.environ["TFRUN_SCRATCH_DIR"], "output"))
+        if not _private_dirs and os.environ.get(contract.SCRATCH_DIR):
+            _private_dirs.append(os.path.join(os.environ[contract.SCRATCH_DIR], "output"))
         elif not _private_dirs:
             info = task()
             _private_dirs.append(tempfile.mkdtemp(prefix=f"tfrun-{info.role}-{info.index}-"))
@@ -191,7 +199,7 @@ def tensorboard_dir() -> str:
     """
     if not is_chief():
         return output_dir("tensorboard")
-    run_dir = os.environ.get("TFRUN_RUN_DIR")
+    run_dir = os.environ.get(contract.RUN_DIR)
     path = os.path.join(run_dir, "tensorboard") if run_dir else "tensorboard"
     Path(path).mkdir(parents=True, exist_ok=True)
     return path
@@ -200,15 +208,15 @@ def tensorboard_dir() -> str:
 def chief_output_dir(subdir: str = "") -> str:
     """The chief's output directory (``output_dir`` on the chief), from any task, e.g. for an
     evaluator reading the chief's checkpoints. Not created here."""
-    base = os.environ.get("TFRUN_OUTPUT_DIR") or (
-        os.path.join(os.environ["TFRUN_RUN_DIR"], "output") if os.environ.get("TFRUN_RUN_DIR")
+    base = os.environ.get(contract.OUTPUT_DIR) or (
+        os.path.join(os.environ[contract.RUN_DIR], "output") if os.environ.get(contract.RUN_DIR)
         else "output")
     return os.path.join(base, subdir) if subdir else base
 
 
 def training_done() -> bool:
     """True once the launcher has seen every tracked task finish (for an evaluator's loop)."""
-    run_dir = os.environ.get("TFRUN_RUN_DIR")
+    run_dir = os.environ.get(contract.RUN_DIR)
     return bool(run_dir) and Path(run_dir, ".tfrun", "training_done").exists()
 
 

@@ -31,16 +31,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .runtime import is_parameter_server_strategy
 from .saving import is_legacy_keras_model
 
 __all__ = ["fit", "evaluate"]
-
-
-def _is_parameter_server(strategy) -> bool:
-    import tensorflow as tf
-
-    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
 
 def _split_validation(validation):
@@ -81,7 +76,7 @@ def fit(model, dataset_fn: Callable, *, epochs: int = 1, steps_per_epoch: int | 
     val_fn, val_steps = _split_validation(validation)
     strategy = model.distribute_strategy
     legacy = is_legacy_keras_model(model)
-    if _is_parameter_server(strategy):
+    if is_parameter_server_strategy(strategy):
         _require_steps(steps_per_epoch, "Parameter-server training",
                        "Pass steps_per_epoch and end dataset_fn with .repeat()", steps_per_epoch)
         if legacy:
@@ -97,7 +92,7 @@ def fit(model, dataset_fn: Callable, *, epochs: int = 1, steps_per_epoch: int | 
 
 def evaluate(model, dataset_fn: Callable, *, steps: int | None = None) -> dict:
     """Evaluate ``model`` (any strategy, PS included); returns ``{metric: value}``."""
-    if _is_parameter_server(model.distribute_strategy):
+    if is_parameter_server_strategy(model.distribute_strategy):
         # Inline on the coordinator, both flavours: every batch exactly once, metrics read
         # from the ps (tf_keras' own PS evaluate needs a repeated DatasetCreator that each
         # worker reads from the start, so batches would be counted twice).

@@ -16,16 +16,17 @@ whatever backend started the task. The task's log file keeps them (it keeps ever
 Records are printed only at clean points -- the start of the next epoch, the end of
 training -- never in the middle of Keras' redrawn progress line.
 
-Every few seconds (``TFRUN_METRICS_INTERVAL``, default 2) a daemon thread also records the
+Every few seconds (``contract.METRICS_INTERVAL``, default 2) a daemon thread also records the
 CPU and memory of the task's whole process tree (psutil), through the same lines: sampled
 where the task runs, so it works for remote tasks too.
 
-``TFRUN_METRICS=0`` switches the recording off (``benchmarks/bench_recording.py`` measures
+``contract.METRICS=0`` switches the recording off (``benchmarks/bench_recording.py`` measures
 its cost that way). Outside tfrun nothing is installed, and ``log_metrics`` prints nothing.
 """
 
 from __future__ import annotations
 
+from .. import contract
 import json
 import math
 import os
@@ -34,7 +35,7 @@ import time
 from typing import Any
 
 from . import breakdown
-from ._markers import METRICS
+from ..contract import METRICS_LINE
 from ._post_import import when_imported
 
 __all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder",
@@ -43,7 +44,7 @@ __all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder"
 
 def enabled() -> bool:
     """True when this process runs under tfrun with recording on."""
-    return bool(os.environ.get("TFRUN_RUN_DIR")) and os.environ.get("TFRUN_METRICS", "1") != "0"
+    return bool(os.environ.get(contract.RUN_DIR)) and os.environ.get(contract.METRICS, "1") != "0"
 
 
 def _number(value: Any) -> float | None:
@@ -69,7 +70,7 @@ def _emit(record: dict) -> None:
         return
     record = {"time": round(time.time(), 3), **record}
     try:
-        sys.stdout.write(f"{METRICS}{json.dumps(record, separators=(',', ':'))}\n")
+        sys.stdout.write(f"{METRICS_LINE}{json.dumps(record, separators=(',', ':'))}\n")
         sys.stdout.flush()
     except (OSError, ValueError):  # stdout closed: recording must never fail training
         pass
@@ -269,9 +270,9 @@ def _flush_recorders(callbacks) -> None:
 
 
 def _is_parameter_server(strategy) -> bool:
-    from .train import _is_parameter_server as check
+    from .runtime import is_parameter_server_strategy
 
-    return strategy is not None and check(strategy)
+    return strategy is not None and is_parameter_server_strategy(strategy)
 
 
 def _wrap_fit(owner, fit_of, callback_base) -> None:
@@ -373,12 +374,12 @@ def _start_resource_sampler(interval: float) -> None:
 
 def install() -> None:
     """Record every ``fit`` in this process, and sample its CPU and memory every
-    ``TFRUN_METRICS_INTERVAL`` seconds (default 2; 0: no sampling). The bootstrap calls
+    ``contract.METRICS_INTERVAL`` seconds (default 2; 0: no sampling). The bootstrap calls
     this; idempotent."""
     if not enabled():
         return
     when_imported("keras", _install_keras3)
     when_imported("tf_keras", _install_tf_keras)
-    interval = _number(os.environ.get("TFRUN_METRICS_INTERVAL", "2"))
+    interval = _number(os.environ.get(contract.METRICS_INTERVAL, "2"))
     if interval and interval > 0 and not _sampler:
         _start_resource_sampler(interval)

@@ -2,7 +2,7 @@
 
 ``tfrun.backup_and_restore()`` backs the training state up at every epoch end so that a
 restarted group (``tfrun --max-restarts``) resumes from the last finished epoch instead
-of starting over. The default directory is ``$TFRUN_RUN_DIR/backup``: the run directory
+of starting over. The default directory is ``contract.RUN_DIR/backup``: the run directory
 is the same for every restart.
 
 * tf_keras handles multi-worker backups itself (the chief writes, the others use
@@ -27,6 +27,7 @@ position is not saved), which would apply some steps twice.
 
 from __future__ import annotations
 
+from .. import contract
 import json
 import os
 import re
@@ -39,7 +40,7 @@ _EPOCH_FILE = re.compile(r"epoch-(\d+)\.json")
 
 
 def default_backup_dir() -> str:
-    run_dir = os.environ.get("TFRUN_RUN_DIR")
+    run_dir = os.environ.get(contract.RUN_DIR)
     return os.path.join(run_dir, "backup") if run_dir else os.path.abspath("backup")
 
 

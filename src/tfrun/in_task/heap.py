@@ -12,7 +12,7 @@ it; the same fit without a strategy never builds that kernel and does not. Measu
 (``benchmarks/bench_strategy_overhead.py``, one core): a strategy's step went from
 1.17-1.20x the step without one to 1.03x with it undone.
 
-What: with ``TFRUN_MMAP_THRESHOLD`` set (the launcher always sets it; ``--mmap-threshold``,
+What: with ``contract.MMAP_THRESHOLD`` set (the launcher always sets it; ``--mmap-threshold``,
 default 32 MiB: the most glibc's own dynamic threshold would reach), the task builds that
 kernel once, right after TensorFlow's context is first initialised (so device and thread
 settings a script makes before its first op still apply), and then sets the threshold
@@ -28,6 +28,7 @@ Allocations above the threshold are still returned to the system when freed.
 
 from __future__ import annotations
 
+from .. import contract
 import ctypes
 import os
 import sys
@@ -35,11 +36,11 @@ import threading
 import warnings
 
 from ._post_import import when_imported
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["DEFAULT_THRESHOLD", "MMAP_THRESHOLD_ENV", "install", "parse_threshold"]
 
-MMAP_THRESHOLD_ENV = "TFRUN_MMAP_THRESHOLD"
+MMAP_THRESHOLD_ENV = contract.MMAP_THRESHOLD
 DEFAULT_THRESHOLD = "32M"
 #: glibc refuses a larger M_MMAP_THRESHOLD (HEAP_MAX_SIZE / 2 on 64-bit); it is also the
 #: ceiling of glibc's dynamic threshold, i.e. what a process without the pin can reach.
@@ -56,7 +57,7 @@ def parse_threshold(text: str) -> int | None:
 
     Sizes take K/M suffixes (powers of 1024, optional ``B``/``iB``); 1 byte to 32 MiB.
     """
-    from .comm import parse_size  # one size syntax for every flag
+    from ..comm import parse_size  # one size syntax for every flag
 
     value = text.strip()
     if value.lower() == _KEEP_TENSORFLOWS:
@@ -73,7 +74,7 @@ def parse_threshold(text: str) -> int | None:
 def install(environ=None) -> bool:
     """In a task: set the threshold after TensorFlow's first ``GeneratorDataset`` pin.
 
-    Returns True when armed (``TFRUN_MMAP_THRESHOLD`` names a size and this is glibc);
+    Returns True when armed (``contract.MMAP_THRESHOLD`` names a size and this is glibc);
     a bad value (a task started by hand) warns and leaves TensorFlow's setting.
     """
     text = (os.environ if environ is None else environ).get(MMAP_THRESHOLD_ENV)

@@ -5,19 +5,20 @@ first ``import keras`` (also via ``tf.keras``), so a script that never imports K
 pays nothing, and a script runs unchanged whether tfrun launched it or not.
 
 Every fix names the upstream bug it works around, is guarded to the Keras versions it
-was tested on (warn and skip on others; ``TFRUN_COMPAT_FORCE=1`` applies anyway), and
-can be switched off for a test or a bisect with ``TFRUN_COMPAT_DISABLE=name,...``
+was tested on (warn and skip on others; ``contract.COMPAT_FORCE=1`` applies anyway), and
+can be switched off for a test or a bisect with ``contract.COMPAT_DISABLE=name,...``
 (``all`` for every fix). ``applied()`` lists what was applied in this process::
 
-    >>> import tfrun.compat
-    >>> tfrun.compat.install()          # doctest: +SKIP
+    >>> import tfrun.in_task.compat
+    >>> tfrun.in_task.compat.install()          # doctest: +SKIP
     >>> import keras                    # doctest: +SKIP
-    >>> tfrun.compat.applied()          # doctest: +SKIP
+    >>> tfrun.in_task.compat.applied()          # doctest: +SKIP
     ['mwms_symbolic_build', 'mwms_reduce_logs', ...]
 """
 
 from __future__ import annotations
 
+from ... import contract
 import os
 import warnings
 
@@ -36,19 +37,19 @@ def applied() -> list[str]:
 
 
 def _disabled() -> set[str]:
-    return {n.strip() for n in os.environ.get("TFRUN_COMPAT_DISABLE", "").split(",") if n.strip()}
+    return {n.strip() for n in os.environ.get(contract.COMPAT_DISABLE, "").split(",") if n.strip()}
 
 
 def _apply(module, fixes, version: str) -> list[str]:
     disabled = _disabled()
-    force = os.environ.get("TFRUN_COMPAT_FORCE", "") not in ("", "0")
+    force = os.environ.get(contract.COMPAT_FORCE, "") not in ("", "0")
     for fix in fixes:
         if "all" in disabled or fix.name in disabled or fix.name in _applied:
             continue
         if not fix.supports(version) and not force:
             warnings.warn(f"tfrun: {module} compat fix {fix.name!r} was tested on {module} "
                           f"{', '.join(fix.tested)}; found {version}: skipped. Set "
-                          "TFRUN_COMPAT_FORCE=1 to apply it anyway.", stacklevel=3)
+                          f"{contract.COMPAT_FORCE}=1 to apply it anyway.", stacklevel=3)
             continue
         fix.apply()
         _applied.append(fix.name)

@@ -1,6 +1,6 @@
 """``tfrun bench --model mlp|cnn``: a synthetic model to benchmark when no script is given.
 
-    tfrun --workers 2 -m tfrun._bench_model --model mlp --steps 40 --epochs 3
+    tfrun --workers 2 -m tfrun.in_task._bench_model --model mlp --steps 40 --epochs 3
 
 ``mlp`` is seed 000's MLP (784-1024-1024-10, 256 samples per replica per step); ``cnn`` a
 small convnet on 28x28x1 images (64 per replica). The data is random (no download): the
@@ -31,7 +31,7 @@ def _model(kind: str):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="tfrun._bench_model")
+    parser = argparse.ArgumentParser(prog="tfrun.in_task._bench_model")
     parser.add_argument("--model", choices=sorted(_PER_REPLICA), default="mlp")
     parser.add_argument("--steps", type=int, default=40, help="steps per epoch")
     parser.add_argument("--epochs", type=int, default=3)

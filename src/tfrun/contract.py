@@ -1,0 +1,137 @@
+"""The launcher <-> task contract: every name that crosses between them, in one place.
+
+A task learns everything from its environment; the launcher learns what a task did from
+its output lines and its run directory. Both sides import this module, and no other module
+spells a ``TFRUN_*`` variable name: a script started by hand with these variables (and a
+``TF_CONFIG``) behaves exactly as one tfrun started. Plain strings, no imports.
+
+    >>> RUN_DIR
+    'TFRUN_RUN_DIR'
+    >>> flag_variable("max_restarts")
+    'TFRUN_MAX_RESTARTS'
+    >>> TF_CONFIG_REPLACED.startswith("tfrun: WARNING")
+    True
+"""
+
+__all__ = [
+    "BATCH_REPLICAS", "BREAKDOWN", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE",
+    "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX",
+    "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
+    "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS", "METRICS",
+    "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "REAPER_FOR",
+    "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
+    "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
+    "flag_variable",
+]
+
+#: Every tfrun variable starts with this (the launcher forwards them to remote tasks).
+ENV_PREFIX = "TFRUN_"
+
+# --------------------------------------------------------------------------- the run
+#: The run directory every task shares (logs, backups, summary).
+RUN_DIR = "TFRUN_RUN_DIR"
+#: How many times the cluster was restarted before this attempt (0 on the first).
+RESTART_COUNT = "TFRUN_RESTART_COUNT"
+#: The restart budget of the run (for messages in the task).
+MAX_RESTARTS = "TFRUN_MAX_RESTARTS"
+#: Where ``tfrun.output_dir()`` points (a shared output directory), when set.
+OUTPUT_DIR = "TFRUN_OUTPUT_DIR"
+#: A per-task scratch directory that the launcher removes when the run ends.
+SCRATCH_DIR = "TFRUN_SCRATCH_DIR"
+#: The pid of the supervising tfrun (a task's watchdog dies with it).
+SUPERVISOR_PID = "TFRUN_SUPERVISOR_PID"
+#: This task's role and index when there is no TF_CONFIG to read them from.
+TASK_TYPE = "TFRUN_TASK_TYPE"
+TASK_INDEX = "TFRUN_TASK_INDEX"
+
+# --------------------------------------------------------------------------- the script
+#: ``tfrun.strategy()``'s choice: auto, mirrored, multiworker, central, ps, ...
+STRATEGY = "TFRUN_STRATEGY"
+#: "3" (keras) or "2" (tf_keras).
+KERAS = "TFRUN_KERAS"
+#: auto (tfrun runs ps/worker servers itself) or script (every task runs the script).
+ROLES = "TFRUN_ROLES"
+#: Logical CPU devices per task.
+DEVICES = "TFRUN_DEVICES"
+#: The CPUs this task is pinned to (thread pools are sized from it).
+CPUS = "TFRUN_CPUS"
+#: Collective communication options (``tfrun.comm``'s text form).
+COMM = "TFRUN_COMM"
+#: glibc's mmap threshold in the task (``tfrun.in_task.heap``).
+MMAP_THRESHOLD = "TFRUN_MMAP_THRESHOLD"
+#: How many replicas ``global_batch_size`` counts (set by ``tfrun bench --strong``).
+BATCH_REPLICAS = "TFRUN_BATCH_REPLICAS"
+#: "0" turns the per-epoch metrics records off; the seconds between resource samples.
+METRICS = "TFRUN_METRICS"
+METRICS_INTERVAL = "TFRUN_METRICS_INTERVAL"
+#: "1": record the step breakdown (all-reduce, compute, input) at the end of ``fit``.
+BREAKDOWN = "TFRUN_BREAKDOWN"
+#: Keras compatibility fixes to skip / to apply even where not needed (comma lists).
+COMPAT_DISABLE = "TFRUN_COMPAT_DISABLE"
+COMPAT_FORCE = "TFRUN_COMPAT_FORCE"
+#: "0": the Python shared-memory exchange, never the native one.
+SHM_KERNEL = "TFRUN_SHM_KERNEL"
+#: Where the native exchange is built and cached.
+CACHE_DIR = "TFRUN_CACHE_DIR"
+#: "1": leave TensorFlow's own SIGTERM handling in place.
+KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"
+
+# --------------------------------------------------------------------------- containment
+#: The cgroup a task moves into before the user's code runs.
+CGROUP = "TFRUN_CGROUP"
+#: The private network's namespaces a task joins (network, and user when unprivileged).
+NETNS = "TFRUN_NETNS"
+USERNS = "TFRUN_USERNS"
+#: The address under which a task in the private network reaches this machine.
+HOST_LOOPBACK = "TFRUN_HOST_LOOPBACK"
+#: Marks the helper processes of one run's private network (found and ended by owner).
+NETWORK_OF = "TFRUN_NETWORK_OF"
+#: Marks a reaper process with the pid it watches.
+REAPER_FOR = "TFRUN_REAPER_FOR"
+
+# --------------------------------------------------------------------------- launcher only
+#: "0": no report.html at the end of a run.
+REPORT = "TFRUN_REPORT"
+#: "0": skip the SSH preflight (``tfrun doctor``) before a launch.
+DOCTOR = "TFRUN_DOCTOR"
+
+#: Variables tfrun decides for every task: a backend removes them from the environment it
+#: starts from, then sets those the spec gives (so e.g. a stale TF_CONFIG never leaks in).
+CONTROLLED = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", DEVICES, SUPERVISOR_PID, NETNS, USERNS,
+              HOST_LOOPBACK, SCRATCH_DIR, CGROUP, COMM, CPUS, MMAP_THRESHOLD)
+
+# --------------------------------------------------------------------------- Kubernetes pods
+#: Set by a ``tfrun k8s`` JobSet manifest: the task makes its TF_CONFIG from them.
+K8S_ROLES = "TFRUN_K8S_ROLES"              # chief=1,worker=2
+K8S_PORT = "TFRUN_K8S_PORT"
+K8S_SUBDOMAIN = "TFRUN_K8S_SUBDOMAIN"
+K8S_DNS_TIMEOUT = "TFRUN_K8S_DNS_TIMEOUT"
+K8S_JOBSET = "TFRUN_K8S_JOBSET"            # from the pod's labels (downward API)
+K8S_REPLICATED_JOB = "TFRUN_K8S_REPLICATED_JOB"
+K8S_JOB_INDEX = "TFRUN_K8S_JOB_INDEX"
+#: "tfjob": a TFJob pod (the operator wrote TF_CONFIG; tfrun normalises its dialect).
+K8S_KIND = "TFRUN_K8S_KIND"
+
+
+def flag_variable(dest: str) -> str:
+    """The variable that gives a launch flag its default (``--max-restarts``'s dest
+    ``max_restarts`` -> ``TFRUN_MAX_RESTARTS``)."""
+    return ENV_PREFIX + dest.upper()
+
+
+# --------------------------------------------------------------------------- output lines
+# Text a task prints that the launcher looks for in its output.
+
+#: Start of the warning a task prints when the script replaces tfrun's TF_CONFIG (the
+#: supervisor looks for it in a task's log to explain a join timeout).
+TF_CONFIG_REPLACED = "tfrun: WARNING: the script replaced the TF_CONFIG tfrun set"
+
+#: Start of the warning a task prints when the script configures its own logical CPUs,
+#: followed by "<N> logical CPU device(s)": the supervisor reads N from the task's output
+#: and reports it in the summary (the launch banner can only say what tfrun asked for).
+DEVICES_REPLACED = "tfrun: the script configures "
+
+#: Start of a metrics record line (``tfrun:metrics {json}``, see ``tfrun.in_task.metrics``):
+#: the supervisor writes the JSON to ``<run dir>/metrics/<task>.jsonl`` and keeps the line
+#: off the console.
+METRICS_LINE = "tfrun:metrics "
