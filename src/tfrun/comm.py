@@ -22,11 +22,11 @@ Sizes take K/M/G suffixes (powers of 1024, optional ``B``/``iB``).
 
 from __future__ import annotations
 
-from . import contract
 import os
 import re
 from dataclasses import dataclass
 
+from . import contract
 from .errors import ConfigError
 
 __all__ = ["COMM_ENV", "CommOptions", "from_env", "parse_size"]

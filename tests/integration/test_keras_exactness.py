@@ -38,6 +38,7 @@ EXPECTED_STRATEGY = {"mirrored": "MirroredStrategy", "central": "CentralStorageS
                      "mwms-chief-worker": "CollectiveAllReduceStrategy",
                      "mwms-2-workers-python-exchange": "CollectiveAllReduceStrategy",
                      "mwms-2-workers-ring": "CollectiveAllReduceStrategy"}
+LAUNCHER_WORDS = ("launch", "cli", "supervis", "engine")
 SHM_LINE = "tfrun: all-reduce through shared memory: 2 workers on this host"
 
 
@@ -104,6 +105,11 @@ def test_exact_against_single_process(setup, reference, workdir):
     tasks = [dict(np.load(f)) for f in files]
     assert len(tasks) == (2 if setup.startswith("mwms") else 1)
     for got in tasks:
+        # The task side runs apart from the launcher: a task (MWMS fit included) loads
+        # no launcher, CLI, supervisor or engine module.
+        loaded = [str(m) for m in got["tfrun_modules"]]
+        assert "tfrun.in_task.bootstrap" in loaded and "tfrun.in_task.metrics" in loaded, loaded
+        assert [m for m in loaded if any(word in m for word in LAUNCHER_WORDS)] == [], loaded
         assert str(got["strategy"]) == EXPECTED_STRATEGY[setup]
         assert int(got["num_replicas"]) == 2
         assert str(got["keras_version"]).startswith("3." if flavour == "3" else "2.")

@@ -88,6 +88,9 @@ results["keras_version"] = np.array(keras.__version__)
 info = tfrun.task()
 # Where the task ran (tests/slurm: each worker on its own Slurm node).
 results["slurm_node"] = np.array(os.environ.get("SLURMD_NODENAME", ""))
+# Every tfrun module this task loaded (the task side must load nothing of the launcher).
+results["tfrun_modules"] = np.array(sorted(m for m in sys.modules
+                                           if m == "tfrun" or m.startswith("tfrun.")))
 np.savez(f"{out}-{info.role}-{info.index}.npz", **results)
 print(f"exactness: wrote {out}-{info.role}-{info.index}.npz with {type(strategy).__name__} "
       f"x{strategy.num_replicas_in_sync}", flush=True)

@@ -1,4 +1,4 @@
-"""Tier 2: the node agent as a real process (``python -m tfrun.launch.agent`` over pipes, i.e.
+"""Tier 2: the node agent as a real process (``python -m tfrun.launch.remote.agent`` over pipes, i.e.
 the SSH transport without ssh), driven by the controller's NodeLink, with fake tasks."""
 
 import socket
@@ -12,14 +12,14 @@ import pytest
 
 from conftest import FAKE_TASK
 from tfrun.cluster import TaskId
-from tfrun.launch.backends._links import NodeLink
-from tfrun.launch.backends.base import TaskSpec
-from tfrun.launch.protocol import Channel
+from tfrun.launch.remote.links import NodeLink
+from tfrun.launch.engines.base import TaskSpec
+from tfrun.launch.remote.protocol import Channel
 from tfrun.launch.rendezvous import JoinProbe
 
 
 def start_agent(run_dir: Path, heartbeat: float = 5.0):
-    proc = subprocess.Popen([sys.executable, "-m", "tfrun.launch.agent"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "tfrun.launch.remote.agent"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     channel = Channel(proc.stdout, proc.stdin)
     channel.send("hello", run_dir=str(run_dir), heartbeat_timeout=heartbeat, stop_grace=2)

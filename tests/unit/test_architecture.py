@@ -139,7 +139,7 @@ ENGINE_WORDS = {
     # engine folder or module -> what only it may say
     "launch/engines/slurm": r"\bSLURM_[A-Z]|\bsrun\b|\bsbatch\b|\bscontrol\b|\bscancel\b",
     "launch/engines/ray.py": r"^\s*import ray\b|^\s*from ray\b",
-    "launch/engines/ssh.py": r"BatchMode|StrictHostKeyChecking|ServerAliveInterval",
+    "launch/engines/ssh": r"BatchMode|StrictHostKeyChecking|ServerAliveInterval",
     "launch/engines/kubernetes.py": r"kind\W+(JobSet|TFJob)|jobset\.x-k8s\.io|kubeflow\.org/v1",
 }
 

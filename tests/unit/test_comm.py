@@ -6,7 +6,7 @@ import pytest
 
 from tfrun.comm import CommOptions, from_env
 from tfrun.errors import ConfigError
-from tfrun.launch.cli import config_from_args
+from tfrun.cli.run import config_from_args
 
 
 @pytest.mark.parametrize("text, want", [

@@ -4,7 +4,7 @@ import pytest
 
 from tfrun.cluster import TaskId
 from tfrun.errors import ConfigError
-from tfrun.launch.cli import config_from_args
+from tfrun.cli.run import config_from_args
 from tfrun.launch.devices import describe_shares, share_devices, visible_gpus
 
 W0, W1, W2 = TaskId("worker", 0), TaskId("worker", 1), TaskId("worker", 2)

@@ -13,7 +13,16 @@ import tfrun.launch.config
 import tfrun.launch.logs
 import tfrun.launch.policy
 import tfrun.launch.ports
-import tfrun.launch.bench
+import tfrun.launch.options
+import tfrun.launch.run
+import tfrun.launch.engines
+import tfrun.launch.engines.base
+import tfrun.launch.engines.ssh.command
+import tfrun.launch.engines.slurm
+import tfrun.launch.engines.slurm.allocation
+import tfrun.launch.engines.slurm.batch
+import tfrun.launch.engines.slurm.srun
+import tfrun.cli.bench
 import tfrun.launch.runstats
 import tfrun.in_task.shm_allreduce
 import tfrun.in_task.pod
@@ -22,8 +31,12 @@ import tfrun.contract
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.logs,
-                                    tfrun.launch.policy, tfrun.launch.ports,
-                                    tfrun.launch.bench, tfrun.launch.runstats, tfrun.in_task._native,
+                                    tfrun.launch.policy, tfrun.launch.ports, tfrun.launch.options,
+                                    tfrun.launch.run, tfrun.launch.engines, tfrun.launch.engines.base,
+                                    tfrun.launch.engines.ssh.command, tfrun.launch.engines.slurm,
+                                    tfrun.launch.engines.slurm.allocation,
+                                    tfrun.launch.engines.slurm.batch, tfrun.launch.engines.slurm.srun,
+                                    tfrun.cli.bench, tfrun.launch.runstats, tfrun.in_task._native,
                                     tfrun.in_task.shm_allreduce, tfrun.in_task.pod,
                                     tfrun.in_task.isolation, tfrun.contract])
 def test_docstring_examples(module):

@@ -9,7 +9,7 @@ import pytest
 
 from tfrun.in_task import heap
 from tfrun.errors import ConfigError
-from tfrun.launch.cli import config_from_args
+from tfrun.cli.run import config_from_args
 
 
 @pytest.mark.parametrize("text, want", [
@@ -46,7 +46,7 @@ def test_flag_is_validated_into_the_config_and_every_task_env(tmp_path):
     assert task_env(["--workers", "2"], {"TFRUN_MMAP_THRESHOLD": "4M"})["TFRUN_MMAP_THRESHOLD"] == "4M"
     with pytest.raises(ConfigError, match="'64M'"):
         config_from_args(["--mmap-threshold", "64M", "t.py"], environ={})
-    from tfrun.launch.backends.base import CONTROLLED_ENV
+    from tfrun.launch.engines.base import CONTROLLED_ENV
 
     assert "TFRUN_MMAP_THRESHOLD" in CONTROLLED_ENV  # a stale value never leaks into a task
 

@@ -19,7 +19,7 @@ import yaml
 from tfrun.cli import main
 from tfrun.cluster import Topology
 from tfrun.errors import ConfigError
-from tfrun.k8s import K8sJob, check_manifest, job_manifest
+from tfrun.launch.engines.kubernetes import K8sJob, check_manifest, job_manifest
 from tfrun.in_task.pod import jobset_tf_config, pod_hostnames, wait_for_peers
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "shared" / "engines" / "k8s"

@@ -4,7 +4,7 @@ import pytest
 
 from tfrun.cluster import TaskId, Topology
 from tfrun.errors import ConfigError
-from tfrun.launch.cli import config_from_args
+from tfrun.cli.run import config_from_args
 from tfrun.launch.config import LaunchConfig
 
 

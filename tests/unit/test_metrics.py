@@ -9,7 +9,7 @@ import pytest
 from tfrun.in_task import metrics
 from tfrun.contract import METRICS_LINE as METRICS
 from tfrun.errors import ConfigError
-from tfrun.launch.bench import parse_bench_argv, parse_sizes, scaling_note
+from tfrun.cli.bench import parse_bench_argv, parse_sizes, scaling_note
 from tfrun.launch.logs import ConsoleSink, TaskLogger
 from tfrun.launch.runstats import compare, format_table, read_run
 

@@ -8,12 +8,12 @@ import pytest
 from tfrun.cluster import TaskId, Topology, plan_cluster
 from tfrun.errors import ConfigError
 from tfrun.launch import launch_mode
-from tfrun.launch.backends.base import TaskSpec
-from tfrun.launch.backends.ssh import agent_command, ssh_command
-from tfrun.launch.cli import config_from_args
+from tfrun.launch.engines.base import TaskSpec
+from tfrun.launch.engines.ssh import agent_command, ssh_command
+from tfrun.cli.run import config_from_args
 from tfrun.launch.config import LaunchConfig
-from tfrun.launch.pernode import cluster_digest
-from tfrun.launch.protocol import Channel, ProtocolError
+from tfrun.launch.engines.pernode import cluster_digest
+from tfrun.launch.remote.protocol import Channel, ProtocolError
 from tfrun.launch.rendezvous import distinct_hosts, resolve_node_rank
 from tfrun.launch.specs import forwarded_env, spec_factory, task_hosts
 
@@ -123,7 +123,7 @@ def test_ssh_command_puts_user_options_first_so_they_win():
     assert argv[:5] == ["ssh", "-o", "BatchMode=no", "-p", "22"]
     assert "BatchMode=yes" in argv and argv[-2:] == ["node-2", "hostname"]
     assert agent_command("/usr/bin/py thon", "/my dir") == \
-        "cd '/my dir' && exec '/usr/bin/py thon' -m tfrun.launch.agent"
+        "cd '/my dir' && exec '/usr/bin/py thon' -m tfrun.launch.remote.agent"
 
 
 def test_cluster_digest_is_stable_and_sees_every_difference():

@@ -4,9 +4,10 @@ import pytest
 
 from tfrun.errors import ConfigError
 from tfrun.launch import launch_mode
-from tfrun.launch.cli import config_from_args
+from tfrun.cli.run import config_from_args
 from tfrun.launch.config import LaunchConfig
-from tfrun.launch.slurm import apply_slurm
+from tfrun.launch.engines import check_options
+from tfrun.launch.engines.slurm.allocation import apply_slurm
 
 
 def test_ray_flags_reach_the_config():
@@ -45,5 +46,7 @@ def test_ray_wins_over_an_allocation():  # --backend ray inside sbatch: Ray plac
     ({"backend": "ray", "node_rank": 0, "hosts": ("a",)}, "--node-rank"),
 ])
 def test_bad_ray_settings_are_named(kw, named):
+    # The config checks what is common; the engines check their own (check_options, which
+    # the CLI and launch() call).
     with pytest.raises(ConfigError, match=named.replace("+", r"\+").replace("(", r"\(")):
-        LaunchConfig(entrypoint=("script", "t.py"), **kw)
+        check_options(LaunchConfig(entrypoint=("script", "t.py"), **kw))

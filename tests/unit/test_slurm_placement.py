@@ -8,10 +8,17 @@ from tfrun.cli import main
 from tfrun.cluster import Topology
 from tfrun.errors import ConfigError
 from tfrun.launch import launch_mode
-from tfrun.launch.cli import config_from_args, run_sbatch_script
+from tfrun.cli.run import config_from_args
 from tfrun.launch.config import LaunchConfig
-from tfrun.launch.slurm import (SlurmJob, apply_slurm, expand_counts, expand_nodelist,
-                                job_description, place_tasks, sbatch_script)
+from tfrun.launch.engines import check_options
+from tfrun.launch.engines.slurm.allocation import (SlurmJob, apply_slurm, expand_counts,
+                                                   expand_nodelist, job_description, place_tasks)
+from tfrun.launch.engines.slurm.batch import run_sbatch_script as _run_sbatch_script
+from tfrun.launch.engines.slurm.batch import sbatch_script
+
+
+def run_sbatch_script(argv):
+    return _run_sbatch_script(argv, config_from_args)
 
 BATCH = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]", "SLURMD_NODENAME": "n1"}
 STEP = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_STEP_ID": "3",
@@ -161,9 +168,9 @@ def test_apply_slurm_errors(kw, env, match):
 
 def test_config_rejects_bad_slurm_fields():
     with pytest.raises(ConfigError, match="'maybe'"):
-        config(slurm="maybe")
+        check_options(config(slurm="maybe"))
     with pytest.raises(ConfigError, match="Received: 0"):
-        config(tasks_per_node=0)
+        check_options(config(tasks_per_node=0))
 
 
 def test_cli_default_inside_an_allocation_is_one_worker_per_node():

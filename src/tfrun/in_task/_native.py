@@ -18,7 +18,6 @@ lock). No compiler, a failed build, or ``contract.SHM_KERNEL=0`` keeps the Pytho
 
 from __future__ import annotations
 
-from .. import contract
 import ctypes
 import fcntl
 import hashlib
@@ -28,6 +27,8 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+
+from .. import contract
 
 __all__ = ["KERNEL_ENV", "all_reduce", "kernel", "kernel_reason", "library_path", "open_library",
            "register"]

@@ -6,7 +6,7 @@ In order, before the user's code:
    move into the task's cgroup (``contract.CGROUP``, see ``tfrun.in_task.isolation``) and join
    the run's private network (``contract.NETNS``, see ``tfrun.in_task.isolation``); in a pod of a
    ``tfrun k8s`` JobSet, make TF_CONFIG from what JobSet gave the pod and wait for every
-   peer's DNS name (``tfrun.k8s``; a TFJob pod's TF_CONFIG is normalised);
+   peer's DNS name (``tfrun.launch.engines.kubernetes``; a TFJob pod's TF_CONFIG is normalised);
 2. dump every thread's Python stack on SIGUSR1 (``faulthandler``: works even when the
    main thread is stuck in C code), which ``--hang-timeout`` asks for; split the CPU into
    logical devices when ``contract.DEVICES`` is set;
@@ -22,13 +22,14 @@ same environment behaves the same.
 
 from __future__ import annotations
 
-from .. import contract
 import faulthandler
 import os
 import runpy
 import signal
 import sys
 from typing import Callable
+
+from .. import contract
 
 __all__ = ["main"]
 

@@ -30,11 +30,12 @@ much of the all-reduce overlaps compute (on CPU here, none: the step waits for i
 
 from __future__ import annotations
 
-from .. import contract
 import os
 import statistics
 import time
 from typing import Any, Callable
+
+from .. import contract
 
 __all__ = ["enabled", "measure"]
 

@@ -27,11 +27,11 @@ position is not saved), which would apply some steps twice.
 
 from __future__ import annotations
 
-from .. import contract
 import json
 import os
 import re
 
+from .. import contract
 from .runtime import task
 
 __all__ = ["backup_and_restore", "complete_epochs", "default_backup_dir"]

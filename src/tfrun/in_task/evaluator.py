@@ -14,13 +14,13 @@ Results are also appended to ``contract.RUN_DIR/evaluator/results.jsonl``.
 
 from __future__ import annotations
 
-from .. import contract
 import glob
 import json
 import os
 import time
 from typing import Iterator
 
+from .. import contract
 from .runtime import chief_output_dir, training_done
 
 __all__ = ["chief_output_dir", "sidecar_evaluate"]

@@ -28,13 +28,13 @@ Allocations above the threshold are still returned to the system when freed.
 
 from __future__ import annotations
 
-from .. import contract
 import ctypes
 import os
 import sys
 import threading
 import warnings
 
+from .. import contract
 from ._post_import import when_imported
 from ..errors import ConfigError
 

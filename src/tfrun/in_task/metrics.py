@@ -26,7 +26,6 @@ its cost that way). Outside tfrun nothing is installed, and ``log_metrics`` prin
 
 from __future__ import annotations
 
-from .. import contract
 import json
 import math
 import os
@@ -34,6 +33,7 @@ import sys
 import time
 from typing import Any
 
+from .. import contract
 from . import breakdown
 from ..contract import METRICS_LINE
 from ._post_import import when_imported

@@ -15,7 +15,6 @@ backend launched it, so a script started by hand with a TF_CONFIG behaves the sa
 
 from __future__ import annotations
 
-from .. import contract
 import atexit
 import os
 import shutil
@@ -23,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import contract
 from .. import comm
 from ..contract import DEVICES_REPLACED
 from ..cluster import TaskConfig, parse_tf_config

@@ -6,7 +6,6 @@ imports TensorFlow unless the environment asks for something that needs it.
 
 from __future__ import annotations
 
-from .. import contract
 import importlib
 import importlib.abc
 import importlib.util
@@ -16,6 +15,7 @@ import signal
 import sys
 import threading
 
+from .. import contract
 from ..contract import TF_CONFIG_REPLACED
 from ._post_import import when_imported
 

@@ -40,7 +40,6 @@ one is used whenever it builds; the two interoperate, byte for byte.
 
 from __future__ import annotations
 
-from .. import contract
 import hashlib
 import json
 import mmap
@@ -53,6 +52,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
+from .. import contract
 from ..cluster import parse_address, parse_tf_config
 from ..comm import CommOptions, from_env
 from ..errors import ConfigError

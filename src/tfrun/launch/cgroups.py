@@ -18,12 +18,13 @@ contained by their process group only (the resolved configuration says so).
 
 from __future__ import annotations
 
-from .. import contract
 import os
 import secrets
 import signal
 import time
 from pathlib import Path
+
+from .. import contract
 
 __all__ = ["TaskCgroups", "available", "kill", "own_cgroup_dir"]
 

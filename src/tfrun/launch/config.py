@@ -21,8 +21,7 @@ from ..comm import CommOptions
 from ..in_task.heap import DEFAULT_THRESHOLD, parse_threshold
 from ..errors import ConfigError
 
-__all__ = ["BACKENDS", "RAY_PLACEMENTS", "KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "SLURM_MODES", "STRATEGIES",
-           "LaunchConfig"]
+__all__ = ["KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "STRATEGIES", "LaunchConfig"]
 
 STRATEGIES = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
 KERAS_FLAVOURS = ("3", "2")
@@ -32,14 +31,6 @@ ROLE_MODES = ("auto", "script")
 #: auto: a local cluster's tasks get a private network when possible (else the host's, with a
 #: warning); private: required; host: opt out (servers reachable on every interface).
 NETWORK_MODES = ("auto", "private", "host")
-#: auto: inside a Slurm allocation (SLURM_JOB_ID set, no --hosts) place the cluster on its
-#: nodes; on: require an allocation; off: ignore Slurm. ``slurm.apply_slurm`` resolves it
-#: to launcher (srun an agent per node), pernode (srun tfrun) or local (one node: this one).
-SLURM_MODES = ("auto", "on", "off")
-_SLURM_RESOLVED = ("launcher", "pernode", "local")
-#: auto: local, SSH, per-node or Slurm from the other flags; ray: tasks in Ray actors.
-BACKENDS = ("auto", "ray")
-RAY_PLACEMENTS = ("spread", "pack")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
@@ -86,11 +77,15 @@ class LaunchConfig:
     doctor: bool = True                 # preflight checks before an SSH launch
     # ---- local runs: auto/private put the tasks in a private network (see netns.py)
     network: str = "auto"
-    # ---- Slurm (see slurm.py)
+    #: where the placement came from, for the banner's mode line (an engine's ``resolve``
+    #: sets it, e.g. "every task on this node of Slurm job 42")
+    origin: str | None = None
+    # ---- Slurm (see engines/slurm)
     slurm: str = "auto"
     tasks_per_node: int | None = None   # inside an allocation: K workers per node
-    # ---- Ray (see backends/ray_actors.py)
+    # ---- the engine chosen by name (--backend; auto: from the other flags)
     backend: str = "auto"
+    # ---- Ray (see engines/ray.py)
     ray_address: str = "auto"           # ray.init(address=...): "auto" finds the local cluster
     ray_placement: str = "spread"
     # ---- devices per task: Ray reserves them (fractions allowed; defaults 1 CPU, 0 GPU);
@@ -132,63 +127,16 @@ class LaunchConfig:
                               expected=f"one of {', '.join(NETWORK_MODES)}",
                               fix="Pass --network auto (private when possible), private or host",
                               received=repr(self.network))
-        if self.slurm not in SLURM_MODES + _SLURM_RESOLVED:
-            raise ConfigError(f"Unknown Slurm mode {self.slurm!r}",
-                              expected=f"one of {', '.join(SLURM_MODES)}",
-                              fix="Pass --slurm auto (inside an allocation: use it), on or off",
-                              received=repr(self.slurm))
-        if self.tasks_per_node is not None and (
-                not isinstance(self.tasks_per_node, int) or self.tasks_per_node < 1):
-            raise ConfigError("--tasks-per-node must be at least 1", expected="a number >= 1",
-                              fix="Pass e.g. --tasks-per-node 2", received=self.tasks_per_node)
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"Unknown backend {self.backend!r}",
-                              expected=f"one of {', '.join(BACKENDS)}",
-                              fix="Pass --backend ray, or omit --backend", received=repr(self.backend))
-        if self.ray_placement not in RAY_PLACEMENTS:
-            raise ConfigError(f"Unknown Ray placement {self.ray_placement!r}",
-                              expected="spread or pack", fix="Pass --ray-placement spread",
-                              received=repr(self.ray_placement))
         for name in ("cpus_per_task", "gpus_per_task"):
             value = getattr(self, name)
             if value is None:
                 continue
-            if name == "cpus_per_task" and value == 0 and self.backend == "ray":
-                # (A local run's --cpus-per-task 0 means: the tasks share every CPU.)
-                raise ConfigError("--backend ray cannot run a task on 0 CPUs",
-                                  expected="--cpus-per-task > 0 with --backend ray (fractions "
-                                           "allowed, e.g. 0.5)",
-                                  fix="Pass e.g. --cpus-per-task 1, or drop --backend ray",
-                                  received="--cpus-per-task 0")
             if not 0 <= value < float("inf"):
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be a finite number of "
                                   f"{'CPUs' if name == 'cpus_per_task' else 'GPUs'} >= 0",
                                   expected="e.g. 1 or 0.5", fix=f"Pass e.g. {flag} 1",
                                   received=value)
-        if self.backend == "ray" and (self.hosts is not None or self.node_rank is not None):
-            raise ConfigError("--backend ray places the tasks on the Ray cluster's nodes itself",
-                              expected="no --hosts/--node-rank with --backend ray",
-                              fix="Drop --hosts/--node-rank, or drop --backend ray",
-                              received=f"--hosts {','.join(self.hosts or ())}")
-        if self.backend != "ray" and self.hosts is not None and (
-                self.cpus_per_task is not None or self.gpus_per_task is not None):
-            raise ConfigError(
-                "--cpus-per-task/--gpus-per-task split this machine's devices among its local "
-                "tasks; tfrun does not split other hosts' devices yet",
-                expected="no --cpus-per-task/--gpus-per-task with --hosts or a Slurm placement",
-                fix="Drop them (on Slurm, ask sbatch: --gpus-per-task, --cpus-per-task), or "
-                    "use --backend ray, whose nodes reserve them",
-                received=f"--hosts {','.join(self.hosts)}")
-        if self.backend != "ray":
-            for name in ("cpus_per_task", "gpus_per_task"):
-                value = getattr(self, name)
-                if value is not None and value != int(value):
-                    flag = "--" + name.replace("_", "-")
-                    raise ConfigError(f"{flag} {value:g}: a local task gets whole devices",
-                                      expected="a whole number (fractions are for --backend ray)",
-                                      fix=f"Pass e.g. {flag} {max(int(value), 1)}",
-                                      received=value)
         if self.comm is not None:
             comm = CommOptions.parse(self.comm)  # a ConfigError that names the bad item
             # (A Slurm or Ray placement on several nodes: each task says so at start.)

@@ -28,11 +28,11 @@ the NVIDIA driver lists. The CPUs are this process's affinity.
 
 from __future__ import annotations
 
-from .. import contract
 import os
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from .. import contract
 from ..cluster import TaskId
 from ..errors import ConfigError
 

@@ -27,13 +27,14 @@ Pieces:
 
 from __future__ import annotations
 
-from .. import contract
 import os
 import select
 import shutil
 import subprocess
 import sys
 import threading
+
+from .. import contract
 
 __all__ = [
     "HOST_LOOPBACK",

@@ -12,15 +12,15 @@ tasks on other hosts tfrun also forwards the launcher's variables that shape tra
 
 from __future__ import annotations
 
-from .. import contract
 import os
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from .. import contract
 from ..cluster import ClusterPlan, TaskId, parse_address
 from ..comm import COMM_ENV, CommOptions
 from ..in_task.heap import MMAP_THRESHOLD_ENV
-from .backends.base import CONTROLLED_ENV, TaskSpec
+from .engines.base import CONTROLLED_ENV, TaskSpec
 from .config import LaunchConfig
 from .ports import TF_REUSE_PORT_ENV
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster import ClusterPlan, TaskId
-from .backends.base import Backend, TaskHandle, TaskSpec
+from .engines.base import Backend, TaskHandle, TaskSpec
 from .config import LaunchConfig
 from ..contract import TF_CONFIG_REPLACED
 from .diagnose import TAIL_BYTES, culprits

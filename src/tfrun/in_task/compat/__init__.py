@@ -18,10 +18,10 @@ can be switched off for a test or a bisect with ``contract.COMPAT_DISABLE=name,.
 
 from __future__ import annotations
 
-from ... import contract
 import os
 import warnings
 
+from ... import contract
 from .._post_import import when_imported
 
 __all__ = ["install", "apply_keras3_fixes", "apply_tf_keras_fixes", "applied", "FIX_NAMES"]

@@ -1,4 +1,4 @@
-"""Ray backend: every task in a Ray actor, placed by one placement group.
+"""The Ray engine: every task in a Ray actor, placed by one placement group.
 
 ``tfrun --backend ray --workers 2 train.py`` connects to a running Ray cluster
 (``--ray-address``, default ``auto``), asks for one bundle per task
@@ -20,6 +20,7 @@ Ray is optional (``pip install 'tfrun[ray]'``); this module imports it only when
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal as _signal
 import socket
@@ -28,12 +29,18 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from ...cluster import TaskId
+from ...cluster import TaskId, parse_address, plan_cluster
 from ...errors import ConfigError
-from ..protocol import LOST_EXIT_CODE
-from .base import Backend, TaskHandle, TaskSpec
+from .. import run
+from ..remote.protocol import LOST_EXIT_CODE
+from ..rendezvous import distinct_hosts
+from ..rundir import run_dir_for
+from ..specs import spec_factory
+from .base import Backend, Engine, TaskHandle, TaskSpec
 
-__all__ = ["RayBackend", "import_ray"]
+__all__ = ["RAY_PLACEMENTS", "RayBackend", "RayEngine", "import_ray"]
+
+RAY_PLACEMENTS = ("spread", "pack")
 
 #: Seconds between two output/exit polls of a task's actor.
 POLL_INTERVAL = 0.1
@@ -279,3 +286,125 @@ class RayBackend(Backend):
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)
             self.placement_group = None
+
+
+class RayEngine(Engine):
+    """``--backend ray``: the tasks run in Ray actors on a running Ray cluster."""
+
+    name = "ray"
+    explicit = True
+    reserves_devices = True
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(
+            "ray", "--backend ray runs every task in a Ray actor on a running Ray cluster "
+            "(pip install 'tfrun[ray]')")
+        group.add_argument("--ray-address", default="auto",
+                           help="the Ray cluster (default auto: the one this machine belongs to)")
+        group.add_argument("--ray-placement", choices=RAY_PLACEMENTS, default="spread",
+                           help="spread (default): tasks on different nodes where possible; pack")
+
+    @classmethod
+    def config_values(cls, args: argparse.Namespace, environ) -> dict:
+        return {"ray_address": args.ray_address, "ray_placement": args.ray_placement}
+
+    @classmethod
+    def selects(cls, config) -> bool:
+        return config.backend == cls.name
+
+    @classmethod
+    def check(cls, config, chosen: bool) -> None:
+        if config.ray_placement not in RAY_PLACEMENTS:
+            raise ConfigError(f"Unknown Ray placement {config.ray_placement!r}",
+                              expected="spread or pack", fix="Pass --ray-placement spread",
+                              received=repr(config.ray_placement))
+        if not chosen:
+            return
+        if config.cpus_per_task == 0:
+            # (A local run's --cpus-per-task 0 means: the tasks share every CPU.)
+            raise ConfigError("--backend ray cannot run a task on 0 CPUs",
+                              expected="--cpus-per-task > 0 with --backend ray (fractions "
+                                       "allowed, e.g. 0.5)",
+                              fix="Pass e.g. --cpus-per-task 1, or drop --backend ray",
+                              received="--cpus-per-task 0")
+        if config.hosts is not None or config.node_rank is not None:
+            raise ConfigError("--backend ray places the tasks on the Ray cluster's nodes itself",
+                              expected="no --hosts/--node-rank with --backend ray",
+                              fix="Drop --hosts/--node-rank, or drop --backend ray",
+                              received=f"--hosts {','.join(config.hosts or ())}")
+
+    def run(self, plan):
+        config, console = self.config, self.console
+        ray = import_ray()
+        initialised = not ray.is_initialized()
+        if initialised:
+            _check_ray_address(config.ray_address)
+            try:
+                ray.init(address=config.ray_address, logging_level="WARNING", log_to_driver=False,
+                         configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ConfigError(f"Cannot connect to a Ray cluster at {config.ray_address!r} ({exc})",
+                                  expected="a running Ray cluster (ray start --head ...)",
+                                  fix="Start Ray, or pass --ray-address HOST:PORT",
+                                  received=config.ray_address) from None
+        backend: RayBackend | None = None
+        try:
+            with run_dir_for(config) as locked:
+                run_dir = locked.path
+                backend = RayBackend(ray, tasks=list(plan.tasks), run_dir=run_dir,
+                                     cpus=1.0 if config.cpus_per_task is None else config.cpus_per_task,
+                                     gpus=config.gpus_per_task or 0.0,
+                                     placement=config.ray_placement,
+                                     ready_timeout=min(config.join_timeout, 120.0))
+                training = list(plan.cluster.tasks())
+                ports = backend.reserve_ports(training)
+                hosts = [f"{backend.nodes[t]}:{ports[t]}" for t in training]
+                plan = plan_cluster(config.topology, hosts=hosts, base_port=config.base_port)
+                run.write_config(config, plan, run_dir, True)
+                nodes = distinct_hosts(backend.nodes.values())
+                console.info(run.resolved_block(config, plan, run_dir, True,
+                                             mode=f"ray: {len(plan.tasks)} actors in one placement "
+                                                  f"group ({config.ray_placement}) on "
+                                                  f"{', '.join(nodes)}"))
+                make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
+                return run.supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
+                                  console, self.started)
+        finally:
+            if backend is not None:
+                backend.close()
+            if initialised:
+                ray.shutdown()
+
+
+def _check_ray_address(address: str) -> None:
+    """Fail at once, naming the address, when nothing listens there (ray.init would retry
+    for minutes). ``auto`` is the cluster Ray itself would pick (its last ``ray start``)."""
+    if "://" in address:
+        return  # ray:// (Ray Client) and the like: ray.init reports those itself
+    shown = address
+    if address == "auto":
+        try:  # Ray's own lookup (private API: skip the check if it moved)
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:
+            return
+        found = canonicalize_bootstrap_address("auto")
+        if not found:
+            raise ConfigError("No running Ray cluster found on this machine (--ray-address auto)",
+                              expected="a Ray node started here (ray start), or an address",
+                              fix="Start Ray (ray start --head), or pass --ray-address HOST:PORT",
+                              received="auto")
+        address, shown = found, f"auto -> {found}"
+    host, port = parse_address(address)
+    if port is None:
+        raise ConfigError(f"--ray-address {address!r} has no port",
+                          expected="HOST:PORT of the Ray head's GCS (ray start --head --port)",
+                          fix="Pass e.g. --ray-address 10.0.0.1:6379, or auto", received=address)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        raise ConfigError(f"Cannot reach a Ray cluster at {address} "
+                          f"({exc.strerror or type(exc).__name__})",
+                          expected="a running Ray head there (ray start --head --port ...)",
+                          fix="Start Ray, or pass the head's --ray-address HOST:PORT (or auto "
+                              "on a node of the cluster)", received=shown) from None

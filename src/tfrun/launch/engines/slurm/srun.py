@@ -4,7 +4,7 @@ Inside an allocation, tfrun (the batch script's line, or an ``salloc`` shell) ru
 every node that has tasks::
 
     srun --nodes=1 --ntasks=1 --nodelist=NODE --overlap --kill-on-bad-exit=0 --unbuffered \\
-         --quiet --job-name=tfrun-agent --chdir=DIR PYTHON -m tfrun.launch.agent
+         --quiet --job-name=tfrun-agent --chdir=DIR PYTHON -m tfrun.launch.remote.agent
 
 a job step whose stdin/stdout carry the agent protocol (see ``piped.py``). Without
 ``--exact`` a step gets every CPU the job has on that node (and, per Slurm's docs, the
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..logs import ConsoleSink
-from .piped import PipedAgentBackend
+from ...logs import ConsoleSink
+from ...remote.piped import PipedAgentBackend
 
 __all__ = ["SrunBackend", "srun_agent_command"]
 
@@ -33,7 +33,7 @@ def srun_agent_command(node: str, *, python: str, workdir: str) -> list[str]:
     """
     return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap",
             "--kill-on-bad-exit=0", "--unbuffered", "--quiet", "--job-name=tfrun-agent",
-            f"--chdir={workdir}", python, "-m", "tfrun.launch.agent"]
+            f"--chdir={workdir}", python, "-m", "tfrun.launch.remote.agent"]
 
 
 class SrunBackend(PipedAgentBackend):

@@ -1,4 +1,4 @@
-"""Per-node launch: one tfrun per machine, started by a scheduler, cloud or by hand.
+"""The per-node engine: one tfrun per machine, started by a scheduler, cloud or by hand.
 
 ``tfrun --hosts node-1,node-2 --node-rank R train.py`` on every machine. Each node
 computes the same cluster from the same flags (ports are deterministic from
@@ -17,27 +17,31 @@ timeout on the other nodes naming it.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import socket
 import time
 from pathlib import Path
 
-from .. import __version__
-from ..cluster import ClusterPlan, TaskId
-from ..errors import ConfigError
-from .agent import NodeAgent
-from .backends.base import TaskSpec
-from .backends.hub import HubBackend
-from .backends.local import LocalBackend
-from .config import LaunchConfig
-from .logs import ConsoleSink
-from .protocol import Channel, ProtocolError
-from .rendezvous import distinct_hosts
-from .specs import spec_factory, task_hosts
-from .supervisor import JOIN_TIMEOUT_EXIT_CODE
+from .... import __version__
+from ....cluster import ClusterPlan, TaskId
+from ....errors import ConfigError
+from ...remote.agent import NodeAgent
+from ..base import Backend, Engine, TaskSpec
+from .hub import HubBackend
+from ..local import LocalBackend
+from ... import run
+from ...config import LaunchConfig
+from ...options import port
+from ...logs import ConsoleSink
+from ...remote.protocol import Channel, ProtocolError
+from ...rendezvous import distinct_hosts, resolve_node_rank
+from ...rundir import run_dir_for
+from ...specs import spec_factory, task_hosts
+from ...supervisor import JOIN_TIMEOUT_EXIT_CODE
 
-__all__ = ["cluster_digest", "make_hub", "run_node_agent"]
+__all__ = ["PerNodeEngine", "cluster_digest", "make_hub", "run_node_agent"]
 
 
 def cluster_digest(config: LaunchConfig, plan: ClusterPlan) -> str:
@@ -149,3 +153,84 @@ def run_node_agent(config: LaunchConfig, plan: ClusterPlan, rank: int,
     code, message = agent.serve()
     console.info(message or f"run ended with exit code {code}")
     return code
+
+
+def _node_rank(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a rank (0, 1, ...) or 'auto', "
+                                         f"received {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a rank >= 0, received {text!r}")
+    return value
+
+
+class PerNodeEngine(Engine):
+    """``--node-rank R``: this machine's tasks only; rank 0 is the hub that supervises all."""
+
+    name = "pernode"
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(
+            "per-node", "run tfrun on every machine with the same --hosts and its own "
+            "--node-rank; it starts that machine's tasks, and rank 0 supervises the run")
+        group.add_argument("--node-rank", type=_node_rank, default=None, metavar="R|auto",
+                           help="this machine is the R-th distinct host of --hosts (auto: the "
+                                "one that is this machine); rank 0 supervises the run")
+        group.add_argument("--rdzv-port", type=port, default=29400,
+                           help="port of the hub on node rank 0 (default 29400)")
+
+    @classmethod
+    def config_values(cls, args: argparse.Namespace, environ) -> dict:
+        return {"node_rank": args.node_rank, "rdzv_port": args.rdzv_port}
+
+    @classmethod
+    def selects(cls, config) -> bool:
+        if config.node_rank is None:
+            return False
+        if config.hosts is None:
+            raise ConfigError("--node-rank needs --hosts", expected="the cluster's host list "
+                              "(the same on every node)", fix="Pass e.g. --hosts node-1,node-2 "
+                              "--node-rank 0", received=f"--node-rank {config.node_rank}")
+        return True
+
+    def __init__(self, config, console, started: float) -> None:
+        super().__init__(config, console, started)
+        given = None if config.node_rank == "auto" else config.node_rank
+        self.rank = resolve_node_rank(config.hosts or (), given)
+
+    @property
+    def leads(self) -> bool:
+        return self.rank == 0
+
+    def run(self, plan):
+        """The hub (rank 0): its own tasks locally, every other node's through its agent."""
+        config, console = self.config, self.console
+        multi = len(plan.tasks) > 1
+        nodes = distinct_hosts(config.hosts or ())
+        hosts = task_hosts(plan)
+        with run_dir_for(config) as locked:
+            run_dir = locked.path
+            run.write_config(config, plan, run_dir, multi)
+            console.info(run.resolved_block(
+                config, plan, run_dir, multi, heartbeat=True,
+                mode=f"per-node, hub (rank 0 of {len(nodes)}: {nodes[0]}), "
+                     f"rendezvous {nodes[0]}:{config.rdzv_port}"))
+            hub = make_hub(config, plan, run_dir, console)
+            local = LocalBackend(hold_ports=True)
+            backends: dict[TaskId, Backend] = {t: local if hosts[t] == nodes[0] else hub
+                                               for t in plan.tasks}
+            make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=True)
+            return run.supervise(config, plan, run_dir, backends, make_spec, console,
+                                 self.started)
+
+    def follow(self, plan) -> int:
+        """Any other rank: join the hub, run this node's tasks, exit with the run's code."""
+        self.console.info(run.resolved_block(self.config, plan, Path("(from the hub)"),
+                                             len(plan.tasks) > 1, heartbeat=True,
+                                             mode=f"per-node, rank {self.rank}"))
+        return run_node_agent(self.config, plan, self.rank, self.console)

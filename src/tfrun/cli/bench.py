@@ -1,4 +1,4 @@
-"""``tfrun bench``: run one script at several cluster sizes and print seed 000's table.
+"""``tfrun bench``: run one script at several cluster sizes and print the scaling table (time, throughput, speedup, efficiency).
 
     tfrun bench examples/mnist_mlp.py --workers 1,2
     tfrun bench --model mlp --workers 1,2 -- --steps 20      # built-in synthetic model
@@ -21,7 +21,6 @@ fixed number is strong scaling already. The table's last line says which it was.
 
 from __future__ import annotations
 
-from .. import contract
 import contextlib
 import dataclasses
 import json
@@ -32,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from .. import contract
 from ..errors import ConfigError
-from .runstats import compare, format_table, read_run
+from ..launch.runstats import compare, format_table, read_run
 
 __all__ = ["BenchPlan", "parse_bench_argv", "run_bench", "parse_sizes", "scaling_note"]
 
@@ -132,7 +132,7 @@ def parse_bench_argv(argv: Sequence[str]) -> BenchPlan:
 
 def _split_entry(args: list[str]) -> tuple[list[str], list[str]]:
     """(tfrun flags, [script or -m module, script args...]), read as ``tfrun`` reads them."""
-    from .cli import build_launch_parser
+    from .run import build_launch_parser
 
     takes_value = {option for action in build_launch_parser()._actions if action.nargs != 0
                    for option in action.option_strings}
@@ -186,16 +186,16 @@ def _write_page(runs: list, target: Path) -> Path | None:
     unless contract.REPORT=0 or nothing ran."""
     if not runs or os.environ.get(contract.REPORT, "1") == "0":
         return None
-    from .report import write_comparison
+    from ..launch.report import write_comparison
 
     return write_comparison([run.run_dir for run in runs], target)
 
 
 def run_bench(argv: Sequence[str]) -> int:
     """``tfrun bench ...``: run every size, print the table; the exit code of a failed size."""
-    from . import launch_and_report
-    from .cli import config_from_args
-    from .rundir import run_dir_for
+    from ..launch import launch_and_report
+    from ..launch.rundir import run_dir_for
+    from .run import config_from_args
 
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE + "\n\n" + (__doc__ or "").split("\n\n", 1)[1])

@@ -1,13 +1,13 @@
-"""Slurm: where a run's tasks go inside an allocation (pure: environment in, placement out).
+"""Where a run's tasks go inside an allocation (pure: environment in, placement out).
 
 Inside ``sbatch``/``salloc`` (``SLURM_JOB_ID`` set), ``tfrun train.py`` places the cluster on
 the allocated nodes itself; there are two ways it is started there:
 
 * **launcher** -- one tfrun (the batch script's line, or an ``salloc`` shell): it starts one
-  node agent per node with ``srun`` and supervises every task (``backends/srun.py``);
+  node agent per node with ``srun`` and supervises every task (``srun.py``);
 * **per-node** -- ``srun tfrun train.py`` (one tfrun per node): every node computes the same
   placement from the same Slurm variables; the first node of the step is the hub
-  (``pernode.py``).
+  (the per-node engine).
 
 Both use the same placement (``place_tasks``): the chief on the first node, workers in
 blocks (``--tasks-per-node K``: K per node, worker 0..K-1 on the first node), parameter
@@ -25,16 +25,14 @@ position in the cluster, so they are distinct even where nodes share a port spac
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from ..cluster import Topology, parse_address
-from ..errors import ConfigError
-from .config import LaunchConfig
+from ....cluster import Topology, parse_address
+from ....errors import ConfigError
+from ...config import LaunchConfig
 
-__all__ = ["SlurmJob", "apply_slurm", "job_description", "expand_nodelist", "expand_counts", "place_tasks",
-           "sbatch_script"]
+__all__ = ["SlurmJob", "apply_slurm", "job_description", "expand_nodelist", "expand_counts", "place_tasks"]
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 
@@ -273,48 +271,10 @@ def apply_slurm(config: LaunchConfig, environ: Mapping[str, str]
     if job.mode == "pernode":
         run_id = config.run_id or f"slurm-{job.job_id}.{job.step_id}"
         return replace(config, hosts=hosts, topology=topology, node_rank=job.node_rank(),
-                       run_id=run_id, slurm="pernode"), job
+                       run_id=run_id, slurm="pernode",
+                       origin=f"srun tfrun: one tfrun per node of {job_description(environ)}"), job
     used = {parse_address(h)[0] for h in hosts}
     if used == {job.node_name}:
-        return replace(config, topology=topology, slurm="local"), job
+        return replace(config, topology=topology, slurm="local",
+                       origin=f"every task on this node of {job_description(environ)}"), job
     return replace(config, hosts=hosts, topology=topology, slurm="launcher"), job
-
-
-def sbatch_script(*, nodes: int, tfrun_args: Sequence[str], job_name: str,
-                  time: str | None = None, partition: str | None = None,
-                  gpus_per_node: int | None = None, cpus_per_node: int | None = None,
-                  output: str = "slurm-%j.out") -> str:
-    """A ready batch script: the directives and the one tfrun line.
-
-    >>> print(sbatch_script(nodes=2, tfrun_args=["train.py"], job_name="train"))
-    #!/bin/bash
-    #SBATCH --job-name=train
-    #SBATCH --nodes=2
-    #SBATCH --ntasks-per-node=1
-    #SBATCH --exclusive
-    #SBATCH --output=slurm-%j.out
-    # tfrun places the cluster on the allocated nodes (srun starts one agent per node)
-    # and exits with the failing task's exit code.
-    tfrun train.py
-    <BLANKLINE>
-    """
-    if nodes < 1:
-        raise ConfigError("--nodes must be at least 1", expected="a number of nodes >= 1",
-                          fix="Pass e.g. --nodes 2", received=nodes)
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nodes}",
-             "#SBATCH --ntasks-per-node=1"]
-    if cpus_per_node is not None:
-        lines.append(f"#SBATCH --cpus-per-task={cpus_per_node}")
-    else:
-        lines.append("#SBATCH --exclusive")  # the whole node: TensorFlow uses every core
-    if gpus_per_node is not None:
-        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if time:
-        lines.append(f"#SBATCH --time={time}")
-    lines.append(f"#SBATCH --output={output}")
-    lines += ["# tfrun places the cluster on the allocated nodes (srun starts one agent per node)",
-              "# and exits with the failing task's exit code.",
-              "tfrun " + " ".join(shlex.quote(a) for a in tfrun_args), ""]
-    return "\n".join(lines)

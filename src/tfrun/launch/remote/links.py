@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import IO, Callable
 
-from ..protocol import HEARTBEAT_INTERVAL, LOST_EXIT_CODE, Channel, ProtocolError
-from .base import Backend, TaskHandle, TaskSpec
+from .protocol import HEARTBEAT_INTERVAL, LOST_EXIT_CODE, Channel, ProtocolError
+from ..engines.base import Backend, TaskHandle, TaskSpec
 
 __all__ = ["NodeLink", "RemoteBackend"]
 

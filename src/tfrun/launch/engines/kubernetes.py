@@ -1,4 +1,4 @@
-"""Kubernetes: a tfrun cluster as a JobSet (default) or TFJob manifest; TF_CONFIG made in the pod.
+"""The Kubernetes engine: a tfrun cluster as a JobSet (default) or TFJob manifest; TF_CONFIG made in the pod.
 
 ``tfrun k8s --image IMG --workers 2 train.py > job.yaml`` prints the manifest
 (``job_manifest``); ``tfrun k8s --check job.yaml`` checks one offline (``check_manifest``).
@@ -27,16 +27,21 @@ Pure: dicts in, dicts out (``render_yaml`` / ``load_manifests`` are the only YAM
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from . import contract
-from .cluster import Topology
-from .errors import ConfigError
-from .in_task.pod import ROLES
+from ... import contract
+from ...cluster import Topology
+from ...errors import ConfigError
+from ...in_task.pod import ROLES
+from ..options import add_topology_flags, non_negative_int, split_module, topology_from
+from .base import Engine, Subcommand
 
-__all__ = ["JOBSET_API", "TFJOB_API", "K8sJob", "check_manifest", "job_manifest",
+__all__ = ["JOBSET_API", "TFJOB_API", "K8sJob", "KubernetesEngine", "check_manifest", "job_manifest",
            "load_manifests", "render_yaml"]
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -143,7 +148,7 @@ def _metadata(job: K8sJob) -> dict:
 
 
 def _common_env(job: K8sJob) -> list[dict]:
-    from .launch.specs import script_env  # the same contract as a launch's tasks
+    from ..specs import script_env  # the same contract as a launch's tasks
 
     env = script_env(strategy=job.strategy, keras=job.keras, roles=job.roles,
                      run_dir="/tmp/tfrun-run")
@@ -374,3 +379,126 @@ def load_manifests(text: str, source: str) -> list[Any]:
         raise ConfigError(f"{source} is not valid YAML{where}",
                           expected="a JobSet or TFJob manifest", fix="Fix the YAML syntax",
                           received=str(exc).splitlines()[0]) from None
+
+
+class KubernetesEngine(Engine):
+    """``tfrun k8s``: the cluster as a manifest; Kubernetes runs it (``kubectl apply``)."""
+
+    name = "kubernetes"
+    runs_tasks = False
+
+    @classmethod
+    def subcommands(cls) -> tuple[Subcommand, ...]:
+        return (Subcommand("k8s", "tfrun k8s --image IMG [...]     (a JobSet/TFJob manifest)",
+                           _run_k8s),)
+
+    def run(self, plan):
+        raise ConfigError("Kubernetes runs a manifest, not a launch", expected="tfrun k8s ...",
+                          fix="Print the manifest with tfrun k8s and kubectl apply it",
+                          received="a launch on the kubernetes engine")
+
+
+# --------------------------------------------------------------------------- tfrun k8s
+
+
+def _build_k8s_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfrun k8s",
+        usage="tfrun k8s --image IMAGE [options] [topology flags] (script.py | -m module) [args]\n"
+              "       tfrun k8s --check job.yaml",
+        description="Print a Kubernetes manifest for a tfrun cluster: a JobSet (default) or a "
+                    "TFJob. Every pod runs the script through tfrun's bootstrap, which makes "
+                    "TF_CONFIG from what JobSet gives the pod (TFJob: the operator's, normalised).",
+        epilog="examples:\n"
+               "  tfrun k8s --image registry/train:1 --workers 2 train.py > job.yaml\n"
+               "  kubectl apply -f job.yaml\n"
+               "  tfrun k8s --check job.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_topology_flags(parser)
+    parser.add_argument("--check", default=None, metavar="FILE",
+                        help="check a JobSet/TFJob manifest offline (exit 2 with the reason)")
+    parser.add_argument("--image", default=None, help="container image with the script, "
+                        "TensorFlow and tfrun")
+    parser.add_argument("--kind", choices=("jobset", "tfjob"), default="jobset",
+                        help="jobset (default, jobset.x-k8s.io) or tfjob (kubeflow.org/v1)")
+    parser.add_argument("--name", default=None, help="job name (default: from the script)")
+    parser.add_argument("--namespace", default=None)
+    parser.add_argument("--port", type=int, default=2222, help="TensorFlow port in every pod")
+    parser.add_argument("--cpu", default=None, help="CPU per task, e.g. 4")
+    parser.add_argument("--memory", default=None, help="memory per task, e.g. 8Gi")
+    parser.add_argument("--gpus-per-task", type=non_negative_int, default=0)
+    parser.add_argument("--max-restarts", type=non_negative_int, default=0,
+                        help="gang restarts (JobSet failurePolicy.maxRestarts; TFJob backoffLimit)")
+    parser.add_argument("--keras", choices=("3", "2"), default="3")
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--roles", choices=("auto", "script"), default="auto")
+    parser.add_argument("--env", action="append", default=None, metavar="NAME=VALUE",
+                        help="an environment variable for every pod (repeatable)")
+    parser.add_argument("--python", default="python", help="the Python in the image")
+    parser.add_argument("-m", dest="module", default=None, help="run a module, like python -m")
+    parser.add_argument("target", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def _default_job_name(target: str) -> str:
+    stem = target.rsplit("/", 1)[-1].removesuffix(".py").rsplit(".", 1)[-1]
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")
+    return (name if name[:1].isalpha() else f"tf-{name}")[:40].rstrip("-") or "tfrun-job"
+
+
+def _run_k8s(argv: Sequence[str], parse_launch=None) -> int:
+    """``tfrun k8s ...``: print a manifest, or check one (``--check``)."""
+    parser = _build_k8s_parser()
+    own, module_args = split_module(parser, list(argv))
+    args = parser.parse_args(own)
+    if args.hosts is not None or args.layout != "default":
+        raise ConfigError("tfrun k8s places the tasks in pods, named by Kubernetes",
+                          expected="no --hosts/--layout", fix="Drop --hosts/--layout",
+                          received=f"--hosts {','.join(args.hosts or [])} --layout {args.layout}")
+    if args.check is not None:
+        try:
+            text = open(args.check, encoding="utf-8").read()
+        except OSError as exc:
+            raise ConfigError(f"Cannot read {args.check}: {exc.strerror}",
+                              expected="a manifest file", fix="Check the path",
+                              received=args.check) from None
+        docs = load_manifests(text, args.check)
+        if not docs:
+            raise ConfigError(f"{args.check} has no manifest in it", expected="a JobSet or TFJob",
+                              fix="Pass the file tfrun k8s wrote", received=args.check)
+        for i, doc in enumerate(docs):
+            kind = check_manifest(doc, f"{args.check} (document {i + 1})" if len(docs) > 1
+                                  else args.check)
+            print(f"{args.check}: {kind} {doc['metadata']['name']}: ok")
+        return 0
+    if args.module:
+        command = ("-m", args.module, *([args.target] if args.target else []), *args.args,
+                   *module_args)
+        target = args.module
+    elif args.target:
+        command, target = (args.target, *args.args), args.target
+    else:
+        parser.print_usage(sys.stderr)
+        raise ConfigError("No script given", expected="a script path (inside the image) or -m "
+                          "module", fix="Call e.g. tfrun k8s --image IMG train.py",
+                          received=list(argv))
+    if not args.image:
+        raise ConfigError("tfrun k8s needs --image", expected="the image that has the script, "
+                          "TensorFlow and tfrun", fix="Pass e.g. --image registry/train:1",
+                          received="no --image")
+    env = []
+    for entry in args.env or []:
+        key, sep, value = entry.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--env {entry!r} is not NAME=VALUE", expected="NAME=VALUE",
+                              fix="Pass e.g. --env WANDB_MODE=offline", received=repr(entry))
+        env.append((key, value))
+    job = K8sJob(name=args.name or _default_job_name(target), image=args.image,
+                 command=tuple(command), topology=topology_from(args), kind=args.kind,
+                 namespace=args.namespace, port=args.port, cpu=args.cpu, memory=args.memory,
+                 gpus_per_task=args.gpus_per_task, max_restarts=args.max_restarts,
+                 keras=args.keras, strategy=args.strategy, roles=args.roles, env=tuple(env),
+                 python=args.python)
+    print(render_yaml(job_manifest(job)), end="")
+    return 0

@@ -10,7 +10,7 @@ was killed, the hub exited) or stays silent for the heartbeat timeout (the netwo
 is partitioned), it stops every task -- SIGTERM, ``LOST_GRACE`` seconds, SIGKILL of
 the whole group -- and exits.
 
-Over SSH it runs as ``python -m tfrun.launch.agent``: the first message on stdin
+Over SSH it runs as ``python -m tfrun.launch.remote.agent``: the first message on stdin
 (``{"t": "hello", ...}``) gives the run directory and timeouts; every later ``start``
 carries the full ``TaskSpec``.
 """
@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__
-from ..errors import TfrunError
-from .backends.base import TaskHandle, TaskSpec
-from .backends.local import LocalBackend
-from ..contract import METRICS_LINE
-from .logs import ConsoleSink, NoiseFilter, OutputSplitter, read_chunks
+from ... import __version__
+from ...errors import TfrunError
+from ..engines.base import TaskHandle, TaskSpec
+from ..engines.local import LocalBackend
+from ...contract import METRICS_LINE
+from ..logs import ConsoleSink, NoiseFilter, OutputSplitter, read_chunks
 from .protocol import HEARTBEAT_INTERVAL, Channel, ProtocolError
 
 __all__ = ["NodeAgent", "main", "LOST_GRACE"]
@@ -202,7 +202,7 @@ class NodeAgent:
 
 
 def main() -> int:
-    """``python -m tfrun.launch.agent``: serve the SSH launcher on stdin/stdout."""
+    """``python -m tfrun.launch.remote.agent``: serve the SSH launcher on stdin/stdout."""
     # stdout is the protocol: keep it for the channel, send anything else printed here
     # (warnings, a stray print) to stderr, which ssh shows the launcher separately.
     channel_out = os.fdopen(os.dup(1), "wb")

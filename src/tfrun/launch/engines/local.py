@@ -1,4 +1,4 @@
-"""Local backend: every task is a child process on this machine.
+"""The local engine: every task is a child process on this machine.
 
 Each task is started in its own session (so its own process group); stopping a task
 signals the whole group, which reaches anything the task started too. Where cgroup v2
@@ -9,14 +9,14 @@ groups and cgroups and SIGKILLs them if the process that owns this backend dies 
 closing it (SIGKILL, crash). Output (stdout and stderr merged, so their order is kept)
 is returned as a pipe.
 
-The same backend runs a node's tasks inside a remote agent (``tfrun.launch.agent``);
+The same backend runs a node's tasks inside a remote agent (``tfrun.launch.remote.agent``);
 there it also holds each task's ports (``hold_ports=True``) until the task exits, as the
 launcher does for local runs before it plans the cluster.
 """
 
 from __future__ import annotations
 
-from ... import contract
+import argparse
 import itertools
 import os
 import shutil
@@ -26,18 +26,27 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
+from ... import contract
+from ...cluster import ClusterPlan, TaskId, parse_address
 from ...errors import ConfigError
+from .. import cgroups, run
 from ..cgroups import TaskCgroups
+from ..config import NETWORK_MODES
+from ..devices import describe_shares, share_devices, visible_gpus
+from ..netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
+from ..ports import PortReservation
+from ..rundir import run_dir_for
+from ..specs import spec_factory
 from ..policy import exit_code_of
 from ..ports import hold_port
-from .base import CONTROLLED_ENV, Backend, TaskHandle, TaskSpec
+from .base import CONTROLLED_ENV, Backend, Engine, TaskHandle, TaskSpec
 
-if TYPE_CHECKING:
-    from ..netns import PrivateNetwork
+__all__ = ["LocalBackend", "LocalEngine", "MAX_LOCAL_TASKS", "training_done_marker"]
 
-__all__ = ["LocalBackend", "training_done_marker"]
+#: More local tasks than this is a typo (each is a TensorFlow process on this machine).
+MAX_LOCAL_TASKS = 256
 
 
 def training_done_marker(run_dir: str | Path) -> Path:
@@ -251,3 +260,140 @@ class LocalBackend(Backend):
             marker = training_done_marker(run_dir)
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(str(time.time()))
+
+
+class LocalEngine(Engine):
+    """Every task on this machine: its own process group (and cgroup where allowed), GPUs and
+    CPUs split among the tasks, and, for a cluster, a private network when possible."""
+
+    name = "local"
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("local clusters")
+        group.add_argument("--network", choices=NETWORK_MODES, default="auto",
+                           help="auto (default) runs the tasks in a private network namespace, "
+                                "unreachable from other machines, when possible (needs "
+                                "slirp4netns), else warns; private: require it; host: opt out")
+
+    @classmethod
+    def config_values(cls, args: argparse.Namespace, environ) -> dict:
+        return {"network": args.network}
+
+    @classmethod
+    def selects(cls, config) -> bool:
+        return True  # last in the registry: what no other engine takes runs here
+
+    def run(self, plan: ClusterPlan):
+        config, console = self.config, self.console
+        multi = len(plan.tasks) > 1
+        if len(plan.tasks) > MAX_LOCAL_TASKS:
+            raise ConfigError(f"A local cluster of {len(plan.tasks)} tasks would start "
+                              f"{len(plan.tasks)} TensorFlow processes on this machine",
+                              expected=f"at most {MAX_LOCAL_TASKS} local tasks",
+                              fix="Use fewer --workers, or spread them with --hosts",
+                              received=f"{len(plan.tasks)} tasks")
+        held: list = []
+        held_cgroups: cgroups.TaskCgroups | None = None
+        # Before anything is made: too few GPUs/CPUs for what was asked is a ConfigError.
+        shares = share_devices(plan.tasks, gpus=visible_gpus(), cpus=sorted(os.sched_getaffinity(0)),
+                               gpus_per_task=_whole(config.gpus_per_task),
+                               cpus_per_task=_whole(config.cpus_per_task),
+                               ps_cluster=bool(plan.cluster.ps))
+        network = _open_network(config, console) if multi else None
+        try:
+            if network is not None:
+                # The planned ports (--base-port, +1, ...; explicit localhost:PORT as given) are
+                # free there: nothing else lives in the namespace, so nothing to reserve.
+                where = (f"private (tasks see only each other; this machine's 127.0.0.1 is "
+                         f"{HOST_LOOPBACK} to them)")
+            elif multi:
+                explicit: set[TaskId] = set()
+                if config.hosts is not None and config.layout == "default":
+                    # Default layout: host entries map 1:1, in order, to the training tasks.
+                    explicit = {t for t, h in zip(plan.cluster.tasks(), config.hosts)
+                                if parse_address(h)[1] is not None}
+                plan, held = _reserve(plan, explicit)
+                where = "host (TensorFlow servers reachable on every interface)"
+            else:
+                where = "host (single task: no TensorFlow server)"
+            with run_dir_for(config) as locked:
+                run_dir = locked.path
+                run.write_config(config, plan, run_dir, multi)
+                # Made before the banner, so that it reports the containment the tasks get.
+                task_cgroups = held_cgroups = cgroups.TaskCgroups.create()
+                console.info(run.resolved_block(config, plan, run_dir, multi, network=where,
+                                                containment=_containment(task_cgroups),
+                                                placement=describe_shares(shares)))
+                backend = LocalBackend(network=network, cgroups=task_cgroups)
+                make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=False,
+                                         task_env={t: s.env() for t, s in shares.items()})
+                return run.supervise(config, plan, run_dir, {t: backend for t in plan.tasks},
+                                     make_spec, console, self.started)
+        finally:
+            _release(held)
+            if held_cgroups is not None:
+                held_cgroups.close()  # nothing left if the backend never took it over
+            if network is not None:
+                network.close()
+
+
+def _reserve(plan: ClusterPlan, explicit: set[TaskId]) -> tuple[ClusterPlan, list]:
+    """Hold a port for every training task; explicit ``localhost:PORT`` entries are held as given."""
+    addresses = plan.cluster.addresses()
+    held: list = []
+    try:
+        for task in sorted(explicit):
+            port = parse_address(addresses[task])[1]
+            try:
+                held.append(hold_port(port))
+            except OSError as exc:
+                raise ConfigError(f"Port {port} for {task} is not free ({exc.strerror})",
+                                  expected="a free port", fix="Pick another port or omit it "
+                                  "to let tfrun reserve one", received=addresses[task]) from None
+        free = [t for t in plan.cluster.tasks() if t not in explicit]
+        reservation = PortReservation.reserve(len(free))
+        held.append(reservation)
+        return plan.with_ports(dict(zip(free, reservation.ports))), held
+    except BaseException:
+        _release(held)
+        raise
+
+
+def _open_network(config, console) -> PrivateNetwork | None:
+    """The private network for a local cluster, or None (opted out, or impossible: warned)."""
+    if config.network == "host":
+        return None
+    try:
+        return PrivateNetwork.create()
+    except NetworkUnavailable as exc:
+        why = str(exc)
+    if config.network == "private":
+        raise ConfigError(f"--network private: cannot make a private network here: {why}",
+                          expected="network namespaces allowed and slirp4netns installed",
+                          fix="Install slirp4netns (apt-get install slirp4netns) and allow "
+                              "namespaces, or pass --network host to run without one",
+                          received=why)
+    console.info("WARNING: " + "\n".join([
+        f"no private network for this run ({why}).",
+        "Its TensorFlow servers listen on every interface of this machine, unauthenticated:",
+        "anyone who can reach this machine can run TensorFlow operations in its tasks.",
+        "Fix: install slirp4netns (apt-get install slirp4netns); pass --network host to accept",
+        "this and silence the warning."]))
+    return None
+
+
+def _whole(count: float | None) -> int | None:
+    return None if count is None else int(count)  # LaunchConfig checked it is whole
+
+
+def _release(held: list) -> None:
+    for item in held:
+        item.close()
+
+
+def _containment(task_cgroups: cgroups.TaskCgroups | None) -> str:
+    if task_cgroups is not None:
+        return "process group + cgroup per task (helpers that call setsid() die with it)"
+    return ("process group per task (no writable cgroup v2 here: a helper that calls "
+            "setsid() can outlive its task; run as root to contain it)")

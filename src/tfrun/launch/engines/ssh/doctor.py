@@ -25,13 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from ..cluster import ClusterPlan, parse_address
-from ..errors import ConfigError
-from .backends.ssh import ssh_command
-from .config import LaunchConfig
-from .logs import ConsoleSink
-from .rendezvous import LOOPBACK_NAMES, distinct_hosts
-from .specs import task_hosts
+from ....cluster import ClusterPlan, parse_address
+from ....errors import ConfigError
+from .command import ssh_command
+from ...config import LaunchConfig
+from ...logs import ConsoleSink
+from ...rendezvous import LOOPBACK_NAMES, distinct_hosts
+from ...specs import task_hosts
 
 __all__ = ["HostReport", "check_hosts", "preflight", "PACKAGES"]
 

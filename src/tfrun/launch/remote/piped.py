@@ -1,7 +1,7 @@
 """Node agents started by a command whose stdin/stdout carry the agent protocol.
 
-``ssh host python -m tfrun.launch.agent`` (SSH launch) and ``srun --nodelist=host ...
-python -m tfrun.launch.agent`` (Slurm launch) differ only in that command: this base
+``ssh host python -m tfrun.launch.remote.agent`` (SSH launch) and ``srun --nodelist=host ...
+python -m tfrun.launch.remote.agent`` (Slurm launch) differ only in that command: this base
 class starts one per host, speaks ``protocol.Channel`` over its pipes, shows what the
 command prints on stderr (prefixed ``[ssh host]`` / ``[srun host]``) and reconnects a
 lost host at the next gang restart. Subclasses give ``agent_argv(host)``.
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Sequence
 
 from ..logs import ConsoleSink
-from ..protocol import Channel
-from ._links import NodeLink, RemoteBackend
-from .base import TaskSpec
+from .protocol import Channel
+from .links import NodeLink, RemoteBackend
+from ..engines.base import TaskSpec
 
 __all__ = ["PipedAgentBackend"]
 
@@ -45,7 +45,7 @@ class PipedAgentBackend(RemoteBackend):
         self._ending = False
 
     def agent_argv(self, host: str) -> list[str]:
-        """The command that runs ``python -m tfrun.launch.agent`` on ``host``."""
+        """The command that runs ``python -m tfrun.launch.remote.agent`` on ``host``."""
         raise NotImplementedError
 
     def open(self, run_dir: Path) -> None:

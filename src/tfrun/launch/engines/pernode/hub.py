@@ -16,16 +16,16 @@ that connects here can make a node run anything else.
 
 from __future__ import annotations
 
-from ... import contract
 import socket
 import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ...errors import ConfigError
-from ..logs import ConsoleSink
-from ..protocol import Channel, ProtocolError
-from ._links import NodeLink, RemoteBackend
+from .... import contract
+from ....errors import ConfigError
+from ...logs import ConsoleSink
+from ...remote.protocol import Channel, ProtocolError
+from ...remote.links import NodeLink, RemoteBackend
 
 __all__ = ["HubBackend", "HELLO_TIMEOUT"]
 

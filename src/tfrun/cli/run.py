@@ -1,0 +1,189 @@
+"""``tfrun [options] script.py [args]``: argparse -> LaunchConfig -> launch().
+
+Every flag can also be set in the environment (``contract.flag_variable``: ``--join-timeout``
+reads ``contract.flag_variable('join_timeout')``); the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from .. import contract
+from ..errors import ConfigError
+from ..in_task.heap import DEFAULT_THRESHOLD
+from ..launch.config import KERAS_FLAVOURS, ROLE_MODES, STRATEGIES, LaunchConfig
+from ..launch.engines import ENGINES, backend_choices, check_options, subcommands
+from ..launch.options import (add_topology_flags, apply_env_defaults, non_negative_float,
+                              non_negative_int, port, positive_float, split_hosts, split_module,
+                              topology_from)
+
+__all__ = ["build_launch_parser", "config_from_args", "run_launch"]
+
+
+def _color(text: str) -> bool | None:
+    return {"auto": None, "always": True, "never": False}[text]
+
+
+def build_launch_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfrun",
+        usage="\n       ".join([
+            "tfrun [options] (script.py | -m module) [script args]",
+            "tfrun config [options]          (TF_CONFIG of every task)",
+            *(sub.usage for sub in subcommands().values()),
+            "tfrun bench [--workers 1,2] script.py  (speedup table)",
+            "tfrun report RUN_DIR [RUN_DIR ...]     (runs side by side)"]),
+        description="Run a distributed TensorFlow/Keras training: every task of the cluster is "
+                    "started (on this machine, over SSH, in a Slurm allocation or on Ray), "
+                    "supervised, logged and cleaned up.",
+        epilog="examples:\n"
+               "  tfrun --workers 2 examples/mnist_mlp.py\n"
+               "  tfrun --chief --workers 2 --ps 1 examples/ps_training.py\n"
+               "  tfrun --devices 2 --strategy mirrored train.py --epochs 3\n"
+               "  tfrun --backend ray --workers 2 train.py\n"
+               f"every flag also reads {contract.ENV_PREFIX}<FLAG> (e.g. {contract.MAX_RESTARTS}=2)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_topology_flags(parser)
+    run = parser.add_argument_group("run")
+    run.add_argument("-m", dest="module", default=None, help="run a module, like python -m")
+    run.add_argument("--max-restarts", type=non_negative_int, default=0,
+                     help="restart the whole group up to K times on failure (default 0)")
+    run.add_argument("--max-worker-restarts", type=non_negative_int, default=3,
+                     help="parameter-server workers that die are restarted alone up to N times "
+                          "each (default 3)")
+    run.add_argument("--join-timeout", type=positive_float, default=300.0,
+                     help="seconds for every task's TensorFlow server to come up (default 300)")
+    run.add_argument("--stop-grace", type=positive_float, default=10.0,
+                     help="seconds between SIGTERM and SIGKILL when stopping tasks (default 10)")
+    run.add_argument("--hang-timeout", type=positive_float, default=None, metavar="SECONDS",
+                     help="after the cluster forms, fail the run when a chief/worker prints "
+                          "nothing for this long, naming it and dumping its Python stacks "
+                          "(default: off; set it above the longest silent stretch, e.g. an "
+                          "epoch with verbose=2)")
+    run.add_argument("--evaluator-grace", type=positive_float, default=30.0,
+                     help="seconds the evaluator may keep running after training (default 30)")
+    run.add_argument("--run-dir", default=None,
+                     help="run directory (default runs/<time>-<name>)")
+    run.add_argument("--name", default=None, help="run name (default: the script's name)")
+    hosts = parser.add_argument_group(
+        "several machines", "with --hosts naming other machines, tfrun starts each host's tasks "
+        "over ssh; with --node-rank, run tfrun on every machine and it starts that machine's")
+    hosts.add_argument("--base-port", type=port, default=2222,
+                       help="first TensorFlow port on each named host (default 2222)")
+    hosts.add_argument("--run-id", default=None,
+                       help="run directory name, the same on every node (default: slurm-<job id> "
+                            "in a per-node Slurm launch, else <time>-<name>)")
+    hosts.add_argument("--python", default=sys.executable,
+                       help="Python on every host (default: this one's path, %(default)s)")
+    hosts.add_argument("--env", action="append", default=None, metavar="NAME[=VALUE]",
+                       dest="forward_env",
+                       help="also give tasks on other hosts this variable (TF_*, KERAS_*, "
+                            "PYTHONPATH, ... are forwarded anyway)")
+    hosts.add_argument("--heartbeat-timeout", type=positive_float, default=10.0,
+                       help="seconds of silence after which another host counts as lost "
+                            "(default 10)")
+    explicit = [engine.name for engine in ENGINES if engine.explicit]
+    hosts.add_argument("--backend", choices=backend_choices(), default="auto",
+                       help="auto (default): the engine follows from the other flags (local, "
+                            "ssh, per-node, Slurm); " + ", ".join(explicit)
+                            + ": chosen by name only")
+    for engine in ENGINES:
+        engine.add_arguments(parser)
+    devices = parser.add_argument_group(
+        "devices per task", "local tasks get their own GPUs/CPUs; with --backend ray, the "
+        "resources Ray reserves for each task (fractions allowed)")
+    devices.add_argument("--cpus-per-task", type=non_negative_float, default=None, metavar="C",
+                         help="pin each local task to C CPUs of its own, TF threads to match; "
+                              "0: tasks share every CPU (default: an even split for a "
+                              "MultiWorkerMirrored cluster with a CPU per task, else shared; "
+                              "Ray: 1)")
+    devices.add_argument("--gpus-per-task", type=non_negative_float, default=None, metavar="G",
+                         help="give each training task G GPUs of its own via "
+                              "CUDA_VISIBLE_DEVICES; 0: none (default: one per training "
+                              "task when the machine has enough; Ray: 0)")
+    tf = parser.add_argument_group("tensorflow")
+    tf.add_argument("--strategy", choices=STRATEGIES, default="auto",
+                    help="strategy tfrun.strategy() builds (default auto: from the topology)")
+    tf.add_argument("--keras", choices=KERAS_FLAVOURS, default="3",
+                    help="3: Keras 3 (default); 2: tf_keras (sets TF_USE_LEGACY_KERAS=1)")
+    tf.add_argument("--devices", type=non_negative_int, default=None,
+                    help="split the CPU into N logical devices (Mirrored/CentralStorage on any machine)")
+    tf.add_argument("--comm", default=None, metavar="OPTIONS",
+                    help="collective all-reduce options for MultiWorkerMirroredStrategy: "
+                         "auto|shm|ring|nccl, pack=SIZE, timeout=SECONDS, e.g. 'ring,pack=4MB'; "
+                         "auto (default): shared memory when every worker is on one host, "
+                         "TensorFlow's collectives otherwise")
+    tf.add_argument("--mmap-threshold", default=DEFAULT_THRESHOLD, metavar="SIZE",
+                    help="glibc's mmap threshold in every task (default 32M); 'tf' keeps the "
+                         "128K TensorFlow's tf.data pins, under which every large MatMul buffer "
+                         "is a fresh, page-faulted mmap (see tfrun.in_task.heap)")
+    tf.add_argument("--roles", choices=ROLE_MODES, default="auto",
+                    help="auto: with ps, tfrun runs ps/workers as servers and the script on the "
+                         "chief; script: every task runs the script (seed-001 convention)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--show", default=None, metavar="TASKS",
+                     help="only show these tasks on the console, e.g. 'chief,worker:0'")
+    out.add_argument("--quiet-tasks", action="store_true", default=False,
+                     help="show no task output on the console (log files keep everything)")
+    out.add_argument("--tf-noise", action="store_true", default=False,
+                     help="also show TensorFlow start-up noise (oneDNN, CUDA, absl) on the console")
+    out.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    out.add_argument("--tensorboard", action="store_true", default=False,
+                     help="serve TensorBoard on the run dir's tensorboard/ (where "
+                          "tfrun.tensorboard_dir() points) on 127.0.0.1 while the run lasts")
+    parser.add_argument("target", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = None,
+                     *, script_required: bool = True) -> LaunchConfig:
+    parser = build_launch_parser()
+    apply_env_defaults(parser, os.environ if environ is None else environ)
+    own, module_args = split_module(parser, list(argv))
+    args = parser.parse_args(own)
+    if args.module:
+        entrypoint = ("module", args.module)
+        script_args = ([args.target] if args.target else []) + list(args.args) + module_args
+    elif args.target:
+        entrypoint = ("script", args.target)
+        script_args = list(args.args)
+    elif not script_required:
+        entrypoint, script_args = ("module", "tfrun"), []
+    else:
+        parser.print_usage()
+        raise ConfigError("No script given", expected="a script path or -m module",
+                          fix="Call e.g. 'tfrun --workers 2 train.py'", received=list(argv))
+    env = os.environ if environ is None else environ
+    engine_values: dict = {}
+    for engine in ENGINES:
+        engine_values.update(engine.config_values(args, env))
+    values = dict(
+        base_port=args.base_port, run_id=args.run_id,
+        python=args.python, forward_env=tuple(args.forward_env or ()),
+        heartbeat_timeout=args.heartbeat_timeout, backend=args.backend,
+        cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task,
+        entrypoint=entrypoint, script_args=tuple(script_args), topology=topology_from(args),
+        hosts=tuple(args.hosts) if args.hosts else None, layout=args.layout,
+        run_dir=args.run_dir, name=args.name, max_restarts=args.max_restarts,
+        max_worker_restarts=args.max_worker_restarts,
+        join_timeout=args.join_timeout, stop_grace=args.stop_grace,
+        hang_timeout=args.hang_timeout,
+        evaluator_grace=args.evaluator_grace, show=args.show, quiet_tasks=args.quiet_tasks,
+        tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,
+        tensorboard=args.tensorboard,
+        keras=args.keras, devices=args.devices, roles=args.roles, comm=args.comm,
+        mmap_threshold=args.mmap_threshold,
+    )
+    config = LaunchConfig(**{**values, **engine_values})
+    check_options(config)  # a bad or misplaced engine flag fails here, before anything runs
+    return config
+
+
+def run_launch(argv: Sequence[str]) -> int:
+    from ..launch import launch
+
+    return launch(config_from_args(argv))

@@ -1,0 +1,220 @@
+"""The two interfaces of an engine: ``Engine`` (one run) and ``Backend`` (its tasks).
+
+``Engine`` is what the launcher and the CLI see. The registry (``engines/__init__.py``)
+lists every engine once; the CLI asks each for its flags (``add_arguments``,
+``config_values``) and subcommands, ``launch`` asks each to ``resolve`` the config (a
+Slurm allocation places the cluster on its nodes), picks the first that ``selects`` it,
+has every engine ``check`` it (flags that do not apply are refused there), and calls the
+chosen engine's ``run``: place the tasks, make the run dir, start one ``Backend`` per task
+host, and hand them to the Supervisor (``launch/run.py`` holds the shared steps).
+
+``Backend`` is what the Supervisor talks to: start a task (its merged output stream comes
+back), poll it, signal its whole process tree, release it. Nothing in it is specific to
+this machine: a task is described by a ``TaskSpec`` (what to run, with which environment,
+on which host, holding which ports), and a ``TaskHandle`` is an opaque ticket. How a
+backend makes a task's whole process tree die (a process group and a reaper here, an
+agent over SSH or srun, a Ray actor) is its own business.
+
+    >>> spec = TaskSpec(task=TaskId("worker", 1), argv=("python", "-m", "tfrun.in_task.bootstrap", "t.py"),
+    ...                 env={"TF_CONFIG": "{}"}, host="node-2", ports=(2222,))
+    >>> spec.task, spec.host
+    (TaskId(role='worker', index=1), 'node-2')
+"""
+
+from __future__ import annotations
+
+import abc
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from ... import contract
+from ...cluster import TaskId
+from ..rendezvous import probe_address
+
+__all__ = ["CONTROLLED_ENV", "Backend", "Engine", "LaunchParser", "Subcommand", "TaskHandle", "TaskSpec"]
+
+#: Variables tfrun decides for every task: a backend removes them from the environment it
+#: starts from, then sets those the spec gives (so e.g. a stale TF_CONFIG never leaks in).
+CONTROLLED_ENV = contract.CONTROLLED
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything needed to start one task, wherever it runs.
+
+    ``env`` is what tfrun sets (TF_CONFIG, tfrun's own (tfrun.contract), forwarded variables) on top of the
+    environment the task's host gives; ``ports`` are the ports the task's TensorFlow
+    server will bind, which a remote backend holds on the task's host until then.
+    """
+
+    task: TaskId
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    host: str | None = None          # None: this machine
+    cwd: str | None = None
+    ports: tuple[int, ...] = ()
+    run_dir: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"task": str(self.task), "argv": list(self.argv), "env": dict(self.env),
+                "host": self.host, "cwd": self.cwd, "ports": list(self.ports),
+                "run_dir": self.run_dir}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> TaskSpec:
+        role, index = str(data["task"]).split(":")
+        return cls(task=TaskId(role, int(index)), argv=tuple(data["argv"]), env=dict(data["env"]),
+                   host=data.get("host"), cwd=data.get("cwd"), ports=tuple(data.get("ports", ())),
+                   run_dir=data.get("run_dir"))
+
+
+@dataclass
+class TaskHandle:
+    """A started task. ``where`` says where it runs, for messages ("pid 42 on node-2")."""
+
+    task: TaskId
+    host: str | None = None
+    pid: int | None = None
+    #: why the task ended when its exit code alone does not say (e.g. "connection lost")
+    note: str | None = field(default=None)
+
+    @property
+    def where(self) -> str:
+        pid = f"pid {self.pid}" if self.pid is not None else "not started yet"
+        return f"{pid} on {self.host}" if self.host else pid
+
+
+class Backend(abc.ABC):
+    name: str = "abstract"
+
+    def open(self, run_dir: Path) -> None:
+        """Prepare for a run (start watchdogs, connect to hosts). Default: nothing."""
+
+    def close(self, exit_code: int = 1, message: str = "") -> None:
+        """Release everything ``open`` made; every task must be gone afterwards.
+
+        ``exit_code``/``message`` say how the run ended (a per-node agent exits with them).
+        """
+
+    @abc.abstractmethod
+    def start(self, spec: TaskSpec) -> tuple[TaskHandle, IO[bytes]]:
+        """Start one task; return its handle and its merged stdout/stderr stream."""
+
+    @abc.abstractmethod
+    def poll(self, handle: TaskHandle) -> int | None:
+        """None while running, else the exit code (shell convention: signal n -> 128+n)."""
+
+    @abc.abstractmethod
+    def signal(self, handle: TaskHandle, sig: int) -> None:
+        """Send ``sig`` to the task's whole process tree (no error if already gone)."""
+
+    @abc.abstractmethod
+    def release(self, handle: TaskHandle) -> None:
+        """The task is over: make sure nothing of it is left and forget it."""
+
+    def mark_training_done(self) -> None:
+        """Tell every task's host that training is done (``tfrun.training_done()``)."""
+
+    def probe(self, address: str, timeout: float = 1.0) -> bool:
+        """Whether a task's server accepts connections at ``address`` yet (join detection),
+        seen from where this backend's tasks can be reached. Default: connect from here."""
+        return probe_address(address, timeout)
+
+    def problems(self) -> list[str]:
+        """Why tasks may not have started (e.g. a node that never connected), for messages."""
+        return []
+
+
+#: How a subcommand turns tfrun's launch flags into a LaunchConfig (the CLI passes its own
+#: parser in, so that no engine imports the CLI): ``parse(argv, environ, script_required)``.
+LaunchParser = Callable[..., "LaunchConfig"]
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """``tfrun NAME ...``, contributed by an engine (``tfrun slurm``, ``tfrun k8s``).
+
+    ``run(argv, parse_launch)`` returns the exit code; ``usage`` is its line in ``tfrun -h``.
+    """
+
+    name: str
+    usage: str
+    run: Callable[[Sequence[str], LaunchParser], int]
+
+
+class Engine(abc.ABC):
+    """One way of running a launch's tasks: local processes, SSH, per-node, Slurm, Ray.
+
+    Class-level hooks (no run yet) serve the CLI and the choice of engine; an instance runs
+    one launch. Every hook has a harmless default, so an engine states only what it adds.
+
+        >>> class Nowhere(Engine):
+        ...     name = "nowhere"
+        ...     def run(self, plan): raise NotImplementedError
+        >>> Nowhere.selects(None), Nowhere.subcommands()
+        (False, ())
+    """
+
+    #: the engine's name in messages and ``launch_mode``
+    name: str = "abstract"
+    #: chosen only by ``--backend NAME``, never from the other flags
+    explicit: bool = False
+    #: whether the script is checked on this machine before anything starts (an engine
+    #: whose tasks run elsewhere from another copy of it checks it there instead)
+    checks_entrypoint_locally: bool = True
+    #: whether the engine's scheduler reserves CPUs/GPUs per task (fractions allowed);
+    #: otherwise they are this machine's, split among its local tasks
+    reserves_devices: bool = False
+    #: False for an engine that only writes what another system runs (Kubernetes manifests)
+    runs_tasks: bool = True
+
+    # ---- command line ---------------------------------------------------------------
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add this engine's own flags (a group of their own) to tfrun's launch parser."""
+
+    @classmethod
+    def config_values(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> dict:
+        """LaunchConfig fields from this engine's flags (and what its environment implies)."""
+        return {}
+
+    @classmethod
+    def subcommands(cls) -> tuple[Subcommand, ...]:
+        return ()
+
+    # ---- choosing ------------------------------------------------------------------
+    @classmethod
+    def resolve(cls, config: "LaunchConfig", environ: Mapping[str, str]) -> "LaunchConfig":
+        """The config with what this engine's surroundings decide filled in. Default: as is."""
+        return config
+
+    @classmethod
+    def selects(cls, config: "LaunchConfig") -> bool:
+        """Whether this engine runs ``config`` (the registry asks in its order)."""
+        return False
+
+    @classmethod
+    def check(cls, config: "LaunchConfig", chosen: bool) -> None:
+        """Raise ConfigError for this engine's options that are bad, or set where they do
+        not apply (``chosen``: whether this engine runs the launch)."""
+
+    # ---- running -------------------------------------------------------------------
+    def __init__(self, config: "LaunchConfig", console, started: float) -> None:
+        self.config, self.console, self.started = config, console, started
+
+    @property
+    def leads(self) -> bool:
+        """Whether this process supervises the run (False: a node that ``follow``s one)."""
+        return True
+
+    def follow(self, plan) -> int:
+        """Run this machine's part of a run another process supervises; the exit code."""
+        raise NotImplementedError(f"the {self.name} engine always leads its runs")
+
+    @abc.abstractmethod
+    def run(self, plan) -> "RunResult":
+        """Place and start every task of ``plan``, supervise them to the end, return the
+        result (the run dir, summary and report written)."""

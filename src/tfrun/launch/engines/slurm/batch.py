@@ -1,0 +1,102 @@
+"""``tfrun slurm --nodes N [...] [tfrun args]``: a ready batch script for sbatch.
+
+The script asks for whole nodes (or ``--cpus-per-node``) and holds one line: the tfrun
+command as given, which places the cluster on the allocation when the job runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Sequence
+
+from ....errors import ConfigError
+from ...options import non_negative_int
+
+__all__ = ["run_sbatch_script", "sbatch_script"]
+
+
+def _build_sbatch_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfrun slurm",
+        usage="tfrun slurm --nodes N [--time T] [--partition P] [--gpus-per-node G] "
+              "[--cpus-per-node C] [--job-name NAME] [tfrun options] script.py [args]",
+        description="Print a ready sbatch script: the directives and the one tfrun line. "
+                    "These options come first; everything after them is the tfrun line.",
+        epilog="example:\n  tfrun slurm --nodes 2 --time 1:00:00 examples/mnist_mlp.py > job.sh"
+               " && sbatch job.sh",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=non_negative_int, required=True)
+    parser.add_argument("--time", default=None, help="wall-clock limit, e.g. 1:00:00")
+    parser.add_argument("--partition", default=None)
+    parser.add_argument("--gpus-per-node", type=non_negative_int, default=None)
+    parser.add_argument("--cpus-per-node", type=non_negative_int, default=None,
+                        help="CPUs per node (default: --exclusive, the whole node)")
+    parser.add_argument("--job-name", default=None, help="default: the script's name")
+    parser.add_argument("--output", default="slurm-%j.out", help="default slurm-%%j.out")
+    return parser
+
+
+def run_sbatch_script(argv: Sequence[str], parse_launch) -> int:
+    """Print a batch script for sbatch; ``parse_launch`` checks the tfrun line."""
+    parser = _build_sbatch_parser()
+    own_flags = {s for a in parser._actions for s in a.option_strings}
+    argv = list(argv)
+    split = 0
+    while split < len(argv):
+        flag = argv[split].split("=", 1)[0]
+        if flag in ("-h", "--help"):
+            parser.parse_args(["--help"])
+        if flag not in own_flags:
+            break
+        split += 1 if "=" in argv[split] else 2
+    args = parser.parse_args(argv[:split])
+    tfrun_args = argv[split:]
+    # The tfrun line must be valid where the job runs: check it now, as tfrun will read it
+    # (outside any allocation, so Slurm defaults do not apply here).
+    config = parse_launch(tfrun_args, environ={})
+    print(sbatch_script(nodes=args.nodes, tfrun_args=tfrun_args,
+                        job_name=args.job_name or config.display_name, time=args.time,
+                        partition=args.partition, gpus_per_node=args.gpus_per_node,
+                        cpus_per_node=args.cpus_per_node, output=args.output), end="")
+    return 0
+
+
+def sbatch_script(*, nodes: int, tfrun_args: Sequence[str], job_name: str,
+                  time: str | None = None, partition: str | None = None,
+                  gpus_per_node: int | None = None, cpus_per_node: int | None = None,
+                  output: str = "slurm-%j.out") -> str:
+    """A ready batch script: the directives and the one tfrun line.
+
+    >>> print(sbatch_script(nodes=2, tfrun_args=["train.py"], job_name="train"))
+    #!/bin/bash
+    #SBATCH --job-name=train
+    #SBATCH --nodes=2
+    #SBATCH --ntasks-per-node=1
+    #SBATCH --exclusive
+    #SBATCH --output=slurm-%j.out
+    # tfrun places the cluster on the allocated nodes (srun starts one agent per node)
+    # and exits with the failing task's exit code.
+    tfrun train.py
+    <BLANKLINE>
+    """
+    if nodes < 1:
+        raise ConfigError("--nodes must be at least 1", expected="a number of nodes >= 1",
+                          fix="Pass e.g. --nodes 2", received=nodes)
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nodes}",
+             "#SBATCH --ntasks-per-node=1"]
+    if cpus_per_node is not None:
+        lines.append(f"#SBATCH --cpus-per-task={cpus_per_node}")
+    else:
+        lines.append("#SBATCH --exclusive")  # the whole node: TensorFlow uses every core
+    if gpus_per_node is not None:
+        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    if time:
+        lines.append(f"#SBATCH --time={time}")
+    lines.append(f"#SBATCH --output={output}")
+    lines += ["# tfrun places the cluster on the allocated nodes (srun starts one agent per node)",
+              "# and exits with the failing task's exit code.",
+              "tfrun " + " ".join(shlex.quote(a) for a in tfrun_args), ""]
+    return "\n".join(lines)
