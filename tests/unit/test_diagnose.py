@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from tfrun.cluster import TaskId
-from tfrun.launch.diagnose import culprits
+from tfrun.launch.supervise.diagnose import culprits
 
 DATA = Path(__file__).parent / "data"
 

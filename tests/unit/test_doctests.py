@@ -10,8 +10,14 @@ import tfrun.comm
 import tfrun.errors
 import tfrun.in_task.heap
 import tfrun.launch.config
-import tfrun.launch.logs
-import tfrun.launch.policy
+import tfrun.launch.output.console
+import tfrun.launch.output.noise
+import tfrun.launch.output.splitter
+import tfrun.launch.output.tasklog
+import tfrun.launch.output.tracebacks
+import tfrun.launch.supervise.records
+import tfrun.launch.supervise.summary
+import tfrun.launch.supervise.policy
 import tfrun.launch.ports
 import tfrun.launch.options
 import tfrun.launch.run
@@ -30,8 +36,11 @@ import tfrun.in_task.isolation
 import tfrun.contract
 
 
-@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.logs,
-                                    tfrun.launch.policy, tfrun.launch.ports, tfrun.launch.options,
+@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
+                                    tfrun.launch.output.splitter, tfrun.launch.output.tasklog,
+                                    tfrun.launch.output.tracebacks, tfrun.launch.supervise.records,
+                                    tfrun.launch.supervise.summary,
+                                    tfrun.launch.supervise.policy, tfrun.launch.ports, tfrun.launch.options,
                                     tfrun.launch.run, tfrun.launch.engines, tfrun.launch.engines.base,
                                     tfrun.launch.engines.ssh.command, tfrun.launch.engines.slurm,
                                     tfrun.launch.engines.slurm.allocation,

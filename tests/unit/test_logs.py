@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from tfrun.launch.logs import ConsoleSink, is_tf_noise, last_traceback, parse_task_filter
+from tfrun.launch.output import ConsoleSink, is_tf_noise, last_traceback, parse_task_filter
 
 
 @pytest.mark.parametrize("line", [
@@ -68,7 +68,7 @@ def test_console_colour_only_when_asked():
 
 
 def test_noise_filter_hides_proto_dumps_but_not_user_lines_that_look_alike():
-    from tfrun.launch.logs import NoiseFilter
+    from tfrun.launch.output import NoiseFilter
 
     noise = NoiseFilter()
     lines = ["I0000 00:00:1795.2 29127 eager_service_impl.cc:355] SessionOptions: goo.gle/debugonly",
@@ -79,7 +79,7 @@ def test_noise_filter_hides_proto_dumps_but_not_user_lines_that_look_alike():
 
 # --------------------------------------------------------------------------- issue 12.6, 12.7, 12.9
 
-from tfrun.launch.logs import NoiseFilter, OutputSplitter  # noqa: E402
+from tfrun.launch.output import NoiseFilter, OutputSplitter  # noqa: E402
 
 KERAS_BAR = (b"Epoch 1/2\n\r\x1b[1m 1/8\x1b[0m loss: 0.9" + b"\x08" * 30 +
              b"\r\x1b[1m 4/8\x1b[0m loss: 0.7" + b"\x08" * 30 + b"\r\x1b[1m8/8\x1b[0m loss: 0.5\n")
@@ -231,7 +231,7 @@ def test_peer_crash_alarm_continuations_stop_at_the_first_other_line():
 
 def test_replaced_device_count_reads_the_task_warning():
     from tfrun.contract import DEVICES_REPLACED
-    from tfrun.launch.logs import replaced_device_count
+    from tfrun.launch.output import replaced_device_count
 
     line = (f"/tmp/own.py:9: UserWarning: {DEVICES_REPLACED}3 logical CPU device(s) itself, "
             "replacing tfrun --devices 2: this task runs with 3.")

@@ -10,7 +10,7 @@ from tfrun.in_task import metrics
 from tfrun.contract import METRICS_LINE as METRICS
 from tfrun.errors import ConfigError
 from tfrun.cli.bench import parse_bench_argv, parse_sizes, scaling_note
-from tfrun.launch.logs import ConsoleSink, TaskLogger
+from tfrun.launch.output import ConsoleSink, TaskLogger
 from tfrun.launch.runstats import compare, format_table, read_run
 
 
@@ -135,7 +135,7 @@ def test_the_task_logger_moves_records_to_the_metrics_file_and_off_the_console(t
 
 def test_resource_samples_are_no_progress_for_the_hang_watchdog(tmp_path, monkeypatch):
     clock = iter(range(100, 200))
-    monkeypatch.setattr("tfrun.launch.logs.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("tfrun.launch.output.tasklog.time.monotonic", lambda: float(next(clock)))
     logger = logger_with(tmp_path, io.StringIO())
     resources = f"{METRICS}{json.dumps({'event': 'resources', 'cpu_percent': 1.0})}\n".encode()
     logger.pump(io.BufferedReader(io.BytesIO(b"joined\n" + resources * 3))).join(5)

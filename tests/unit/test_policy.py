@@ -2,7 +2,7 @@
 
 import pytest
 
-from tfrun.launch.policy import (ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState,
+from tfrun.launch.supervise.policy import (ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState,
                                  exit_code_of)
 
 R, F, I = Decision.RESTART, Decision.FAIL, Decision.IGNORE

@@ -20,8 +20,8 @@ from ..errors import ConfigError
 from . import run
 from .config import LaunchConfig
 from .engines import ENGINES, Engine, prepare
-from .logs import ConsoleSink
-from .supervisor import RunResult
+from .output import ConsoleSink
+from .supervise import RunResult
 from .tensorboard import require_tensorboard
 
 __all__ = ["LaunchConfig", "Topology", "launch", "launch_and_report", "launch_mode"]

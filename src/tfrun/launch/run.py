@@ -25,11 +25,11 @@ from ..comm import CommOptions
 from ..errors import ConfigError
 from .config import LaunchConfig
 from .engines.base import Backend
-from .logs import LEAD_AUTO, ConsoleSink, parse_task_filter
+from .output import LEAD_AUTO, ConsoleSink, parse_task_filter
 from .redact import redact_args
 from .rundir import run_dir_for
 from .specs import spec_factory
-from .supervisor import RunResult, Supervisor, describe_result
+from .supervise import RunResult, Supervisor, describe_result
 from .tensorboard import TensorBoardServer
 
 __all__ = ["check_entrypoint", "check_show", "console_for", "plan_for", "resolved_block",

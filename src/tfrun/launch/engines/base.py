@@ -32,6 +32,7 @@ from typing import IO
 
 from ... import contract
 from ...cluster import TaskId
+from ..config import LaunchConfig
 from ..rendezvous import probe_address
 
 __all__ = ["CONTROLLED_ENV", "Backend", "Engine", "LaunchParser", "Subcommand", "TaskHandle", "TaskSpec"]
@@ -130,7 +131,7 @@ class Backend(abc.ABC):
 
 #: How a subcommand turns tfrun's launch flags into a LaunchConfig (the CLI passes its own
 #: parser in, so that no engine imports the CLI): ``parse(argv, environ, script_required)``.
-LaunchParser = Callable[..., "LaunchConfig"]
+LaunchParser = Callable[..., LaunchConfig]
 
 
 @dataclass(frozen=True)
@@ -187,22 +188,22 @@ class Engine(abc.ABC):
 
     # ---- choosing ------------------------------------------------------------------
     @classmethod
-    def resolve(cls, config: "LaunchConfig", environ: Mapping[str, str]) -> "LaunchConfig":
+    def resolve(cls, config: LaunchConfig, environ: Mapping[str, str]) -> LaunchConfig:
         """The config with what this engine's surroundings decide filled in. Default: as is."""
         return config
 
     @classmethod
-    def selects(cls, config: "LaunchConfig") -> bool:
+    def selects(cls, config: LaunchConfig) -> bool:
         """Whether this engine runs ``config`` (the registry asks in its order)."""
         return False
 
     @classmethod
-    def check(cls, config: "LaunchConfig", chosen: bool) -> None:
+    def check(cls, config: LaunchConfig, chosen: bool) -> None:
         """Raise ConfigError for this engine's options that are bad, or set where they do
         not apply (``chosen``: whether this engine runs the launch)."""
 
     # ---- running -------------------------------------------------------------------
-    def __init__(self, config: "LaunchConfig", console, started: float) -> None:
+    def __init__(self, config: LaunchConfig, console, started: float) -> None:
         self.config, self.console, self.started = config, console, started
 
     @property
@@ -215,6 +216,6 @@ class Engine(abc.ABC):
         raise NotImplementedError(f"the {self.name} engine always leads its runs")
 
     @abc.abstractmethod
-    def run(self, plan) -> "RunResult":
+    def run(self, plan):  # -> supervise.RunResult (which imports this module)
         """Place and start every task of ``plan``, supervise them to the end, return the
         result (the run dir, summary and report written)."""

@@ -39,7 +39,7 @@ from ..netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from ..ports import PortReservation
 from ..rundir import run_dir_for
 from ..specs import spec_factory
-from ..policy import exit_code_of
+from ..supervise.policy import exit_code_of
 from ..ports import hold_port
 from .base import CONTROLLED_ENV, Backend, Engine, TaskHandle, TaskSpec
 

@@ -94,7 +94,7 @@ class _TaskHost:
         return handle.pid  # type: ignore[return-value]
 
     def _read(self, stream: IO[bytes]) -> None:
-        from ..logs import read_chunks
+        from ..output import read_chunks
 
         for chunk in read_chunks(stream):  # as it comes: progress bars are not lines
             with self.lock:

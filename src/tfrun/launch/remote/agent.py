@@ -32,7 +32,7 @@ from ...errors import TfrunError
 from ..engines.base import TaskHandle, TaskSpec
 from ..engines.local import LocalBackend
 from ...contract import METRICS_LINE
-from ..logs import ConsoleSink, NoiseFilter, OutputSplitter, read_chunks
+from ..output import ConsoleSink, NoiseFilter, OutputSplitter, read_chunks
 from .protocol import HEARTBEAT_INTERVAL, Channel, ProtocolError
 
 __all__ = ["NodeAgent", "main", "LOST_GRACE"]

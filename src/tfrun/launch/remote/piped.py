@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from ..logs import ConsoleSink
+from ..output import ConsoleSink
 from .protocol import Channel
 from .links import NodeLink, RemoteBackend
 from ..engines.base import TaskSpec

@@ -34,12 +34,12 @@ from ..local import LocalBackend
 from ... import run
 from ...config import LaunchConfig
 from ...options import port
-from ...logs import ConsoleSink
+from ...output import ConsoleSink
 from ...remote.protocol import Channel, ProtocolError
 from ...rendezvous import distinct_hosts, resolve_node_rank
 from ...rundir import run_dir_for
 from ...specs import spec_factory, task_hosts
-from ...supervisor import JOIN_TIMEOUT_EXIT_CODE
+from ...supervise import JOIN_TIMEOUT_EXIT_CODE
 
 __all__ = ["PerNodeEngine", "cluster_digest", "make_hub", "run_node_agent"]
 

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from .... import contract
 from ....errors import ConfigError
-from ...logs import ConsoleSink
+from ...output import ConsoleSink
 from ...remote.protocol import Channel, ProtocolError
 from ...remote.links import NodeLink, RemoteBackend
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ...logs import ConsoleSink
+from ...output import ConsoleSink
 from ...remote.piped import PipedAgentBackend
 
 __all__ = ["SrunBackend", "srun_agent_command"]

@@ -21,7 +21,7 @@ from typing import Sequence
 from ....cluster import parse_address
 from ....errors import ConfigError
 from ... import run
-from ...logs import ConsoleSink
+from ...output import ConsoleSink
 from ...rendezvous import LOOPBACK_NAMES, distinct_hosts
 from ...specs import task_hosts
 from ..base import Engine, Subcommand

@@ -29,7 +29,7 @@ from ....cluster import ClusterPlan, parse_address
 from ....errors import ConfigError
 from .command import ssh_command
 from ...config import LaunchConfig
-from ...logs import ConsoleSink
+from ...output import ConsoleSink
 from ...rendezvous import LOOPBACK_NAMES, distinct_hosts
 from ...specs import task_hosts
 

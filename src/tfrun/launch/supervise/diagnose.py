@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from ..cluster import TaskId
+from ...cluster import TaskId
 
 __all__ = ["culprits", "TAIL_BYTES"]
 

@@ -14,6 +14,7 @@ released on exit.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import signal
@@ -22,22 +23,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cluster import ClusterPlan, TaskId
-from .engines.base import Backend, TaskHandle, TaskSpec
-from .config import LaunchConfig
-from ..contract import TF_CONFIG_REPLACED
-from .diagnose import TAIL_BYTES, culprits
-from .logs import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
+from ...cluster import ClusterPlan, TaskId
+from ..engines.base import Backend, TaskHandle, TaskSpec
+from ..config import LaunchConfig
+from ...contract import TF_CONFIG_REPLACED
+from .diagnose import culprits
+from ..output import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
-from .rendezvous import JoinProbe
+from ..rendezvous import JoinProbe
+from .records import (HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus,
+                      TaskRecord)
+from .summary import describe_code, describe_outcome, has_stack_dump, log_tail, write_summary
 
 __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Supervisor",
            "TaskRecord"]
 
-#: Exit code when the cluster never formed (the same as timeout(1)).
-JOIN_TIMEOUT_EXIT_CODE = 124
-#: Exit code when a task made no progress for --hang-timeout (timeout(1)'s too).
-HANG_TIMEOUT_EXIT_CODE = 124
 _POLL_SECONDS = 0.1
 #: After SIGKILL, how long to wait for a (remote) backend to confirm the exit.
 _KILL_CONFIRM_SECONDS = 5.0
@@ -45,66 +45,21 @@ _KILL_CONFIRM_SECONDS = 5.0
 _STACK_DUMP_SECONDS = 3.0
 
 
-@dataclass
-class TaskRecord:
-    task: TaskId
-    tracked: bool
-    address: str | None
-    logger: TaskLogger
-    state: TaskState = TaskState.PENDING
-    handle: TaskHandle | None = None
-    exit_code: int | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    starts: int = 0          # every start, gang restarts included
-    task_restarts: int = 0   # restarts of this task alone
-    joined: bool = False
-    stopped_by_tfrun: bool = False
-    note: str | None = None  # why it ended when the code alone does not say
+class Watch(enum.Enum):
+    """How one round of watching the tasks ended (``Supervisor._watch``)."""
 
-    @property
-    def host(self) -> str | None:
-        return self.address.rsplit(":", 1)[0] if self.address else None
-
-    def to_dict(self) -> dict:
-        code = self.exit_code
-        return {
-            "task": str(self.task), "role": self.task.role, "index": self.task.index,
-            "tracked": self.tracked, "address": self.address, "state": self.state.value,
-            "exit_code": code,
-            "signal": signal.Signals(code - 128).name if code and code > 128
-            and code - 128 in signal.Signals._value2member_map_ else None,
-            "stopped_by_tfrun": self.stopped_by_tfrun,
-            "started_at": self.started_at, "ended_at": self.ended_at,
-            "restarts": max(self.starts - 1, 0), "task_restarts": self.task_restarts,
-            "pid": self.handle.pid if self.handle else None,
-            "host": self.handle.host if self.handle and self.handle.host else self.host,
-            "note": self.note,
-            # what the task really ran with when its script replaced tfrun --devices
-            "devices_in_use": self.logger.devices_in_use,
-            "log": str(self.logger.path),
-        }
-
-
-@dataclass
-class RunResult:
-    exit_code: int
-    status: str                      # succeeded | failed | join-timeout | hang-timeout | interrupted
-    root_cause: TaskRecord | None
-    tasks: list[TaskRecord]
-    restarts: int
-    message: str = ""
-    summary_path: Path | None = None
-    traceback: str | None = None
-    #: the task that failed because of ``root_cause`` (TensorFlow named the root cause)
-    failed_because: TaskRecord | None = None
-    #: whose log ``traceback`` comes from
-    traceback_of: TaskRecord | None = None
+    SUCCESS = "success"            # every tracked task exited 0
+    FAIL = "fail"                  # the policy said fail
+    RESTART = "restart"            # the policy said restart the group
+    JOIN_TIMEOUT = "join-timeout"  # the cluster never formed
+    HANG = "hang"                  # a tracked task printed nothing for --hang-timeout
+    STORAGE = "storage"            # the run dir's disk is full
+    SIGNAL = "signal"              # Ctrl-C / SIGTERM to tfrun
 
 
 @dataclass
 class _Outcome:
-    kind: str                        # success | fail | restart | timeout | hang | storage | signal
+    kind: Watch
     record: TaskRecord | None = None
     message: str = ""
     culprit: TaskRecord | None = None  # for fail: the task TensorFlow blamed, if another
@@ -257,7 +212,7 @@ class Supervisor:
         while True:
             self._start_all()
             outcome = self._watch()
-            if outcome.kind == "restart":
+            if outcome.kind is Watch.RESTART:
                 assert outcome.record is not None
                 self.console.info(f"{outcome.record.task} exited with code "
                                   f"{outcome.record.exit_code}; restarting the whole group "
@@ -267,33 +222,33 @@ class Supervisor:
                 self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                            grace=self.config.stop_grace)
                 if self._signal is not None:  # Ctrl-C while restarting: do not start again
-                    outcome = _Outcome("signal")
+                    outcome = _Outcome(Watch.SIGNAL)
                     break
                 self.restarts += 1
                 continue
             break
-        if outcome.kind == "success":
+        if outcome.kind is Watch.SUCCESS:
             self._finish_untracked()
-            return self._result(0, "succeeded", None, "")
+            return self._result(0, RunStatus.SUCCEEDED, None, "")
         self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                    grace=self.config.stop_grace)
-        if outcome.kind == "fail":
+        if outcome.kind is Watch.FAIL:
             record = outcome.record
             assert record is not None and record.exit_code is not None
             if outcome.culprit is not None:
-                return self._result(record.exit_code, "failed", outcome.culprit, outcome.message,
+                return self._result(record.exit_code, RunStatus.FAILED, outcome.culprit, outcome.message,
                                     failed_because=record)
-            return self._result(record.exit_code, "failed", record, outcome.message)
-        if outcome.kind == "timeout":
-            return self._result(JOIN_TIMEOUT_EXIT_CODE, "join-timeout", outcome.record,
+            return self._result(record.exit_code, RunStatus.FAILED, record, outcome.message)
+        if outcome.kind is Watch.JOIN_TIMEOUT:
+            return self._result(JOIN_TIMEOUT_EXIT_CODE, RunStatus.JOIN_TIMEOUT, outcome.record,
                                 outcome.message)
-        if outcome.kind == "storage":
-            return self._result(1, "failed", None, outcome.message)
-        if outcome.kind == "hang":
-            return self._result(HANG_TIMEOUT_EXIT_CODE, "hang-timeout", outcome.record,
+        if outcome.kind is Watch.STORAGE:
+            return self._result(1, RunStatus.FAILED, None, outcome.message)
+        if outcome.kind is Watch.HANG:
+            return self._result(HANG_TIMEOUT_EXIT_CODE, RunStatus.HANG_TIMEOUT, outcome.record,
                                 outcome.message)
         assert self._signal is not None
-        return self._result(128 + self._signal, "interrupted", None,
+        return self._result(128 + self._signal, RunStatus.INTERRUPTED, None,
                             f"stopped by {signal.Signals(self._signal).name}")
 
     def _start_all(self) -> None:
@@ -330,12 +285,12 @@ class Supervisor:
                 probe=lambda address, timeout: backend_of[address].probe(address, timeout))
         while True:
             if self._signal is not None:
-                return _Outcome("signal")
+                return _Outcome(Watch.SIGNAL)
             problem = self._storage_problem()
             if problem is not None:
                 # Task output is still drained (to the console), but nothing of the run
                 # can be recorded any more: stop now rather than train unlogged.
-                return _Outcome("storage", message=f"{problem}; tfrun stopped the run. "
+                return _Outcome(Watch.STORAGE, message=f"{problem}; tfrun stopped the run. "
                                 "Free space (or pick another --run-dir) and run again")
             for record in self.records:
                 if record.state != TaskState.RUNNING:
@@ -346,9 +301,9 @@ class Supervisor:
                     continue
                 decision = self._on_exit(record, code)
                 if decision is Decision.FAIL:
-                    return _Outcome("fail", record, culprit=self._culprit_of(record))
+                    return _Outcome(Watch.FAIL, record, culprit=self._culprit_of(record))
                 if decision is Decision.RESTART:
-                    return _Outcome("restart", record)
+                    return _Outcome(Watch.RESTART, record)
                 if decision is Decision.RESTART_TASK:
                     record.task_restarts += 1
                     self.console.info(f"{record.task} exited with code {record.exit_code}; "
@@ -360,7 +315,7 @@ class Supervisor:
                     self._start(record, restart_count=self.restarts + record.task_restarts)
             tracked = [r for r in self.records if r.tracked]
             if tracked and all(r.state == TaskState.SUCCEEDED for r in tracked):
-                return _Outcome("success")
+                return _Outcome(Watch.SUCCESS)
             if not joined:
                 joined = self._check_joined(started)
                 watched_since = time.monotonic()  # silence counts from the cluster forming
@@ -416,7 +371,7 @@ class Supervisor:
         for record in (hung, *others):
             self._backend(record).signal(record.handle, signal.SIGUSR1)  # type: ignore[arg-type]
         deadline = time.monotonic() + _STACK_DUMP_SECONDS
-        while time.monotonic() < deadline and not _has_stack_dump(hung.logger.lines_since(mark)):
+        while time.monotonic() < deadline and not has_stack_dump(hung.logger.lines_since(mark)):
             time.sleep(0.05)
         time.sleep(0.2)  # the rest of the dump
         dump = hung.logger.lines_since(mark)
@@ -424,7 +379,7 @@ class Supervisor:
                    f"{self.config.hang_timeout:g}s: no output line)"
                    + (f"; also silent: {', '.join(str(r.task) for r in others)} (waiting for "
                       "it? their stacks are in their logs)" if others else ""))
-        if _has_stack_dump(dump):
+        if has_stack_dump(dump):
             message += f". Its Python stacks (also in {hung.logger.path}):\n" + "\n".join(
                 "  " + line for line in dump)
         else:
@@ -432,13 +387,13 @@ class Supervisor:
                         "it is stopped (SIGSTOP) or stuck outside Python")
         self._event("hang-timeout", task=str(hung.task), silent_for=silent_for,
                     others=[str(r.task) for r in others])
-        return _Outcome("hang", hung, message)
+        return _Outcome(Watch.HANG, hung, message)
 
     def _culprit_of(self, failed: TaskRecord) -> TaskRecord | None:
         """The task TensorFlow's coordination service blames in ``failed``'s log (it
         stopped sending heartbeats: exited early, stopped, hung), if another one."""
         failed.logger.join(timeout=2.0)  # its last lines hold the error
-        tail = _log_tail(failed.logger.path)
+        tail = log_tail(failed.logger.path)
         by_task = {r.task: r for r in self.records}
         for task in culprits(tail):
             culprit = by_task.get(task)
@@ -446,7 +401,7 @@ class Supervisor:
                 how = ("it had exited with code 0 before training ended" if culprit.exit_code == 0
                        else "still running but unresponsive: stopped or stuck"
                        if culprit.state == TaskState.RUNNING
-                       else f"it had exited with {_describe_code(culprit.exit_code)}")
+                       else f"it had exited with {describe_code(culprit.exit_code)}")
                 culprit.note = (f"no heartbeats ({how}), says TensorFlow's coordination "
                                 f"service in {failed.task}'s log")
                 self._event("culprit", task=str(culprit.task), reported_by=str(failed.task))
@@ -472,7 +427,7 @@ class Supervisor:
         exited = [r for r in self.records if r.state.done]
         # A script that replaced tfrun's TF_CONFIG built another cluster: say so, not "never
         # started a server" (it may well have, elsewhere).
-        replaced = [r for r in waiting if TF_CONFIG_REPLACED in _log_tail(r.logger.path)]
+        replaced = [r for r in waiting if TF_CONFIG_REPLACED in log_tail(r.logger.path)]
         silent = [r for r in waiting if r not in replaced]
         parts = [f"the cluster did not form within --join-timeout {self.config.join_timeout:g}s: "]
         if replaced:
@@ -491,7 +446,7 @@ class Supervisor:
         parts.append(". A task that exits early or never creates its strategy/server leaves the "
                      "others waiting; check its log, or raise --join-timeout if start-up is slow")
         self._event("join-timeout", waiting=[str(r.task) for r in waiting])
-        return _Outcome("timeout", waiting[0] if waiting else None, "".join(parts))
+        return _Outcome(Watch.JOIN_TIMEOUT, waiting[0] if waiting else None, "".join(parts))
 
     def _finish_untracked(self) -> None:
         """Training is done: stop ps now, give the evaluator its grace period."""
@@ -565,14 +520,14 @@ class Supervisor:
 
     # ------------------------------------------------------------------ summary
 
-    def _result(self, exit_code: int, status: str, root: TaskRecord | None,
+    def _result(self, exit_code: int, status: RunStatus, root: TaskRecord | None,
                 message: str, failed_because: TaskRecord | None = None) -> RunResult:
         for record in self.records:
             record.logger.join()
         traceback, traceback_of = None, None
         # The root cause's traceback, else (a culprit that died silently) the error it caused.
         for record in (root, failed_because):
-            if record is not None and status == "failed" and record.logger.path.exists():
+            if record is not None and status == RunStatus.FAILED and record.logger.path.exists():
                 traceback = last_traceback(
                     record.logger.path.read_text(errors="replace").splitlines())
                 if traceback is not None:
@@ -582,117 +537,5 @@ class Supervisor:
                            tasks=self.records, restarts=self.restarts, message=message,
                            traceback=traceback, failed_because=failed_because,
                            traceback_of=traceback_of)
-        result.summary_path = self._write_summary(result)
+        result.summary_path = write_summary(result, self.run_dir, self._start_time, self.console)
         return result
-
-    def _write_summary(self, result: RunResult) -> Path | None:
-        root = result.root_cause
-        summary = {
-            "status": result.status,
-            "exit_code": result.exit_code,
-            "message": result.message,
-            "run_dir": str(self.run_dir),
-            "started_at": self._start_time,
-            "ended_at": time.time(),
-            "restarts": result.restarts,
-            "root_cause": None if root is None else {
-                **root.to_dict(), "traceback": result.traceback,
-                "traceback_of": None if result.traceback_of is None
-                else str(result.traceback_of.task),
-                "failed_because": None if result.failed_because is None
-                else str(result.failed_because.task)},
-            "tasks": [r.to_dict() for r in result.tasks],
-        }
-        path = self.run_dir / "summary.json"
-        tmp = path.with_suffix(".json.tmp")
-        try:
-            tmp.write_text(json.dumps(summary, indent=2) + "\n")
-            os.replace(tmp, path)
-        except OSError as exc:  # disk full: the console summary is all there is
-            tmp.unlink(missing_ok=True)
-            self.console.info(f"summary.json not written: {describe_write_error(path, exc)}")
-            return None
-        return path
-
-
-def describe_outcome(result: RunResult) -> str:
-    """One line: how the run ended (told to per-node agents, which print it)."""
-    if result.status == "succeeded":
-        return "run succeeded"
-    root = result.root_cause
-    if result.status == "failed" and root is not None:
-        return f"run failed: {_root_cause_line(result)}" + (f" ({root.note})" if root.note else "")
-    return f"run {result.status}: {result.message}"
-
-
-def describe_result(result: RunResult, started: float) -> str:
-    """The console summary: root cause first, then its traceback, then every task."""
-    seconds = time.time() - started
-    lines: list[str] = []
-    if result.status == "succeeded":
-        lines.append(f"run succeeded in {seconds:.1f}s"
-                     + (f" after {result.restarts} restart(s)" if result.restarts else ""))
-    else:
-        root = result.root_cause
-        if result.status == "failed" and root is not None:
-            lines.append(f"FAILED: {_root_cause_line(result)}")
-            if root.note:
-                lines.append(f"  {root.note}")
-        elif result.status in ("join-timeout", "hang-timeout", "failed"):
-            lines.append(f"FAILED: {result.message}")
-        else:
-            lines.append(f"INTERRUPTED: {result.message}")
-        if result.traceback and result.traceback_of is not None:
-            lines.append(f"last traceback of {result.traceback_of.task} "
-                         f"({result.traceback_of.logger.path}):")
-            lines.extend("  " + l for l in result.traceback.splitlines())
-        elif root is not None and result.status == "failed":
-            lines.append(f"no Python traceback in {root.logger.path}; see the log's last lines")
-    lines.append("tasks:")
-    for record in result.tasks:
-        note = " (stopped by tfrun)" if record.stopped_by_tfrun else ""
-        if record.note:
-            note += f" ({record.note})"
-        if record.logger.devices_in_use is not None:
-            note += (f" (ran with {record.logger.devices_in_use} logical CPU device(s): "
-                     "its script replaced --devices)")
-        code = "" if record.exit_code is None else f" {_describe_code(record.exit_code)}"
-        lines.append(f"  {record.task!s:<12} {record.state.value:<9}{code}{note}")
-    if result.summary_path:
-        lines.append(f"summary: {result.summary_path}")
-    return "\n".join(lines)
-
-
-def _has_stack_dump(lines: list[str]) -> bool:
-    """Whether faulthandler's dump ("Thread 0x... (most recent call first):") is in ``lines``."""
-    return any("(most recent call first)" in line for line in lines)
-
-
-def _log_tail(path: Path) -> str:
-    """The last ``TAIL_BYTES`` of a task's log ("" when unreadable)."""
-    try:
-        with open(path, "rb") as log:
-            log.seek(max(log.seek(0, os.SEEK_END) - TAIL_BYTES, 0))
-            return log.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def _root_cause_line(result: RunResult) -> str:
-    root = result.root_cause
-    assert root is not None
-    where = f" on {root.handle.host}" if root.handle is not None and root.handle.host else ""
-    if result.failed_because is not None:
-        return (f"{root.task}{where} stopped sending heartbeats (root cause); "
-                f"{result.failed_because.task} failed because of it with "
-                f"{_describe_code(result.failed_because.exit_code)}")
-    return f"{root.task}{where} exited with {_describe_code(root.exit_code)} (root cause)"
-
-
-def _describe_code(code: int | None) -> str:
-    if code is None:
-        return "no exit code"
-    if code > 128 and code - 128 in signal.Signals._value2member_map_:
-        return f"signal {signal.Signals(code - 128).name} (exit {code})"
-    return f"exit code {code}"
-

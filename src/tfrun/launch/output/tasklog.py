@@ -1,0 +1,179 @@
+"""Per-task log files: every line a task prints, unfiltered, in
+``<run_dir>/logs/<role>-<i>.log``, read by one thread per task.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Callable
+
+from ...contract import DEVICES_REPLACED
+from .console import ConsoleSink
+from .noise import NoiseFilter
+from .splitter import OutputSplitter, read_chunks
+
+__all__ = ['TaskLogger', 'describe_write_error', 'replaced_device_count']
+
+
+_DEVICES_REPLACED = re.compile(re.escape(DEVICES_REPLACED) + r"(\d+) logical CPU")
+
+
+def replaced_device_count(line: str) -> int | None:
+    """The logical CPU count in a task's "the script configures N ..." warning, else None.
+
+    >>> replaced_device_count("x.py:3: UserWarning: tfrun: the script configures 3 logical "
+    ...                       "CPU device(s) itself, replacing tfrun --devices 2: ...")
+    3
+    """
+    match = _DEVICES_REPLACED.search(line)
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class TaskLogger:
+    """Copies one task's output stream to its log file and the console (one thread).
+
+    The stream is drained to its end whatever happens to the file: a task blocked
+    writing to a full pipe would hang the run. When the file cannot be written (disk
+    full, ...), the copy goes on to the console only and ``write_error`` says why.
+    """
+
+    task: str
+    color_index: int
+    path: Path
+    console: ConsoleSink
+    _threads: list[threading.Thread] = field(default_factory=list)
+    #: The first error writing the log file (None while all is well).
+    write_error: OSError | None = None
+    #: time.monotonic() of the last line (or of the start): the hang watchdog reads it.
+    last_line_at: float = field(default_factory=time.monotonic)
+    #: lines read since the start of the run (to find the lines after a mark)
+    lines_read: int = 0
+    #: logical CPUs the task really runs with, when its script replaced ``tfrun --devices``
+    #: (read from the task's warning; None when it did not)
+    devices_in_use: int | None = None
+    #: the supervisor's "a peer exited 0 and none failed" (see NoiseFilter)
+    peers_left_cleanly: Callable[[], bool] | None = None
+    #: where the task's ``tfrun:metrics`` records go (JSON lines; None: nowhere)
+    metrics_path: Path | None = None
+    #: the newest epoch record of the task (the live status line reads it)
+    last_epoch: dict | None = None
+    _recent: deque = field(default_factory=lambda: deque(maxlen=400))
+    _recent_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def pump(self, stream: IO[bytes]) -> threading.Thread:
+        """Start copying ``stream`` until EOF; the log file is appended to (restarts)."""
+        self.last_line_at = time.monotonic()
+        thread = threading.Thread(target=self._copy, args=(stream,), daemon=True,
+                                  name=f"tfrun-log-{self.task}")
+        thread.start()
+        self._threads.append(thread)
+        return thread
+
+    def _copy(self, stream: IO[bytes]) -> None:
+        noise = NoiseFilter(self.peers_left_cleanly)
+        splitter = OutputSplitter()
+        log = self._open_log()
+        try:
+            for chunk in read_chunks(stream):
+                if log is not None:
+                    try:
+                        log.write(chunk)
+                    except OSError as exc:
+                        self._failed(exc)
+                        _close_quietly(log)
+                        log = None
+                self._show(splitter.feed(chunk), noise)
+            self._show(splitter.close(), noise)
+        finally:
+            _close_quietly(log)
+            stream.close()
+
+    def _show(self, events: list[tuple[str, str]], noise: NoiseFilter) -> None:
+        for kind, text in events:
+            if kind == "metrics":
+                # A resource sample comes from a daemon thread every few seconds, whatever
+                # the main thread does: it is no sign of progress for the hang watchdog.
+                if self._record_metrics(text) != "resources":
+                    self.last_line_at = time.monotonic()
+                continue
+            self.last_line_at = time.monotonic()
+            if kind == "progress":
+                self.console.task_progress(self.task, self.color_index, text)
+                continue
+            with self._recent_lock:
+                self._recent.append(text)
+                self.lines_read += 1
+            if DEVICES_REPLACED in text:
+                self.devices_in_use = replaced_device_count(text) or self.devices_in_use
+            self.console.task_line(self.task, self.color_index, text, noise=noise(text))
+
+    def _record_metrics(self, raw: str) -> str | None:
+        """Append one ``tfrun:metrics`` record (JSON) to the task's metrics file; its event."""
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return None  # cut short (the task died mid-write): nothing to keep
+        if not isinstance(record, dict):
+            return None
+        record = {"task": self.task, **record}
+        if record.get("event") == "epoch":
+            self.last_epoch = record
+        if self.metrics_path is not None:
+            try:
+                self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.metrics_path, "a", encoding="utf-8") as out:
+                    out.write(json.dumps(record) + "\n")
+            except OSError as exc:
+                self._failed(exc)
+        return record.get("event")
+
+    def _open_log(self) -> IO[bytes] | None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return open(self.path, "ab", buffering=0)
+        except OSError as exc:
+            self._failed(exc)
+            return None
+
+    def _failed(self, exc: OSError) -> None:
+        if self.write_error is None:
+            self.write_error = exc
+
+    def lines_since(self, mark: int) -> list[str]:
+        """The lines read after ``lines_read`` was ``mark`` (the last 400 at most)."""
+        with self._recent_lock:
+            recent, count = list(self._recent), self.lines_read
+        return recent[max(len(recent) - (count - mark), 0):]
+
+    def join(self, timeout: float = 5.0) -> None:
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads = [t for t in self._threads if t.is_alive()]
+
+
+def _close_quietly(log: IO[bytes] | None) -> None:
+    if log is not None:
+        try:
+            log.close()
+        except OSError:  # the last buffered bytes could not be written either
+            pass
+
+
+def describe_write_error(path: Path | str, exc: OSError) -> str:
+    """``disk full: cannot write <path> (...)`` or the plain error for other causes.
+
+    >>> import errno
+    >>> describe_write_error("runs/x/logs/w.log", OSError(errno.ENOSPC, "No space left on device"))
+    'disk full: cannot write runs/x/logs/w.log (No space left on device)'
+    """
+    import errno
+
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return f"{'disk full: ' if full else ''}cannot write {path} ({exc.strerror or exc})"
