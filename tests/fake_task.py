@@ -7,7 +7,9 @@ Rules are ``selector=action,action,...`` separated by ``;``; the selector is
 
   ok | exit:N | raise | sleep:S | forever | listen | kill:SIG | grandchild | escaped_child
   | spam (print 1 KB lines forever) | fail_before_restart:N (exit 1 while
-  TFRUN_RESTART_COUNT < N) | wait_done
+  TFRUN_RESTART_COUNT < N) | preempt_before_restart:N (die of SIGTERM, as a preempted
+  node's process does, while TFRUN_RESTART_COUNT < N) | fail_twice_then_ok (raise an
+  error that names the restart while TFRUN_RESTART_COUNT < 2) | wait_done
   | print:TEXT | usage_error (exit 2) | set_tf_config (the script assigns its own TF_CONFIG)
   | tick (print a line every 0.2 s forever) | hang_in_python (silent forever)
 """
@@ -98,6 +100,13 @@ def run(action: str) -> None:
     if name == "fail_before_restart" and restart < int(arg):
         print(f"failing on purpose at restart {restart}", flush=True)
         sys.exit(1)
+    if name == "preempt_before_restart" and restart < int(arg):
+        print(f"preempted on purpose at restart {restart}", flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    if name == "fail_twice_then_ok" and restart < 2:
+        raise ValueError(f"a different failure at restart {restart}")
     if name == "wait_done":
         marker = Path(os.environ["TFRUN_RUN_DIR"], ".tfrun", "training_done")
         while not marker.exists():

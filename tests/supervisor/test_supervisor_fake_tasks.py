@@ -87,6 +87,48 @@ def test_restart_budget_exhausted_fails(fake_run):
     assert len(restarts) == 1
 
 
+def test_a_preemption_restarts_without_charging_the_restart_budget(fake_run):
+    # --max-restarts 0: a script error would end the run; a preempted task (SIGTERM that
+    # tfrun did not send) restarts the group anyway, and the summary says which was which.
+    run = fake_run(["--workers", "2", "--max-restarts", "0", *FAST],
+                   "worker:1=sleep:0.3,preempt_before_restart:1,ok;*=sleep:1,ok")
+    assert run.run() == 0, run.stdout
+    assert "(preempted); restarting the whole group (preemptions do not count" in run.stdout
+    summary = run.summary
+    assert (summary["restarts"], summary["preemptions"]) == (1, 1)
+    first, second = summary["attempts"]
+    assert (first["ended"], first["task"], first["exit_code"], first["failure_class"]) == (
+        "restart", "worker:1", 128 + signal.SIGTERM, "preempted")
+    assert (second["ended"], second["failure_class"]) == ("success", None)
+    restart = [e for e in run.events() if e["event"] == "restart"]
+    assert [e["failure_class"] for e in restart] == ["preempted"]
+    page = (run.run_dir / "report.html").read_text()
+    assert "<table class='attempts'>" in page and "<td>preempted</td>" in page
+    assert_nothing_left(run)
+
+
+def test_the_same_script_error_twice_is_not_retried(fake_run):
+    # Budget for 3 restarts, but a deterministic error: one retry shows it is the same
+    # exception, and the run fails then instead of burning the rest.
+    run = fake_run(["--workers", "1", "--max-restarts", "3", *FAST], "*=raise")
+    assert run.run() == 1, run.stdout
+    summary = run.summary
+    assert summary["restarts"] == 1
+    assert [a["failure_class"] for a in summary["attempts"]] == ["script-error", "script-error"]
+    note = summary["root_cause"]["note"]
+    assert "the same error as the attempt before" in note
+    assert "RuntimeError: fake failure in worker:0" in note
+    assert_nothing_left(run)
+
+
+def test_a_different_error_on_retry_is_retried(fake_run):
+    # Not the same error (each names its restart): the budget applies as before.
+    run = fake_run(["--workers", "1", "--max-restarts", "3", *FAST],
+                   "*=sleep:0.1,fail_twice_then_ok")
+    assert run.run() == 0, run.stdout
+    assert run.summary["restarts"] == 2
+
+
 def test_usage_error_is_never_restarted(fake_run):
     run = fake_run(["--workers", "2", "--max-restarts", "3", *FAST], "worker:0=usage_error;*=forever")
     assert run.run() == 2, run.stdout

@@ -64,3 +64,56 @@ def test_state_transitions_are_documented_and_closed():
     assert TaskState.SUCCEEDED not in ALLOWED_TRANSITIONS[TaskState.PENDING]
     assert all(TaskState.RUNNING in ALLOWED_TRANSITIONS[s] for s in TaskState if s.done)
     assert not TaskState.RUNNING.done and TaskState.STOPPED.done
+
+
+# ---------------------------------------------------------------- failure classes
+
+from tfrun.launch.supervise.policy import (LOST_EXIT_CODE, FailureClass,  # noqa: E402
+                                           backoff_seconds, classify_exit)
+
+C = FailureClass
+
+
+@pytest.mark.parametrize("code, note, log, expected", [
+    (0, None, "", None),
+    (1, None, "Traceback ...\nValueError: bad", C.SCRIPT_ERROR),
+    (3, None, "", C.SCRIPT_ERROR),
+    (2, None, "usage: ...", C.USAGE),
+    (143, None, "", C.PREEMPTED),                       # SIGTERM tfrun did not send
+    (137, None, "", C.INFRASTRUCTURE),                  # SIGKILL: the OOM killer, an operator
+    (LOST_EXIT_CODE, "connection lost", "", C.NODE_LOST),
+    (LOST_EXIT_CODE, None, "", C.SCRIPT_ERROR),         # a script's own exit 255
+    (1, None, "E1124 ... The following tasks are unhealthy (stopped sending heartbeats):\n"
+              "/job:worker/replica:0/task:1\n", C.INFRASTRUCTURE),
+    (1, None, "Task /job:worker/replica:0/task:0 heartbeat timeout.", C.INFRASTRUCTURE),
+])
+def test_exits_are_classified(code, note, log, expected):
+    assert classify_exit(code, note=note, log_tail=log) is expected
+
+
+@pytest.mark.parametrize("failure, restarts, preemptions, repeated, max_restarts, expected", [
+    # a preemption restarts even with no budget, and does not use it up
+    (C.PREEMPTED, 0, 0, False, 0, R),
+    (C.PREEMPTED, 5, 99, False, 5, R),
+    (C.PREEMPTED, 0, 100, False, 0, F),       # the preemption cap
+    (C.PREEMPTED, 0, 100, False, 1, R),       # ... then the budget applies
+    # node lost and infrastructure use the budget like a script error
+    (C.NODE_LOST, 0, 0, False, 1, R),
+    (C.NODE_LOST, 1, 0, False, 1, F),
+    (C.INFRASTRUCTURE, 0, 0, False, 2, R),
+    # the same script error as the attempt before is not retried, budget or not
+    (C.SCRIPT_ERROR, 1, 0, True, 5, F),
+    (C.SCRIPT_ERROR, 1, 0, False, 5, R),
+    (C.INFRASTRUCTURE, 1, 0, True, 5, R),     # "repeated" is about the script's errors only
+])
+def test_restart_policy_by_failure_class(failure, restarts, preemptions, repeated, max_restarts,
+                                         expected):
+    code = {C.PREEMPTED: 143, C.NODE_LOST: LOST_EXIT_CODE, C.INFRASTRUCTURE: 137}.get(failure, 1)
+    event = TaskExit(role="worker", exit_code=code, tracked=True, restarts=restarts,
+                     failure=failure, preemptions=preemptions, repeated=repeated)
+    assert FailurePolicy(max_restarts=max_restarts).decide(event) is expected
+
+
+def test_backoff_grows_exponentially_from_an_immediate_first_restart():
+    assert [backoff_seconds(n) for n in range(1, 9)] == [0, 1, 2, 4, 8, 16, 32, 60]
+    assert backoff_seconds(3, base=0.5, cap=1.5) == 1.0 and backoff_seconds(9, cap=5) == 5

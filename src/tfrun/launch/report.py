@@ -281,6 +281,23 @@ def _tasks_html(summary: dict, t0: float) -> str:
     return "\n".join(out + ["</table>"])
 
 
+def _attempts_html(summary: dict, t0: float) -> str:
+    """One row per attempt (the first run and each gang restart): how it ended and why."""
+    columns = ["attempt", "started (s)", "ended (s)", "ended by", "task", "exit code",
+               "failure class"]
+    out = ["<table class='attempts'><tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"]
+    for attempt in summary.get("attempts") or []:
+        def at(key: str) -> str:
+            value = attempt.get(key)
+            return f"{value - t0:.1f}" if isinstance(value, (int, float)) else "-"
+
+        cells = [attempt.get("attempt"), at("started_at"), at("ended_at"), attempt.get("ended"),
+                 attempt.get("task"), attempt.get("exit_code"), attempt.get("failure_class")]
+        out.append("<tr>" + "".join(f"<td>{html.escape('-' if c is None else str(c))}</td>"
+                                    for c in cells) + "</tr>")
+    return "\n".join(out + ["</table>"])
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write ``report.html`` and ``report/*.png`` in ``run_dir``; return the HTML's path."""
     data = load_run(run_dir)
@@ -311,6 +328,10 @@ def write_report(run_dir: str | Path) -> Path:
         png = _png(fig)
         (out_dir / f"{name}.png").write_bytes(png)
         parts.append(_img(png, title))
+    if len(summary.get("attempts") or []) > 1:
+        parts.append(f"<h2>Attempts ({summary.get('restarts', 0)} restart(s), "
+                     f"{summary.get('preemptions', 0)} after a preemption)</h2>"
+                     + _attempts_html(summary, data.started))
     parts.append("<h2>Tasks</h2>" + _tasks_html(summary, data.started))
     parts.append("<h2>Resolved configuration</h2><pre>"
                  + html.escape(json.dumps(data.config.get("launch", data.config), indent=1))

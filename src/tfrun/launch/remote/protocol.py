@@ -32,12 +32,14 @@ import threading
 import time
 from typing import IO
 
+# The exit code of a task whose host was lost (like ssh's own failure code), defined with
+# the policy that classifies it.
+from ..supervise.policy import LOST_EXIT_CODE
+
 __all__ = ["Channel", "ProtocolError", "HEARTBEAT_INTERVAL", "LOST_EXIT_CODE", "MAX_LINE"]
 
 #: Seconds between pings, both ways.
 HEARTBEAT_INTERVAL = 1.0
-#: Exit code reported for a task whose host was lost (like ssh's own failure code).
-LOST_EXIT_CODE = 255
 #: Longest accepted message line: a task's output line is cut before this.
 MAX_LINE = 1 << 20
 

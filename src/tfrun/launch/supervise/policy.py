@@ -1,26 +1,89 @@
 """Task states and the failure policy: pure decisions the supervisor carries out.
 
-The supervisor never decides anything itself: when a task exits it builds a
-``TaskExit`` and asks ``FailurePolicy.decide``, which returns RESTART, FAIL or
-IGNORE. This keeps every rule table-testable without processes::
+The supervisor never decides anything itself: when a task exits it classifies the exit
+(``classify_exit``: the script's error, preempted, node lost, infrastructure), builds a
+``TaskExit`` and asks ``FailurePolicy.decide``, which returns RESTART, FAIL or IGNORE.
+This keeps every rule table-testable without processes::
 
     >>> policy = FailurePolicy(max_restarts=1)
     >>> policy.decide(TaskExit(role="worker", exit_code=1, tracked=True, restarts=0))
     <Decision.RESTART: 'restart'>
     >>> policy.decide(TaskExit(role="worker", exit_code=2, tracked=True, restarts=0))
     <Decision.FAIL: 'fail'>
+    >>> classify_exit(143)
+    <FailureClass.PREEMPTED: 'preempted'>
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
-__all__ = ["TaskState", "Decision", "TaskExit", "FailurePolicy", "USAGE_ERROR_EXIT_CODE",
+__all__ = ["TaskState", "Decision", "FailureClass", "TaskExit", "FailurePolicy",
+           "USAGE_ERROR_EXIT_CODE", "LOST_EXIT_CODE", "backoff_seconds", "classify_exit",
            "exit_code_of"]
 
 #: Exit code a script (or tfrun) uses for usage/configuration errors: never worth a restart.
 USAGE_ERROR_EXIT_CODE = 2
+#: Exit code a backend gives a task whose host, agent or actor was lost (ssh's own 255).
+LOST_EXIT_CODE = 255
+_SIGTERM_EXIT, _SIGKILL_EXIT = 128 + 15, 128 + 9
+
+
+class FailureClass(str, enum.Enum):
+    """Why a task ended badly, as far as tfrun can tell from outside it."""
+
+    SCRIPT_ERROR = "script-error"        # the script's own exception or exit code
+    USAGE = "usage"                      # exit 2: a usage or configuration error
+    PREEMPTED = "preempted"              # SIGTERM that tfrun did not send: capacity taken away
+    NODE_LOST = "node-lost"              # the task's host, agent or actor is gone
+    INFRASTRUCTURE = "infrastructure"    # SIGKILL from outside (the OOM killer), or
+                                         # TensorFlow's coordination service timing out
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: What TensorFlow prints when its coordination service (not the script) gives up.
+_INFRASTRUCTURE_LINES = re.compile(
+    r"stopped sending heartbeats|heartbeat timeout|coordination service.*"
+    r"(DEADLINE_EXCEEDED|UNAVAILABLE)|DEADLINE_EXCEEDED.*coordination", re.I)
+
+
+def classify_exit(exit_code: int, *, note: str | None = None,
+                  log_tail: str = "") -> FailureClass | None:
+    """The class of a task's exit (None for exit 0), from its code, the backend's note and
+    the end of its log.
+
+    >>> classify_exit(1), classify_exit(255, note="connection lost"), classify_exit(137)
+    (<FailureClass.SCRIPT_ERROR: 'script-error'>, <FailureClass.NODE_LOST: 'node-lost'>, <FailureClass.INFRASTRUCTURE: 'infrastructure'>)
+    """
+    if exit_code == 0:
+        return None
+    if exit_code == USAGE_ERROR_EXIT_CODE:
+        return FailureClass.USAGE
+    if exit_code == LOST_EXIT_CODE and note:
+        return FailureClass.NODE_LOST
+    if exit_code == _SIGTERM_EXIT:
+        return FailureClass.PREEMPTED
+    if exit_code == _SIGKILL_EXIT:
+        return FailureClass.INFRASTRUCTURE
+    if _INFRASTRUCTURE_LINES.search(log_tail):
+        return FailureClass.INFRASTRUCTURE
+    return FailureClass.SCRIPT_ERROR
+
+
+def backoff_seconds(attempt: int, *, base: float = 1.0, cap: float = 60.0) -> float:
+    """The pause before gang restart number ``attempt`` (1, 2, ...): none before the first
+    (a lost worker should cost seconds), then 1, 2, 4, ... seconds up to ``cap``.
+
+    >>> [backoff_seconds(n) for n in (1, 2, 3, 4, 10)]
+    [0.0, 1.0, 2.0, 4.0, 60.0]
+    """
+    if attempt <= 1:
+        return 0.0
+    return min(base * 2 ** (attempt - 2), cap)
 
 
 class TaskState(str, enum.Enum):
@@ -66,8 +129,11 @@ class TaskExit:
     role: str
     exit_code: int       # 0, a code, or 128+n for death by signal n
     tracked: bool        # chief/worker: the run succeeds when all tracked tasks exit 0
-    restarts: int        # gang restarts done so far
+    restarts: int        # gang restarts charged to --max-restarts so far
     task_restarts: int = 0  # restarts of this task alone so far
+    failure: FailureClass | None = None  # classify_exit's answer (None: not classified)
+    preemptions: int = 0    # gang restarts after a preemption so far (not charged)
+    repeated: bool = False  # the same error (exception line) as the attempt before
 
 
 @dataclass(frozen=True)
@@ -83,13 +149,19 @@ class FailurePolicy:
        ClusterCoordinator schedules steps on) that dies is restarted *alone*, up to
        ``max_task_restarts`` times: the coordinator re-runs the lost steps on the other
        workers meanwhile and takes the worker back when it returns at the same address;
-    5. any other exit of a tracked task or a ps (including a ps exiting 0: training
+    5. a preemption (SIGTERM tfrun did not send) RESTARTs the whole group without
+       charging ``max_restarts``, up to ``max_preemptions`` times (capacity comes back;
+       a bug does not turn into one);
+    6. the script's own error, the same as the attempt before (the same exception line):
+       FAIL, retrying a deterministic error only burns time;
+    7. any other exit of a tracked task or a ps (including a ps exiting 0: training
        cannot go on without it): RESTART the whole group while restarts are left
        (synchronous training needs every worker), else FAIL.
     """
 
     max_restarts: int = 0
     max_task_restarts: int = 3
+    max_preemptions: int = 100
 
     def decide(self, event: TaskExit) -> Decision:
         if event.exit_code == 0 and (event.tracked or event.role == "worker"):
@@ -100,6 +172,10 @@ class FailurePolicy:
             return Decision.FAIL
         if event.role == "worker" and not event.tracked and event.task_restarts < self.max_task_restarts:
             return Decision.RESTART_TASK
+        if event.failure is FailureClass.PREEMPTED and event.preemptions < self.max_preemptions:
+            return Decision.RESTART
+        if event.failure is FailureClass.SCRIPT_ERROR and event.repeated:
+            return Decision.FAIL
         if event.restarts < self.max_restarts:
             return Decision.RESTART
         return Decision.FAIL

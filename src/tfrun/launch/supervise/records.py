@@ -16,7 +16,7 @@ from pathlib import Path
 from ...cluster import TaskId
 from ..engines.base import TaskHandle
 from ..output import TaskLogger
-from .policy import TaskState
+from .policy import FailureClass, TaskState
 
 __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "RunStatus",
            "TaskRecord"]
@@ -62,6 +62,7 @@ class TaskRecord:
     joined: bool = False
     stopped_by_tfrun: bool = False
     note: str | None = None  # why it ended when the code alone does not say
+    failure: FailureClass | None = None  # its last exit's class (None: exit 0, or running)
 
     @property
     def host(self) -> str | None:
@@ -81,6 +82,7 @@ class TaskRecord:
             "pid": self.handle.pid if self.handle else None,
             "host": self.handle.host if self.handle and self.handle.host else self.host,
             "note": self.note,
+            "failure_class": None if self.failure is None else str(self.failure),
             # what the task really ran with when its script replaced tfrun --devices
             "devices_in_use": self.logger.devices_in_use,
             "log": str(self.logger.path),
@@ -101,3 +103,7 @@ class RunResult:
     failed_because: TaskRecord | None = None
     #: whose log ``traceback`` comes from
     traceback_of: TaskRecord | None = None
+    #: every attempt (the first run and each gang restart): when, who ended it, its class
+    attempts: list[dict] = field(default_factory=list)
+    #: gang restarts after a preemption (not charged to --max-restarts)
+    preemptions: int = 0

@@ -32,6 +32,8 @@ def write_summary(result: RunResult, run_dir: Path, started_at: float,
         "started_at": started_at,
         "ended_at": time.time(),
         "restarts": result.restarts,
+        "preemptions": result.preemptions,
+        "attempts": result.attempts,
         "root_cause": None if root is None else {
             **root.to_dict(), "traceback": result.traceback,
             "traceback_of": None if result.traceback_of is None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -24,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...cluster import ClusterPlan, TaskId
-from ..engines.base import Backend, TaskHandle, TaskSpec
+from ..engines.base import Backend, TaskSpec
 from ..config import LaunchConfig
 from ...contract import TF_CONFIG_REPLACED
 from .diagnose import culprits
 from ..output import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
-from .policy import ALLOWED_TRANSITIONS, Decision, FailurePolicy, TaskExit, TaskState
+from .policy import (ALLOWED_TRANSITIONS, Decision, FailureClass, FailurePolicy, TaskExit,
+                     TaskState, backoff_seconds, classify_exit)
 from ..rendezvous import JoinProbe
 from .records import (HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus,
                       TaskRecord)
@@ -89,7 +89,13 @@ class Supervisor:
                                          metrics_path=run_dir / "metrics" / f"{t.slug}.jsonl"))
             for i, t in enumerate(plan.tasks)
         ]
-        self.restarts = 0
+        self.restarts = 0           # gang restarts, all (the tasks see this count)
+        self.charged_restarts = 0   # those charged to --max-restarts (not preemptions)
+        self.preemptions = 0        # gang restarts after a preemption
+        #: one entry per ended attempt: when, which task ended it, its failure class
+        self.attempts: list[dict] = []
+        self._attempt_started = time.time()
+        self._last_error: tuple[str, str] | None = None  # (role, exception line) last attempt
         self._signal: int | None = None
         self._events = run_dir / "events.jsonl"
         self._probe: JoinProbe | None = None
@@ -213,20 +219,35 @@ class Supervisor:
             self._start_all()
             outcome = self._watch()
             if outcome.kind is Watch.RESTART:
-                assert outcome.record is not None
-                self.console.info(f"{outcome.record.task} exited with code "
-                                  f"{outcome.record.exit_code}; restarting the whole group "
-                                  f"(restart {self.restarts + 1} of {self.config.max_restarts})")
-                self._event("restart", cause=str(outcome.record.task),
-                            exit_code=outcome.record.exit_code, restart=self.restarts + 1)
+                record = outcome.record
+                assert record is not None
+                failure = record.failure
+                if failure is FailureClass.PREEMPTED:
+                    self.preemptions += 1
+                    budget = "preemptions do not count against --max-restarts"
+                else:
+                    self.charged_restarts += 1
+                    budget = f"restart {self.charged_restarts} of {self.config.max_restarts}"
+                self._end_attempt(record, "restart")
+                pause = backoff_seconds(self.restarts + 1)
+                self.console.info(f"{record.task} exited with code {record.exit_code} "
+                                  f"({failure}); restarting the whole group ({budget})"
+                                  + (f" in {pause:g}s" if pause else ""))
+                self._event("restart", cause=str(record.task), exit_code=record.exit_code,
+                            restart=self.restarts + 1, failure_class=str(failure),
+                            backoff_seconds=pause)
                 self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                            grace=self.config.stop_grace)
+                self._pause(pause)
                 if self._signal is not None:  # Ctrl-C while restarting: do not start again
                     outcome = _Outcome(Watch.SIGNAL)
                     break
                 self.restarts += 1
+                self._attempt_started = time.time()
                 continue
             break
+        self._end_attempt(outcome.record if outcome.kind is not Watch.SUCCESS else None,
+                          outcome.kind.value)
         if outcome.kind is Watch.SUCCESS:
             self._finish_untracked()
             return self._result(0, RunStatus.SUCCEEDED, None, "")
@@ -338,10 +359,30 @@ class Supervisor:
         if record.handle is not None:
             # The main process is gone; make sure nothing it started lingers.
             self._backend(record).release(record.handle)
+        if code != 0:
+            record.logger.join(timeout=2.0)  # its last lines (a traceback) are in the log
+        log_text = log_tail(record.logger.path) if code != 0 else ""
+        record.failure = classify_exit(code, note=record.note, log_tail=log_text)
+        error = None
+        if record.failure is FailureClass.SCRIPT_ERROR:
+            traceback = last_traceback(log_text.splitlines())
+            if traceback:
+                error = (record.task.role, traceback.strip().splitlines()[-1])
+        repeated = error is not None and error == self._last_error
+        if error is not None:
+            self._last_error = error
         decision = self.policy.decide(TaskExit(role=record.task.role, exit_code=code,
-                                               tracked=record.tracked, restarts=self.restarts,
-                                               task_restarts=record.task_restarts))
-        self._event("decision", task=str(record.task), exit_code=code, decision=decision.value)
+                                               tracked=record.tracked,
+                                               restarts=self.charged_restarts,
+                                               task_restarts=record.task_restarts,
+                                               failure=record.failure,
+                                               preemptions=self.preemptions,
+                                               repeated=repeated))
+        self._event("decision", task=str(record.task), exit_code=code, decision=decision.value,
+                    **({"failure_class": str(record.failure)} if record.failure else {}))
+        if repeated and decision is Decision.FAIL:
+            record.note = ((record.note + "; ") if record.note else "") + (
+                f"the same error as the attempt before ({error[1]}): not retried")
         if record.note:
             self.console.info(f"{record.task} ({record.handle.where if record.handle else '?'}): "
                               f"{record.note}")
@@ -512,6 +553,22 @@ class Supervisor:
             record.stopped_by_tfrun = True
             self._transition(record, TaskState.STOPPED, exit_code=record.exit_code)
 
+    def _end_attempt(self, record: TaskRecord | None, how: str) -> None:
+        """Note the attempt that just ended (summary.json's ``attempts``)."""
+        self.attempts.append({
+            "attempt": len(self.attempts) + 1, "started_at": self._attempt_started,
+            "ended_at": time.time(), "ended": how,
+            "task": None if record is None else str(record.task),
+            "exit_code": None if record is None else record.exit_code,
+            "failure_class": None if record is None or record.failure is None
+            else str(record.failure)})
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep before a restart; a signal to tfrun cuts it short."""
+        deadline = time.monotonic() + seconds
+        while self._signal is None and time.monotonic() < deadline:
+            time.sleep(min(_POLL_SECONDS, max(deadline - time.monotonic(), 0)))
+
     def _peers_left_cleanly(self) -> bool:
         """Some task exited 0 and none failed (read by log threads: TF's "a peer crashed"
         alarm is then a false one, see logs.NoiseFilter)."""
@@ -535,6 +592,7 @@ class Supervisor:
                     break
         result = RunResult(exit_code=exit_code, status=status, root_cause=root,
                            tasks=self.records, restarts=self.restarts, message=message,
+                           attempts=self.attempts, preemptions=self.preemptions,
                            traceback=traceback, failed_because=failed_because,
                            traceback_of=traceback_of)
         result.summary_path = write_summary(result, self.run_dir, self._start_time, self.console)
