@@ -139,6 +139,17 @@ CASES = [
     ("k8s-bad-name", ["k8s", "--image", "i", "--name", "Bad_Name", GOOD], "'Bad_Name'"),
     ("k8s-check-missing", ["k8s", "--check", "nope.yaml"], "nope.yaml"),
     ("k8s-check-not-a-manifest", ["k8s", "--check", GOOD], "good.py"),
+    # ---- a flag only another engine reads (it would be ignored): named with the engine
+    ("ray-flag-on-local", [*W2, "--ray-address", "10.0.0.1:6379", GOOD],
+     "--ray-address applies to the ray engine only"),
+    ("rdzv-port-on-local", [*W2, "--rdzv-port", "3000", GOOD],
+     "--rdzv-port applies to the pernode engine only"),
+    ("ssh-opt-on-local", [*W2, "--ssh-opt", "-p 2200", GOOD],
+     "--ssh-opt applies to the ssh engine only"),
+    ("network-on-ssh", ["--hosts", "node-1,node-2", "--network", "private", GOOD],
+     "--network applies to the local engine only"),
+    ("no-doctor-on-pernode", ["--hosts", "node-1,node-2", "--node-rank", "0", "--no-doctor",
+                              GOOD], "runs on the pernode engine"),
     # ---- environment defaults
     ("env-max-restarts", ["--workers", "2", GOOD], "TFRUN_MAX_RESTARTS"),
 ]

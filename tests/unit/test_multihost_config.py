@@ -137,15 +137,21 @@ def test_cluster_digest_is_stable_and_sees_every_difference():
 
 
 def test_cli_multihost_flags(monkeypatch):
-    cfg = config_from_args(["--hosts", "a,b", "--ssh-opt", "-F /x/cfg", "--ssh-opt", "-p 2200",
-                            "--env", "X=1", "--remote-dir", "/w", "--python", "/py",
+    ssh_cfg = config_from_args(["--hosts", "a,b", "--ssh-opt", "-F /x/cfg", "--ssh-opt",
+                                "-p 2200", "--env", "X=1", "--remote-dir", "/w", "--python", "/py",
+                                "--base-port", "3000", "--heartbeat-timeout", "4", "--no-doctor",
+                                "t.py"], environ={})
+    assert ssh_cfg.ssh_opts == ("-F", "/x/cfg", "-p", "2200")
+    assert (ssh_cfg.forward_env, ssh_cfg.remote_dir, ssh_cfg.python) == (("X=1",), "/w", "/py")
+    assert ssh_cfg.base_port == 3000 and ssh_cfg.heartbeat_timeout == 4
+    assert ssh_cfg.doctor is False
+    cfg = config_from_args(["--hosts", "a,b", "--env", "X=1", "--python", "/py",
                             "--node-rank", "auto", "--base-port", "3000", "--rdzv-port", "3999",
-                            "--heartbeat-timeout", "4", "--no-doctor", "t.py"],
+                            "--heartbeat-timeout", "4", "t.py"],
                            environ={"SLURM_JOB_ID": "77"})
-    assert cfg.ssh_opts == ("-F", "/x/cfg", "-p", "2200")
-    assert (cfg.forward_env, cfg.remote_dir, cfg.python) == (("X=1",), "/w", "/py")
+    assert (cfg.forward_env, cfg.python) == (("X=1",), "/py")
     assert (cfg.node_rank, cfg.base_port, cfg.rdzv_port) == ("auto", 3000, 3999)
-    assert cfg.heartbeat_timeout == 4 and cfg.doctor is False
+    assert cfg.heartbeat_timeout == 4
     assert cfg.run_id == "slurm-77"  # every node of the allocation names the run the same
     explicit = config_from_args(["--hosts", "a,b", "--node-rank", "1", "--run-id", "r1", "t.py"],
                                 environ={"SLURM_JOB_ID": "77"})

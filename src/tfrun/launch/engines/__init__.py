@@ -12,6 +12,7 @@ the first whose ``selects`` says yes runs it, and the local engine takes what is
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 
@@ -73,9 +74,40 @@ def check_options(config: LaunchConfig) -> type[Engine]:
     chosen = next(engine for engine in ENGINES if engine.runs_tasks and engine.selects(config))
     for engine in ENGINES:
         engine.check(config, engine is chosen)
+    _refuse_options_of_other_engines(config, chosen)
     if not chosen.reserves_devices:
         _check_whole_local_devices(config)
     return chosen
+
+
+#: The flag of a LaunchConfig field, where it is not ``--`` + the field's name.
+_FLAGS = {"ssh_opts": "--ssh-opt", "doctor": "--no-doctor"}
+
+
+def _refuse_options_of_other_engines(config: LaunchConfig, chosen: type[Engine]) -> None:
+    """A flag only another engine reads would be silently ignored: refuse it, naming the
+    engine that reads it and how to choose that one."""
+    defaults = {f.name: f.default for f in dataclasses.fields(LaunchConfig)}
+    for engine in ENGINES:
+        if engine is chosen:
+            continue
+        for name in engine.options:
+            value = getattr(config, name)
+            if value == defaults[name]:
+                continue
+            flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+            shown = flag if isinstance(value, bool) else f"{flag} {_show(value)}"
+            raise ConfigError(f"{flag} applies to the {engine.name} engine only, and this "
+                              f"launch runs on the {chosen.name} engine, which would ignore it",
+                              expected=f"{flag} only when the {engine.name} engine runs the "
+                                       "tasks",
+                              fix=f"Drop {flag}, or {engine.chosen_by} to use the "
+                                  f"{engine.name} engine",
+                              received=shown)
+
+
+def _show(value) -> str:
+    return " ".join(value) if isinstance(value, tuple) else str(value)
 
 
 def _check_whole_local_devices(config: LaunchConfig) -> None:

@@ -169,6 +169,11 @@ class Engine(abc.ABC):
     #: whether the engine's scheduler reserves CPUs/GPUs per task (fractions allowed);
     #: otherwise they are this machine's, split among its local tasks
     reserves_devices: bool = False
+    #: the LaunchConfig fields only this engine reads: set while another engine runs the
+    #: launch, they would be ignored, so the registry refuses them (``check_options``)
+    options: tuple[str, ...] = ()
+    #: how a user chooses this engine, for that message ("add --backend ray")
+    chosen_by: str = ""
     #: False for an engine that only writes what another system runs (Kubernetes manifests)
     runs_tasks: bool = True
 

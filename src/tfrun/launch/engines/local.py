@@ -267,6 +267,8 @@ class LocalEngine(Engine):
     CPUs split among the tasks, and, for a cluster, a private network when possible."""
 
     name = "local"
+    options = ("network",)
+    chosen_by = "run without --hosts naming other machines, --node-rank or --backend"
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -292,6 +292,8 @@ class RayEngine(Engine):
     """``--backend ray``: the tasks run in Ray actors on a running Ray cluster."""
 
     name = "ray"
+    options = ("ray_address", "ray_placement")
+    chosen_by = "add --backend ray"
     explicit = True
     reserves_devices = True
 

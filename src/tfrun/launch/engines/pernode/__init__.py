@@ -172,6 +172,8 @@ class PerNodeEngine(Engine):
     """``--node-rank R``: this machine's tasks only; rank 0 is the hub that supervises all."""
 
     name = "pernode"
+    options = ("rdzv_port",)
+    chosen_by = "add --node-rank R (or auto) with --hosts"
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -49,6 +49,8 @@ class SshEngine(Engine):
     """``--hosts`` naming other machines: one ssh session per host runs its node agent."""
 
     name = "ssh"
+    options = ("ssh_opts", "doctor")
+    chosen_by = "name other machines in --hosts (without --node-rank)"
     checks_entrypoint_locally = False  # the script must exist on the hosts: the preflight checks
 
     @classmethod
