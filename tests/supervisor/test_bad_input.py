@@ -77,15 +77,15 @@ CASES = [
     ("hosts-empty", ["--hosts", "", GOOD], "--hosts"),
     ("hosts-three-colons", ["--hosts", "a:b:c", GOOD], "'a:b:c'"),
     ("hosts-port-word", ["--hosts", "localhost:http", GOOD], "localhost:http"),
-    ("hosts-port-big", ["--hosts", "localhost:99999,localhost:2", GOOD], "99999"),
+    ("hosts-port-big", ["--hosts", "localhost:99999,localhost:23002", GOOD], "99999"),
     ("hosts-aliases-one-port", ["--hosts", "localhost:2222,127.0.0.1:2222", GOOD],
      "'127.0.0.1:2222'"),
     ("hosts-wildcard", ["--hosts", "0.0.0.0:2222,localhost:2223", GOOD], "'0.0.0.0:2222'"),
     ("hosts-loopback-and-remote", ["--hosts", "localhost,node-1", GOOD], "localhost"),
-    ("hosts-count-mismatch", ["--workers", "3", "--hosts", "localhost:1,localhost:2", GOOD],
+    ("hosts-count-mismatch", ["--workers", "3", "--hosts", "localhost:23001,localhost:23002", GOOD],
      "3"),
     ("hosts-non-utf8", ["--hosts", b"local\xffhost:1,localhost:2", GOOD], "udcff"),
-    ("hosts-unclosed-v6", ["--hosts", "[::1:2222,localhost:2", GOOD], "[::1:2222"),
+    ("hosts-unclosed-v6", ["--hosts", "[::1:2222,localhost:23002", GOOD], "[::1:2222"),
     # ---- what to run
     ("no-script", [*W2], "No script"),
     ("script-missing", [*W2, "nosuch.py"], "'nosuch.py'"),
@@ -150,6 +150,22 @@ CASES = [
      "--network applies to the local engine only"),
     ("no-doctor-on-pernode", ["--hosts", "node-1,node-2", "--node-rank", "0", "--no-doctor",
                               GOOD], "runs on the pernode engine"),
+    # ---- mistakes a newcomer makes: each named, with tfrun's way
+    ("notebook", [*W2, "train.ipynb"], "jupyter nbconvert --to script train.ipynb"),
+    ("python-missing", [*W2, "--python", "/nonexistent/python", GOOD],
+     "--python /nonexistent/python is not an executable Python"),
+    ("hosts-horovod-slots", ["--hosts", "localhost:4", GOOD], "looks like Horovod's host:slots"),
+    ("misspelt-command", ["confg", "--workers", "2"], "Run 'tfrun config'"),
+    ("torchrun-nproc", ["--nproc_per_node", "2", GOOD], "Use --workers N"),
+    ("torchrun-master-addr", [*W2, "--master_addr=10.0.0.1", GOOD], "torchrun's flag"),
+    ("horovod-np", ["-np", "2", GOOD], "horovodrun's flag"),
+    ("horovod-H-after-a-flag", [*W2, "-H", "a:2,b:2", GOOD], "h1,h1,h2: not host:slots"),
+    ("k8s-cpu-not-a-quantity", ["k8s", "--image", "i", "--cpu", "abc", GOOD],
+     "--cpu 'abc' is not a Kubernetes quantity"),
+    ("k8s-strategy-bogus", ["k8s", "--image", "i", "--strategy", "bogus", GOOD],
+     "Unknown strategy 'bogus'"),
+    ("k8s-check-bad-quantity", ["k8s", "--check", "bad-cpu.yaml"],
+     "limits.cpu is not a Kubernetes quantity"),
     # ---- environment defaults
     ("env-max-restarts", ["--workers", "2", GOOD], "TFRUN_MAX_RESTARTS"),
 ]
@@ -168,6 +184,8 @@ def scratch(tmp_path_factory):
     """The directory every case runs in, with its fixtures (and two tiny mounts as root)."""
     root = tmp_path_factory.mktemp("bad-input")
     (root / GOOD).write_text("print('hello')\n")
+    (root / "train.ipynb").write_text('{"cells": [], "nbformat": 4}\n')
+    (root / "bad-cpu.yaml").write_text(_manifest_with_cpu("abc"))
     (root / "broken.py").write_text("x = 1\ndef f(:\n")
     (root / "nul.py").write_bytes(b"x = 1\x00\n")
     (root / "adir").mkdir()
@@ -197,6 +215,16 @@ def scratch(tmp_path_factory):
         os.close(lock)
         for mount in mounts:
             subprocess.run(["umount", str(mount)], check=False)
+
+
+def _manifest_with_cpu(cpu: str) -> str:
+    """A tfrun k8s JobSet manifest whose CPU limit is ``cpu`` (as a hand edit would leave it)."""
+    from tfrun.launch.engines.kubernetes import K8sJob, job_manifest, render_yaml
+
+    manifest = job_manifest(K8sJob(name="j", image="i", command=(GOOD,), cpu="2"))
+    pod = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["containers"][0]["resources"]["limits"]["cpu"] = cpu
+    return render_yaml(manifest)
 
 
 def _fill(directory: Path) -> None:
@@ -242,6 +270,13 @@ def test_bad_input_is_a_clear_error_and_leaves_nothing(scratch, case_id, argv, n
             assert p.environ().get("TFRUN_NETWORK_OF") != str(proc.pid), p.cmdline()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
+
+
+def test_a_subcommand_s_help_is_its_own():
+    out = subprocess.run([sys.executable, "-m", "tfrun", "doctor", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("usage: tfrun doctor"), out.stdout[:500]
+    assert "Check the hosts of an SSH launch" in out.stdout
 
 
 def test_the_table_is_big_enough():

@@ -145,11 +145,12 @@ def test_cli_multihost_flags(monkeypatch):
     assert (ssh_cfg.forward_env, ssh_cfg.remote_dir, ssh_cfg.python) == (("X=1",), "/w", "/py")
     assert ssh_cfg.base_port == 3000 and ssh_cfg.heartbeat_timeout == 4
     assert ssh_cfg.doctor is False
-    cfg = config_from_args(["--hosts", "a,b", "--env", "X=1", "--python", "/py",
+    # (per-node: this machine runs tasks with --python, which must exist here)
+    cfg = config_from_args(["--hosts", "a,b", "--env", "X=1", "--python", "python3",
                             "--node-rank", "auto", "--base-port", "3000", "--rdzv-port", "3999",
                             "--heartbeat-timeout", "4", "t.py"],
                            environ={"SLURM_JOB_ID": "77"})
-    assert (cfg.forward_env, cfg.python) == (("X=1",), "/py")
+    assert (cfg.forward_env, cfg.python) == (("X=1",), "python3")
     assert (cfg.node_rank, cfg.base_port, cfg.rdzv_port) == ("auto", 3000, 3999)
     assert cfg.heartbeat_timeout == 4
     assert cfg.run_id == "slurm-77"  # every node of the allocation names the run the same

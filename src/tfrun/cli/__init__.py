@@ -137,6 +137,20 @@ def _run_report(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------- entry point
 
 
+def _refuse_misspelt_command(word: str, commands: list[str]) -> None:
+    """``tfrun confg``: a word that is no file but close to a command is a typo, not a
+    script that went missing."""
+    import difflib
+
+    if word.startswith("-") or os.sep in word or "." in word or os.path.exists(word):
+        return
+    close = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
+    if close:
+        raise ConfigError(f"Unknown command {word!r}", expected=f"a command ({', '.join(commands)}) "
+                          "or a script path", fix=f"Run 'tfrun {close[0]}' (the nearest command)",
+                          received=word)
+
+
 def _print_error(error: BaseException) -> None:
     print(f"tfrun: error: {error}", file=sys.stderr)
 
@@ -162,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if argv and argv[0] in subcommands():  # the engines' own: tfrun slurm, k8s, doctor
             return subcommands()[argv[0]].run(argv[1:], config_from_args)
+        if argv:
+            _refuse_misspelt_command(argv[0], ["config", "bench", "report", "version",
+                                               *subcommands()])
 
         return run_launch(argv)
     except TfrunError as error:

@@ -27,8 +27,63 @@ def _color(text: str) -> bool | None:
     return {"auto": None, "always": True, "never": False}[text]
 
 
-def build_launch_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+#: Other launchers' flags, and what tfrun takes instead (a user moving over types them).
+FOREIGN_FLAGS = {
+    "--nproc_per_node": ("torchrun", "--workers N (tasks on this machine), or --tasks-per-node "
+                                     "K inside a Slurm allocation"),
+    "--nproc-per-node": ("torchrun", "--workers N (tasks on this machine), or --tasks-per-node "
+                                     "K inside a Slurm allocation"),
+    "--nnodes": ("torchrun", "--hosts with one entry per task (several machines), plus "
+                             "--node-rank on each for a per-node launch"),
+    "--node_rank": ("torchrun", "--node-rank R (or auto)"),
+    "--master_addr": ("torchrun", "--hosts (node rank 0, the first host, is the hub) and "
+                                  "--rdzv-port"),
+    "--master-addr": ("torchrun", "--hosts (node rank 0, the first host, is the hub) and "
+                                  "--rdzv-port"),
+    "--master_port": ("torchrun", "--rdzv-port (per-node launch) or --base-port (TensorFlow's "
+                                  "ports)"),
+    "--master-port": ("torchrun", "--rdzv-port (per-node launch) or --base-port (TensorFlow's "
+                                  "ports)"),
+    "--rdzv_endpoint": ("torchrun", "--hosts and --rdzv-port (node rank 0 is the hub)"),
+    "--rdzv-endpoint": ("torchrun", "--hosts and --rdzv-port (node rank 0 is the hub)"),
+    "--standalone": ("torchrun", "nothing: tfrun runs on this machine unless --hosts names "
+                                 "others"),
+    "-np": ("horovodrun", "--workers N"),
+    "--num-proc": ("horovodrun", "--workers N"),
+    "-H": ("horovodrun", "--hosts with one entry per task (h1,h1,h2: not host:slots)"),
+    "--hostfile": ("horovodrun", "--hosts with one entry per task"),
+}
+
+
+def _refuse_foreign_flags(parser: argparse.ArgumentParser, own: Sequence[str]) -> None:
+    """torchrun's and horovodrun's flags get tfrun's equivalent, not argparse's bare error."""
+    takes_value = {s for a in parser._actions if a.option_strings and a.nargs is None
+                   and not isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                                          argparse._HelpAction))
+                   for s in a.option_strings}
+    skip = False
+    for token in own:
+        if skip:
+            skip = False
+            continue
+        if token == "--" or not token.startswith("-"):
+            return  # the script: what follows is its own
+        name = token.split("=", 1)[0]
+        skip = name in takes_value and "=" not in token
+        if name in FOREIGN_FLAGS:
+            tool, ours = FOREIGN_FLAGS[name]
+            raise ConfigError(f"{name} is {tool}'s flag, not tfrun's",
+                              expected="tfrun's flags (tfrun --help)", fix=f"Use {ours}",
+                              received=token)
+
+
+def build_launch_parser(prog: str = "tfrun", description: str | None = None
+                        ) -> argparse.ArgumentParser:
+    if prog != "tfrun":  # a subcommand that reads the launch flags (tfrun doctor)
+        return _add_launch_flags(argparse.ArgumentParser(
+            prog=prog, usage=f"{prog} [options] [script.py | -m module]",
+            description=description, formatter_class=argparse.RawDescriptionHelpFormatter))
+    return _add_launch_flags(argparse.ArgumentParser(
         prog="tfrun",
         usage="\n       ".join([
             "tfrun [options] (script.py | -m module) [script args]",
@@ -45,7 +100,10 @@ def build_launch_parser() -> argparse.ArgumentParser:
                "  tfrun --devices 2 --strategy mirrored train.py --epochs 3\n"
                "  tfrun --backend ray --workers 2 train.py\n"
                f"every flag also reads {contract.ENV_PREFIX}<FLAG> (e.g. {contract.MAX_RESTARTS}=2)",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+
+
+def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_topology_flags(parser)
     run = parser.add_argument_group("run")
     run.add_argument("-m", dest="module", default=None, help="run a module, like python -m")
@@ -140,10 +198,14 @@ def build_launch_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = None,
-                     *, script_required: bool = True) -> LaunchConfig:
-    parser = build_launch_parser()
+                     *, script_required: bool = True, prog: str = "tfrun",
+                     description: str | None = None) -> LaunchConfig:
+    """The LaunchConfig tfrun's launch flags in ``argv`` describe (``prog``/``description``:
+    a subcommand's own help, e.g. ``tfrun doctor --help``)."""
+    parser = build_launch_parser(prog, description)
     apply_env_defaults(parser, os.environ if environ is None else environ)
     own, module_args = split_module(parser, list(argv))
+    _refuse_foreign_flags(parser, own)
     args = parser.parse_args(own)
     if args.module:
         entrypoint = ("module", args.module)

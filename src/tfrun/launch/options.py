@@ -29,10 +29,26 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 
 def split_hosts(text: str) -> list[str]:
+    """``--hosts``: one ``host[:port]`` entry per task. A port below 1024 is refused: it is
+    no TensorFlow port, and most often Horovod's ``host:slots``.
+
+    >>> split_hosts("a,b:2300")
+    ['a', 'b:2300']
+    """
     hosts = [h.strip() for h in text.split(",")]
     if any(not h for h in hosts):
         raise argparse.ArgumentTypeError(f"empty entry in host list {text!r}; "
                                          "write it as 'ip0,ip1,ip2'")
+    for entry in hosts:
+        host, sep, port = entry.rpartition(":")
+        if sep and port.isdigit() and int(port) < 1024 and not host.endswith("]") \
+                and ":" not in host:
+            slots = int(port)
+            repeated = ",".join([host] * min(slots, 4)) + (",..." if slots > 4 else "")
+            raise argparse.ArgumentTypeError(
+                f"{entry!r}: {port} is not a TensorFlow port (below 1024); it looks like "
+                f"Horovod's host:slots. tfrun takes one entry per task: --hosts {repeated} "
+                f"(ports from --base-port), or --workers {slots} on one machine")
     return hosts
 
 

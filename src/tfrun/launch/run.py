@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -32,14 +33,29 @@ from .specs import spec_factory
 from .supervise import RunResult, Supervisor, describe_result
 from .tensorboard import TensorBoardServer
 
-__all__ = ["check_entrypoint", "check_show", "console_for", "plan_for", "resolved_block",
+__all__ = ["check_entrypoint", "check_python", "check_show", "console_for", "plan_for", "resolved_block",
            "supervise", "supervise_through_one_backend", "write_config"]
+
+
+def check_python(config: LaunchConfig) -> None:
+    """Refuse a ``--python`` this machine cannot run (before a run dir is made for it)."""
+    if shutil.which(config.python) is None:
+        raise ConfigError(f"--python {config.python} is not an executable Python here",
+                          expected="a Python interpreter's path (or a name on PATH)",
+                          fix="Pass e.g. --python python3, or omit --python (this one: "
+                              f"{sys.executable})", received=config.python)
 
 
 def check_entrypoint(config: LaunchConfig) -> None:
     """Refuse, before anything starts, what no restart can fix: a missing, unreadable or
     uncompilable script, a module that does not exist (exit 2 instead of burning restarts)."""
     kind, target = config.entrypoint
+    if kind == "script" and target.endswith(".ipynb"):
+        raise ConfigError(f"{target} is a Jupyter notebook, which Python cannot run as a "
+                          "script (it would load the JSON and do nothing)",
+                          expected="a Python file", fix=f"Convert it first: jupyter nbconvert "
+                          f"--to script {target}, then run the .py it writes",
+                          received=repr(target))
     if kind == "script":
         if not Path(target).is_file():
             raise ConfigError(f"Script {target!r} not found", expected="a path to a Python file",

@@ -38,6 +38,7 @@ from ... import contract
 from ...cluster import Topology
 from ...errors import ConfigError
 from ...in_task.pod import ROLES
+from ..config import STRATEGIES
 from ..options import add_topology_flags, non_negative_int, split_module, topology_from
 from .base import Engine, Subcommand
 
@@ -50,6 +51,9 @@ KINDS = ("jobset", "tfjob")
 #: TFJob's replica type for each tfrun role (training-operator v1 spelling).
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 _TFJOB_ACCEPTED = ("Chief", "Master", "Worker", "PS", "Evaluator")
+#: Kubernetes' resource.Quantity: a signed decimal with an optional binary (Ki..Ei),
+#: decimal (n, u, m, k, M..E) or exponent suffix.
+_QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([numkMGTPE]|[KMGTPE]i|[eE][+-]?\d+)?")
 CONTAINER = "tensorflow"   # TFJob requires this container name; JobSet pods use it too
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _LABEL = "jobset.sigs.k8s.io/"
@@ -99,6 +103,16 @@ class K8sJob:
         if not 1 <= self.port <= 65535:
             raise ConfigError("--port is not a port", expected="1..65535",
                               fix="Pass e.g. --port 2222", received=self.port)
+        for flag, value in (("--cpu", self.cpu), ("--memory", self.memory)):
+            if value is not None and not _QUANTITY.fullmatch(str(value)):
+                raise ConfigError(f"{flag} {value!r} is not a Kubernetes quantity",
+                                  expected="a number with an optional suffix, e.g. 4, 500m, "
+                                           "8Gi, 1.5", fix=f"Pass e.g. {flag} "
+                                  f"{'2' if flag == '--cpu' else '8Gi'}", received=repr(value))
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"Unknown strategy {self.strategy!r}",
+                              expected=f"one of {', '.join(STRATEGIES)}",
+                              fix="Pass e.g. --strategy auto", received=repr(self.strategy))
         if self.gpus_per_task < 0 or self.max_restarts < 0:
             raise ConfigError("--gpus-per-task and --max-restarts cannot be negative",
                               expected="0 or more", fix="Pass e.g. --gpus-per-task 1",
@@ -283,6 +297,18 @@ def _check_pod(template: Any, path: str, *, need_tensorflow: bool) -> None:
     for i, c in enumerate(containers):
         if not isinstance(c, dict) or not str(c.get("image") or "").strip():
             _bad(f"{path}.spec.containers[{i}].image", "is missing", "an image", c)
+        resources = c.get("resources") if isinstance(c.get("resources"), dict) else {}
+        for kind in ("limits", "requests"):
+            amounts = resources.get(kind) if isinstance(resources.get(kind), dict) else {}
+            for resource, amount in amounts.items():
+                if not _QUANTITY.fullmatch(str(amount)):
+                    _bad(f"{path}.spec.containers[{i}].resources.{kind}.{resource}",
+                         "is not a Kubernetes quantity", "e.g. 4, 500m, 8Gi", amount)
+        for entry in c.get("env") or []:
+            if isinstance(entry, dict) and entry.get("name") == contract.STRATEGY \
+                    and entry.get("value") not in STRATEGIES:
+                _bad(f"{path}.spec.containers[{i}].env[{contract.STRATEGY}]",
+                     "names no strategy", f"one of {', '.join(STRATEGIES)}", entry.get("value"))
 
 
 def _check_tfjob(spec: dict, where: str) -> None:

@@ -286,6 +286,11 @@ class LocalEngine(Engine):
     def selects(cls, config) -> bool:
         return True  # last in the registry: what no other engine takes runs here
 
+    @classmethod
+    def check(cls, config, chosen: bool) -> None:
+        if chosen:
+            run.check_python(config)  # this machine starts the tasks (or some of them)
+
     def run(self, plan: ClusterPlan):
         config, console = self.config, self.console
         multi = len(plan.tasks) > 1

@@ -200,6 +200,11 @@ class PerNodeEngine(Engine):
                               "--node-rank 0", received=f"--node-rank {config.node_rank}")
         return True
 
+    @classmethod
+    def check(cls, config, chosen: bool) -> None:
+        if chosen:
+            run.check_python(config)  # this machine starts the tasks (or some of them)
+
     def __init__(self, config, console, started: float) -> None:
         super().__init__(config, console, started)
         given = None if config.node_rank == "auto" else config.node_rank

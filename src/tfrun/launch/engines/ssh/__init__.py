@@ -119,7 +119,10 @@ def _run_doctor(argv, parse_launch) -> int:
     """``tfrun doctor --hosts ... [topology flags] [script.py]``: the preflight, on its own."""
     from .doctor import preflight
 
-    config = parse_launch(argv, script_required=False)
+    config = parse_launch(argv, script_required=False, prog="tfrun doctor",
+                          description="Check the hosts of an SSH launch before it starts: ssh "
+                                      "reaches each, the same Python, TensorFlow and tfrun, "
+                                      "the script, free ports. Takes tfrun's launch flags.")
     if not config.hosts:
         raise ConfigError("tfrun doctor needs --hosts", expected="the hosts to check",
                           fix="Pass e.g. tfrun doctor --hosts node-1,node-2 train.py",
