@@ -1,10 +1,10 @@
-"""The README's main job: seed 002's 2-layer MLP on handwritten digits, under any strategy.
+"""The README's main job: the Keras guide's 2-layer MLP on handwritten digits, under any strategy.
 
     tfrun --workers 2 examples/mnist_mlp.py            # 2-worker MultiWorkerMirroredStrategy
     python examples/mnist_mlp.py                       # plain single process, same code
     tfrun --workers 2 examples/mnist_mlp.py --data mnist   # real MNIST (needs the download)
 
-Only the data loading differs from the seed (digits ship with scikit-learn; MNIST via
+Only the data loading differs from the tutorial (digits ship with scikit-learn; MNIST via
 keras.datasets is kept for machines that have it), and TF_CONFIG is not written by hand:
 tfrun sets it for every task.
 """
@@ -31,7 +31,7 @@ print(f"{type(strategy).__name__}: {strategy.num_replicas_in_sync} replicas, "
 
 
 def get_compiled_model():
-    # Make a simple 2-layer densely-connected neural network (seed 002).
+    # Make a simple 2-layer densely-connected neural network (the Keras guide).
     inputs = keras.Input(shape=(x_train.shape[1],))
     x = keras.layers.Dense(256, activation="relu")(inputs)
     x = keras.layers.Dense(256, activation="relu")(x)

@@ -1,4 +1,4 @@
-"""Parameter-server training (seed 004's ParameterServerStrategy section), Keras 3 or tf_keras.
+"""Parameter-server training (the multi-GPU tutorial's ParameterServerStrategy section), Keras 3 or tf_keras.
 
     tfrun --chief --workers 2 --ps 1 examples/ps_training.py          # Keras 3
     tfrun --keras 2 --chief --workers 2 --ps 1 examples/ps_training.py  # tf_keras
@@ -8,7 +8,7 @@
 tfrun runs the ps and worker tasks as tf.distribute.Server processes (they never run this
 script) and this script on the chief, the coordinator. ``tfrun.fit`` takes a dataset
 *function*, as ``ClusterCoordinator.create_per_worker_dataset`` needs; under synchronous
-strategies it simply calls ``model.fit``. The model is seed 004's custom-loop model
+strategies it simply calls ``model.fit``. The model is the multi-GPU tutorial's custom-loop model
 (Dense 128 -> Dense 10 on 28x28 digits; `--data mnist` for the real MNIST loader).
 """
 

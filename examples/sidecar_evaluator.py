@@ -1,4 +1,4 @@
-"""Multi-worker training with a sidecar evaluator (seed 002's evaluator role), one script.
+"""Multi-worker training with a sidecar evaluator (the Keras guide's evaluator role), one script.
 
     tfrun --workers 2 --evaluator examples/sidecar_evaluator.py
 

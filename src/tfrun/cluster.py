@@ -5,7 +5,7 @@ unit-tested. The canonical TF_CONFIG that tfrun emits (and that ``parse_tf_confi
 normalises every dialect into) is the one TensorFlow 2 accepts:
 
 * roles are ``chief``, ``worker``, ``ps``, ``evaluator``; the legacy ``master``
-  (TF1 Estimator platforms, SageMaker, seed 001's UAI platform) becomes ``chief``;
+  (TF1 Estimator platforms, SageMaker, the UAI Train platform) becomes ``chief``;
 * the evaluator is *not* part of the cluster dict (TF's own Estimator convention:
   the evaluator only reads checkpoints, it serves nothing, and training tasks must
   never wait for it). An evaluator task is ``{"cluster": <training cluster>,
@@ -517,7 +517,7 @@ def plan_cluster(topology: Topology | None = None, *, hosts: Sequence[str] | Non
     * ``default``: with ``hosts``, one training task per host entry in the order chief,
       workers, ps (``len(hosts)`` must equal the task count; with no topology, every host
       is a worker). Without ``hosts``, every task is on ``localhost``.
-    * ``uai`` (seed 001): host 0 is the chief (legacy ``master``), the other hosts are
+    * ``uai`` (UAI Train): host 0 is the chief (legacy ``master``), the other hosts are
       workers, and *every* host also runs one ps, on ``base_port + 1``;
       ``environment: cloud``.
     * ``sagemaker``: the same shape with fixed ports 2222 (chief/worker) and 2223 (ps), and

@@ -167,7 +167,7 @@ def test_optimizer_build_fix_is_needed_for_the_seed_custom_loop(workdir):
     env = {**flavour_env("3"), "TFRUN_COMPAT_DISABLE": "optimizer_build_in_replica_context"}
     cmd = [sys.executable, "-m", "tfrun", "--devices", "2", "--quiet-tasks", "--color", "never",
            "--run-dir", str(workdir / "run-without-optimizer-build"),
-           str(ROOT / "examples" / "seed004_custom_loop.py"), "--epochs", "1"]
+           str(ROOT / "examples" / "custom_training_loop.py"), "--epochs", "1"]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     log = (workdir / "run-without-optimizer-build" / "logs" / "worker-0.log").read_text(errors="replace")

@@ -56,10 +56,10 @@ RUN_HERE = {
 }
 # README line -> the test file whose test runs it as written.
 ELSEWHERE = {
-    "tfrun --hosts node-1,node-2 examples/seed000_multiworker_mobilenet.py": "tests/multihost/test_multihost.py",
-    "tfrun --hosts node-1,node-2 --node-rank auto examples/seed000_multiworker_mobilenet.py":
+    "tfrun --hosts node-1,node-2 examples/multiworker_mobilenet.py": "tests/multihost/test_multihost.py",
+    "tfrun --hosts node-1,node-2 --node-rank auto examples/multiworker_mobilenet.py":
         "tests/multihost/test_multihost.py",
-    "tfrun doctor --hosts node-1,node-2 examples/seed000_multiworker_mobilenet.py":
+    "tfrun doctor --hosts node-1,node-2 examples/multiworker_mobilenet.py":
         "tests/multihost/test_multihost.py",
     "tfrun slurm --nodes 2 --time 10:00 examples/mnist_mlp.py > job.sh && sbatch job.sh":
         "tests/slurm/test_slurm.py",

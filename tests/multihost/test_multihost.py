@@ -383,9 +383,9 @@ def test_pernode_node_with_other_flags_is_refused(fake_hosts, tmp_path):
 
 
 README_COMMANDS = [
-    "tfrun doctor --hosts node-1,node-2 examples/seed000_multiworker_mobilenet.py",
-    "tfrun --hosts node-1,node-2 examples/seed000_multiworker_mobilenet.py",
-    "tfrun --hosts node-1,node-2 --node-rank auto examples/seed000_multiworker_mobilenet.py",
+    "tfrun doctor --hosts node-1,node-2 examples/multiworker_mobilenet.py",
+    "tfrun --hosts node-1,node-2 examples/multiworker_mobilenet.py",
+    "tfrun --hosts node-1,node-2 --node-rank auto examples/multiworker_mobilenet.py",
 ]
 
 

@@ -180,7 +180,7 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                          "is a fresh, page-faulted mmap (see tfrun.in_task.heap)")
     tf.add_argument("--roles", choices=ROLE_MODES, default="auto",
                     help="auto: with ps, tfrun runs ps/workers as servers and the script on the "
-                         "chief; script: every task runs the script (seed-001 convention)")
+                         "chief; script: every task runs the script (UAI Train's convention)")
     out = parser.add_argument_group("output")
     out.add_argument("--show", default=None, metavar="TASKS",
                      help="only show these tasks on the console, e.g. 'chief,worker:0'")

@@ -2,7 +2,7 @@
 
     tfrun --workers 2 -m tfrun.in_task._bench_model --model mlp --steps 40 --epochs 3
 
-``mlp`` is seed 000's MLP (784-1024-1024-10, 256 samples per replica per step); ``cnn`` a
+``mlp`` is the scaling tutorial's MLP (784-1024-1024-10, 256 samples per replica per step); ``cnn`` a
 small convnet on 28x28x1 images (64 per replica). The data is random (no download): the
 point is the time a step takes, not what the model learns. Under ``tfrun.strategy()``;
 the global batch is ``tfrun.global_batch_size`` (weak scaling; ``tfrun bench --strong``

@@ -1,4 +1,4 @@
-"""The evaluator sidecar (seed 002's "evaluator" role): evaluate every checkpoint the chief
+"""The evaluator sidecar (the "evaluator" role of the Keras distributed-training guide): evaluate every checkpoint the chief
 writes, while training runs, and the last one after it ends.
 
 On the evaluator task (``tfrun --evaluator``)::

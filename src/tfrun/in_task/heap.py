@@ -6,7 +6,7 @@ Why: the first ``GeneratorDataset`` kernel a TensorFlow process builds (every
 (``tensorflow::data::ApplyPython311MemoryPatch``, against a Python 3.11 memory growth).
 That pins glibc's threshold and turns off its dynamic raising, so from then on every
 buffer of 128 KiB or more is a fresh ``mmap`` that is page-faulted in and ``munmap``-ed
-again: oneDNN's packing buffers for every MatMul (1.4 and 1.9 MiB for seed 000's MLP) cost
+again: oneDNN's packing buffers for every MatMul (1.4 and 1.9 MiB for the scaling tutorial's MLP) cost
 ~1,100 page faults and ~2.5 ms of system time per step. Keras under *any* strategy pays
 it; the same fit without a strategy never builds that kernel and does not. Measured
 (``benchmarks/bench_strategy_overhead.py``, one core): a strategy's step went from

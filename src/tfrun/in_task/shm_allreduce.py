@@ -2,7 +2,7 @@
 
 Why: TensorFlow's CPU collectives (MultiWorkerMirroredStrategy, ring over gRPC) move
 gradients between two processes on one host at ~200 MiB/s (measured by
-``benchmarks/bench_shm_allreduce.py``: 35 ms for seed 000's 7.1 MiB of gradients), while
+``benchmarks/bench_shm_allreduce.py``: 35 ms for the benchmark MLP's 7.1 MiB of gradients), while
 one memory copy runs at GB/s. When every worker of the cluster is on this host, tfrun
 routes MultiWorkerMirroredStrategy's dense all-reduces through a shared-memory exchange
 instead; the strategy, the optimizer and the user's script do not change.

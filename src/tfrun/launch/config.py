@@ -26,7 +26,7 @@ __all__ = ["KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "STRATEGIES", "Launc
 STRATEGIES = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
 KERAS_FLAVOURS = ("3", "2")
 #: auto: tfrun runs ps/worker of a PS cluster as servers itself; script: every task runs the
-#: script, which picks its role from TF_CONFIG (the seed-001 platform convention).
+#: script, which picks its role from TF_CONFIG (UAI Train's convention).
 ROLE_MODES = ("auto", "script")
 #: auto: a local cluster's tasks get a private network when possible (else the host's, with a
 #: warning); private: required; host: opt out (servers reachable on every interface).

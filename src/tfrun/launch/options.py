@@ -91,7 +91,7 @@ def add_topology_flags(parser: argparse.ArgumentParser) -> None:
                        help="comma-separated host[:port] list, one entry per training task "
                             "(repeat a host to run several tasks on it)")
     group.add_argument("--layout", choices=LAYOUTS, default="default",
-                       help="how hosts map to roles: default; uai (seed 001: host0 chief, every "
+                       help="how hosts map to roles: default; uai (UAI Train: host0 chief, every "
                             "host a ps); sagemaker (ports 2222/2223)")
 
 

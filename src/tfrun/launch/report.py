@@ -10,7 +10,7 @@ from what the run dir holds: ``summary.json``, ``config.json``, ``events.jsonl``
 * ``throughput.png``: steps/s of each epoch over time, per task;
 * ``resources.png``: CPU and memory of each task's process tree over time.
 
-``tfrun report RUN_A RUN_B ...`` writes a comparison page instead: seed 000's table (time,
+``tfrun report RUN_A RUN_B ...`` writes a comparison page instead: the two-machine scaling table (time,
 throughput, speedup, efficiency; see ``runstats``) and a throughput chart.
 
     path = write_report(Path("runs/20261122-101500-train"))   # .../report.html

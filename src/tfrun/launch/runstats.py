@@ -2,7 +2,7 @@
 
 A run dir holds ``summary.json`` (how the run went, when it started and ended, every task)
 and ``metrics/<task>.jsonl`` (each task's epochs, recorded by ``tfrun.in_task.metrics``).
-``read_run`` turns one into a ``RunStats``; ``compare`` adds seed 000's columns -- speedup
+``read_run`` turns one into a ``RunStats``; ``compare`` adds the two-machine scaling table's columns -- speedup
 and scaling efficiency against the first run -- and ``format_table`` prints them::
 
     runs = [read_run("runs/a"), read_run("runs/b")]

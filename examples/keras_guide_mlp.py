@@ -1,10 +1,10 @@
-"""Seed 002/003 (keras.io "Multi-GPU and distributed training"), as written, under tfrun.
+"""The Keras guide "Multi-GPU and distributed training" (keras.io), as written, under tfrun.
 
-    tfrun --devices 2 examples/seed002_keras_mlp.py      # MirroredStrategy over 2 CPUs
+    tfrun --devices 2 examples/keras_guide_mlp.py      # MirroredStrategy over 2 CPUs
 
-Changed from the seed: only the data (MNIST -> scikit-learn digits, which ship with the
+Changed from the tutorial: only the data (MNIST -> scikit-learn digits, which ship with the
 package; `--data mnist` keeps the real loader) and the checkpoint directory (under the
-run directory instead of ./ckpt). The strategy code is the seed's own.
+run directory instead of ./ckpt). The strategy code is the guide's own.
 """
 
 import argparse
@@ -70,7 +70,7 @@ model.fit(train_dataset, epochs=args.epochs, validation_data=val_dataset, verbos
 # Test the model on all available devices.
 print("test [loss, accuracy]:", model.evaluate(test_dataset, verbose=0))
 
-# --- Using callbacks to ensure fault tolerance (the seed's second program) ---------------
+# --- Using callbacks to ensure fault tolerance (the guide's second program) ---------------
 checkpoint_dir = os.path.join(os.environ.get("TFRUN_RUN_DIR", "."), "ckpt")
 if not os.path.exists(checkpoint_dir):
     os.makedirs(checkpoint_dir)

@@ -1,11 +1,11 @@
-"""Seed 000 (tf.distribute multi-worker training of MobileNetV2), under tfrun.
+"""The tf.distribute multi-worker tutorial (MobileNetV2), under tfrun.
 
-    tfrun --workers 2 examples/seed000_multiworker_mobilenet.py
+    tfrun --workers 2 examples/multiworker_mobilenet.py
 
-Changed from the seed: no hand-written TF_CONFIG (tfrun sets it on every worker), and the
+Changed from the tutorial: no hand-written TF_CONFIG (tfrun sets it on every worker), and the
 data: cats_vs_dogs via tensorflow_datasets at 224x224 becomes scikit-learn's digits at
 32x32 RGB with a few steps (`--data tfds` keeps the real loader for machines that have
-the data set). ``weights=None``: the seed's default ImageNet weights would be a download.
+the data set). ``weights=None``: the tutorial's default ImageNet weights would be a download.
 """
 
 import argparse

@@ -10,13 +10,13 @@ pytestmark = pytest.mark.tf
 
 EXAMPLES = {
     # example: (tfrun flags, script args, strategy the seed uses, a line that proves it trained)
-    "seed002_keras_mlp.py": (["--devices", "2"], [], "MirroredStrategy",
+    "keras_guide_mlp.py": (["--devices", "2"], [], "MirroredStrategy",
                              r"test \[loss, accuracy\]: \[[0-9.]+, (0\.[89]\d*|1\.0)"),
-    "seed004_cnn.py": (["--devices", "2"], ["--epochs", "4"], "MirroredStrategy",
+    "mirrored_cnn.py": (["--devices", "2"], ["--epochs", "4"], "MirroredStrategy",
                        r"Test Accuracy: (0\.[89]\d*|1\.0)"),
-    "seed004_custom_loop.py": (["--devices", "2"], ["--epochs", "6"], "MirroredStrategy",
+    "custom_training_loop.py": (["--devices", "2"], ["--epochs", "6"], "MirroredStrategy",
                                r"Test Accuracy: (0\.[89]\d*|1\.0)"),
-    "seed000_multiworker_mobilenet.py": (["--workers", "2"], ["--epochs", "1", "--steps", "3"],
+    "multiworker_mobilenet.py": (["--workers", "2"], ["--epochs", "1", "--steps", "3"],
                                          "MultiWorkerMirroredStrategy", r"final loss: [0-9.]+"),
     "ps_training.py": (["--chief", "--workers", "2", "--ps", "1"], ["--epochs", "6"],
                        "ParameterServerStrategy", r"\[chief:0\] test accuracy: (0\.[89]\d*|1\.0)"),

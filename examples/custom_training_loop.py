@@ -1,13 +1,13 @@
-"""Seed 004's custom training loop (strategy.run + strategy.reduce), under tfrun.
+"""The multi-GPU tutorial's custom training loop (strategy.run + strategy.reduce), under tfrun.
 
-    tfrun --devices 2 examples/seed004_custom_loop.py
+    tfrun --devices 2 examples/custom_training_loop.py
 
-Changed from the seed: the data (MNIST -> scikit-learn digits resized to 28x28 and
+Changed from the tutorial: the data (MNIST -> scikit-learn digits resized to 28x28 and
 flattened to 784; `--data mnist` keeps the real loader), the epoch count is a flag, and
-one bug of the seed itself: it calls ``strategy.run(train_step, args=(dataset_inputs,))``
+one bug of the tutorial itself: it calls ``strategy.run(train_step, args=(dataset_inputs,))``
 with a one-element tuple although ``train_step`` takes ``(inputs, targets)``, which fails
 with "missing 1 required positional argument: 'targets'" in any Keras; we pass
-``args=dataset_inputs``. Everything else is as written (see the NOTEs for what the seed
+``args=dataset_inputs``. Everything else is as written (see the NOTEs for what the tutorial
 does not do). Under Keras 3 this loop needs tfrun's ``optimizer_build_in_replica_context``
 fix (keras-team/keras#19308); the bootstrap applies it.
 """
@@ -25,7 +25,7 @@ parser.add_argument("--epochs", type=int, default=10)
 args = parser.parse_args()
 
 (x_train, y_train), (x_test, y_test) = load(args.data, flat=True, size=28)
-# NOTE (tfrun): the seed iterates a plain dataset, so every replica gets the *whole* batch;
+# NOTE (tfrun): the tutorial iterates a plain dataset, so every replica gets the *whole* batch;
 # strategy.experimental_distribute_dataset(...) would give each replica its share.
 train_dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train)).shuffle(2000, seed=0).batch(64)
 
@@ -47,7 +47,7 @@ def train_step(inputs, targets):
     with tf.GradientTape() as tape:
         predictions = model(inputs, training=True)
         per_replica_loss = loss_fn(targets, predictions)
-        # NOTE (tfrun): the seed averages per replica; tf.nn.compute_average_loss(...,
+        # NOTE (tfrun): the tutorial averages per replica; tf.nn.compute_average_loss(...,
         # global_batch_size=...) is the scaling that matches single-device training.
         loss = tf.reduce_mean(per_replica_loss)
     gradients = tape.gradient(loss, model.trainable_variables)

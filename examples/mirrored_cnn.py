@@ -1,10 +1,10 @@
-"""Seed 004's "Complete Multi-GPU Training Example" (CNN, MirroredStrategy), under tfrun.
+"""The multi-GPU tutorial's "Complete Multi-GPU Training Example" (CNN, MirroredStrategy), under tfrun.
 
-    tfrun --devices 2 examples/seed004_cnn.py
+    tfrun --devices 2 examples/mirrored_cnn.py
 
-Changed from the seed: the data (MNIST -> scikit-learn digits resized to 28x28; `--data
+Changed from the tutorial: the data (MNIST -> scikit-learn digits resized to 28x28; `--data
 mnist` keeps the real loader), the checkpoint path (the run's output directory), and the
-epoch count is a flag. The model, strategy and callbacks are the seed's.
+epoch count is a flag. The model, strategy and callbacks are the tutorial's.
 """
 
 import argparse
