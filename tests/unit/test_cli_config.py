@@ -91,3 +91,23 @@ def test_config_cli_does_not_import_tensorflow():
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("flags, hosts", [
+    (["--chief", "--workers", "2", "--ps", "1"], ["localhost"] * 4),
+    (["--hosts", "node-1,node-2"], ["node-1", "node-2"]),      # ssh: nothing connects
+])
+def test_dry_run_prints_every_task_s_tf_config_and_creates_nothing(tmp_path, flags, hosts):
+    (tmp_path / "train.py").write_text("raise SystemExit('the dry run must not run me')\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    out = subprocess.run([sys.executable, "-m", "tfrun", "--dry-run", *flags, "train.py", "--lr", "1"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no run dir, nothing else
+    configs = [json.loads(line.split(":", 1)[1]) for line in out.stdout.splitlines()
+               if line.strip().startswith("TF_CONFIG")]
+    tasks = [(c["task"]["type"], c["task"]["index"]) for c in configs]
+    assert len(tasks) == len(hosts) and len(set(tasks)) == len(tasks), out.stdout
+    addresses = [a for c in configs[:1] for role in c["cluster"].values() for a in role]
+    assert [a.rsplit(":", 1)[0] for a in addresses] == hosts
+    assert out.stdout.count("-m tfrun.in_task.bootstrap train.py --lr 1") == len(hosts)

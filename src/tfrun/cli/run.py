@@ -123,6 +123,9 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                           "epoch with verbose=2)")
     run.add_argument("--evaluator-grace", type=positive_float, default=30.0,
                      help="seconds the evaluator may keep running after training (default 30)")
+    run.add_argument("--dry-run", action="store_true", default=False,
+                     help="print the plan (engine, every task's TF_CONFIG, command and "
+                          "variables) and exit: nothing is started or created")
     run.add_argument("--run-dir", default=None,
                      help="run directory (default runs/<time>-<name>)")
     run.add_argument("--name", default=None, help="run name (default: the script's name)")
@@ -236,7 +239,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         hang_timeout=args.hang_timeout,
         evaluator_grace=args.evaluator_grace, show=args.show, quiet_tasks=args.quiet_tasks,
         tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,
-        tensorboard=args.tensorboard,
+        tensorboard=args.tensorboard, dry_run=args.dry_run,
         keras=args.keras, devices=args.devices, roles=args.roles, comm=args.comm,
         mmap_threshold=args.mmap_threshold,
     )
@@ -246,6 +249,10 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
 
 
 def run_launch(argv: Sequence[str]) -> int:
-    from ..launch import launch
+    from ..launch import dry_run, launch
 
-    return launch(config_from_args(argv))
+    config = config_from_args(argv)
+    if config.dry_run:
+        print(dry_run(config))
+        return 0
+    return launch(config)

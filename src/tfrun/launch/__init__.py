@@ -24,7 +24,7 @@ from .output import ConsoleSink
 from .supervise import RunResult
 from .tensorboard import require_tensorboard
 
-__all__ = ["LaunchConfig", "Topology", "launch", "launch_and_report", "launch_mode"]
+__all__ = ["LaunchConfig", "Topology", "dry_run", "launch", "launch_and_report", "launch_mode"]
 
 
 def launch_mode(config: LaunchConfig) -> str:
@@ -69,3 +69,14 @@ def _run(engine: Engine) -> RunResult:
     plan = run.plan_for(config)
     run.check_show(config, plan)
     return engine.run(plan)
+
+
+def dry_run(config: LaunchConfig) -> str:
+    """The plan of ``launch(config)`` as text, with every task's TF_CONFIG and command;
+    nothing is started, created or reserved (``tfrun --dry-run``)."""
+    config, engine_class = prepare(config)
+    if engine_class.checks_entrypoint_locally:
+        run.check_entrypoint(config)
+    plan = run.plan_for(config)
+    run.check_show(config, plan)
+    return run.dry_run(config, plan, engine_class.name)

@@ -57,6 +57,7 @@ class LaunchConfig:
     quiet_tasks: bool = False
     tf_noise: bool = False
     tensorboard: bool = False           # TensorBoard on <run dir>/tensorboard for the run
+    dry_run: bool = False               # print the plan (tasks, TF_CONFIGs, commands); start nothing
     color: bool | None = None           # None: when stdout is a TTY
     strategy: str = "auto"
     keras: str = "3"

@@ -28,12 +28,12 @@ from .config import LaunchConfig
 from .engines.base import Backend
 from .output import LEAD_AUTO, ConsoleSink, parse_task_filter
 from .redact import redact_args
-from .rundir import run_dir_for
+from .rundir import planned_run_dir, run_dir_for
 from .specs import spec_factory
 from .supervise import RunResult, Supervisor, describe_result
 from .tensorboard import TensorBoardServer
 
-__all__ = ["check_entrypoint", "check_python", "check_show", "console_for", "plan_for", "resolved_block",
+__all__ = ["check_entrypoint", "check_python", "check_show", "console_for", "dry_run", "plan_for", "resolved_block",
            "supervise", "supervise_through_one_backend", "write_config"]
 
 
@@ -262,3 +262,27 @@ def supervise_through_one_backend(config: LaunchConfig, plan: ClusterPlan, conso
         make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
         return supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
                          console, started)
+
+
+def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
+    """What a launch would do, as text: the engine, then every task with its TF_CONFIG, its
+    command and the variables tfrun sets for it. Nothing is created, reserved or started;
+    a local run's ports are the planned ones (a real run reserves free ones at start)."""
+    multi = len(plan.tasks) > 1
+    run_dir = planned_run_dir(config).absolute()
+    remote = engine not in ("local",)
+    make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=remote)
+    lines = [f"dry run: nothing was started or created",
+             f"  engine     : {engine}" + (f" ({config.origin})" if config.origin else ""),
+             f"  run dir    : {run_dir} (not created)",
+             f"  strategy   : {_strategy_description(config, plan)}"]
+    for task in plan.tasks:
+        spec = make_spec(task, 0)
+        set_by_tfrun = {k: v for k, v in sorted(spec.env.items())
+                        if k.startswith(contract.ENV_PREFIX) or k.startswith("TF_")}
+        tf_config = set_by_tfrun.pop("TF_CONFIG", None)
+        lines.append(f"task {task}" + (f" on {spec.host}" if spec.host else ""))
+        lines.append(f"  TF_CONFIG  : {tf_config if tf_config else '(none: a single task)'}")
+        lines.append(f"  command    : {' '.join(redact_args(list(spec.argv)))}")
+        lines.append("  environment: " + " ".join(f"{k}={v}" for k, v in set_by_tfrun.items()))
+    return "\n".join(lines)

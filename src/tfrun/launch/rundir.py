@@ -113,6 +113,14 @@ def _unusable(path: Path, exc: OSError) -> ConfigError:
                        received=f"{path} ({exc.filename or path}: {why})")
 
 
+def planned_run_dir(config: LaunchConfig) -> Path:
+    """Where ``run_dir_for`` would put this run (nothing is created: ``--dry-run``)."""
+    if config.run_dir or config.run_id:
+        return Path(config.run_dir) if config.run_dir else Path(config.runs_root) / config.run_id
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(config.runs_root) / f"{stamp}-{config.display_name}"
+
+
 def run_dir_for(config: LaunchConfig) -> RunDir:
     """The run directory ``config`` asks for (see the module docstring), created and locked."""
     if config.run_dir or config.run_id:
