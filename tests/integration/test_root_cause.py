@@ -26,3 +26,16 @@ def test_a_worker_that_leaves_or_freezes_is_blamed_not_the_healthy_worker_0(tmp_
     assert root["traceback_of"] == "worker:0" and "stopped sending heartbeats" in root["traceback"]
     assert "last traceback of worker:0" in run.stdout
     assert_nothing_left(run)
+
+
+def test_tensorflow_s_startup_order_error_comes_with_its_fix(tmp_path):
+    # A real TensorFlow error: an op before tfrun.strategy() (MWMS, 2 workers).
+    run = Run(tmp_path, ["--workers", "2", "--stop-grace", "5", "--join-timeout", "120",
+                         "tests/scripts/op_before_strategy.py"])
+    assert run.run(timeout=300) == 1, run.stdout
+    assert "RuntimeError: Collective ops must be configured at program startup" in run.stdout
+    assert "hint: A TensorFlow operation ran before the multi-worker strategy was made" \
+           in run.stdout
+    hints = run.summary["root_cause"]["hints"]
+    assert len(hints) == 1 and "call tfrun.strategy() first thing" in hints[0]
+    assert_nothing_left(run)

@@ -33,3 +33,32 @@ def test_a_real_tf_2_21_heartbeat_failure_names_the_task_that_left():
 ])
 def test_culprits_by_wording(text, expected):
     assert culprits(text) == expected
+
+
+# ---------------------------------------------------------------- TensorFlow's errors explained
+
+from tfrun.launch.supervise.explain import HINTS, explain  # noqa: E402
+
+
+@pytest.mark.parametrize("log, fix", [
+    ("RuntimeError: Collective ops must be configured at program startup",
+     "call tfrun.strategy() first thing"),
+    ("tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating "
+     "tensor with shape[4096,4096]", "lower the per-replica batch size"),
+    ("E1124 12:00:00.000 grpc_server_lib.cc: Could not start gRPC server", "pick the ports"),
+    ("UNKNOWN: Failed to start server: Address already in use", "another process holds it"),
+    ("ValueError: If `cluster_spec` is given in the TF_CONFIG, `task_type` must also be provided",
+     "but not this process's task"),
+    ("W tensorflow/core/grappler/optimizers/data/auto_shard.cc:786] AUTO sharding policy will "
+     "apply DATA sharding policy as it failed to apply FILE sharding policy ... Consider either "
+     "turning off auto-sharding or switching the auto_shard_policy to DATA",
+     "Every worker reads the whole input"),
+])
+def test_tensorflow_errors_are_explained(log, fix):
+    hints = explain(log)
+    assert len(hints) == 1 and fix in hints[0], hints
+
+
+def test_a_script_s_own_error_gets_no_hint_and_every_rule_is_distinct():
+    assert explain("Traceback ...\nValueError: the learning rate must be positive") == []
+    assert len({fix for _, fix in HINTS}) == len(HINTS)

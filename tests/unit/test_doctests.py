@@ -17,6 +17,7 @@ import tfrun.launch.output.tasklog
 import tfrun.launch.output.tracebacks
 import tfrun.launch.supervise.records
 import tfrun.launch.supervise.summary
+import tfrun.launch.supervise.explain
 import tfrun.launch.supervise.policy
 import tfrun.launch.ports
 import tfrun.launch.options
@@ -39,7 +40,7 @@ import tfrun.contract
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
                                     tfrun.launch.output.splitter, tfrun.launch.output.tasklog,
                                     tfrun.launch.output.tracebacks, tfrun.launch.supervise.records,
-                                    tfrun.launch.supervise.summary,
+                                    tfrun.launch.supervise.summary, tfrun.launch.supervise.explain,
                                     tfrun.launch.supervise.policy, tfrun.launch.ports, tfrun.launch.options,
                                     tfrun.launch.run, tfrun.launch.engines, tfrun.launch.engines.base,
                                     tfrun.launch.engines.ssh.command, tfrun.launch.engines.slurm,

@@ -107,3 +107,5 @@ class RunResult:
     attempts: list[dict] = field(default_factory=list)
     #: gang restarts after a preemption (not charged to --max-restarts)
     preemptions: int = 0
+    #: what TensorFlow's errors in the failed tasks' logs mean, and the fix (explain.py)
+    hints: list[str] = field(default_factory=list)

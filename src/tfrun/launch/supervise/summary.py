@@ -39,7 +39,8 @@ def write_summary(result: RunResult, run_dir: Path, started_at: float,
             "traceback_of": None if result.traceback_of is None
             else str(result.traceback_of.task),
             "failed_because": None if result.failed_because is None
-            else str(result.failed_because.task)},
+            else str(result.failed_because.task),
+            "hints": result.hints},
         "tasks": [r.to_dict() for r in result.tasks],
     }
     path = run_dir / "summary.json"
@@ -87,6 +88,7 @@ def describe_result(result: RunResult, started: float) -> str:
             lines.extend("  " + l for l in result.traceback.splitlines())
         elif root is not None and result.status is RunStatus.FAILED:
             lines.append(f"no Python traceback in {root.logger.path}; see the log's last lines")
+        lines.extend(f"hint: {hint}" for hint in result.hints)
     lines.append("tasks:")
     for record in result.tasks:
         note = " (stopped by tfrun)" if record.stopped_by_tfrun else ""

@@ -27,6 +27,7 @@ from ..engines.base import Backend, TaskSpec
 from ..config import LaunchConfig
 from ...contract import TF_CONFIG_REPLACED
 from .diagnose import culprits
+from .explain import explain
 from ..output import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .policy import (ALLOWED_TRANSITIONS, Decision, FailureClass, FailurePolicy, TaskExit,
                      TaskState, backoff_seconds, classify_exit)
@@ -590,7 +591,11 @@ class Supervisor:
                 if traceback is not None:
                     traceback_of = record
                     break
-        result = RunResult(exit_code=exit_code, status=status, root_cause=root,
+        hints: list[str] = []
+        for record in (root, failed_because):
+            if record is not None and status == RunStatus.FAILED:
+                hints += [h for h in explain(log_tail(record.logger.path)) if h not in hints]
+        result = RunResult(exit_code=exit_code, status=status, root_cause=root, hints=hints,
                            tasks=self.records, restarts=self.restarts, message=message,
                            attempts=self.attempts, preemptions=self.preemptions,
                            traceback=traceback, failed_because=failed_because,
