@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from .. import contract
@@ -84,6 +85,11 @@ def library_path(environ=None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait for one build
         if target.exists():
             return target
+        # Said once, by the task that builds (the others wait on the lock): a first run is
+        # slower by the build, and nothing else would say why.
+        print(f"tfrun: building the native shared-memory exchange for TensorFlow "
+              f"{tf.__version__} (once per machine; cached in {cache})", flush=True)
+        started = time.monotonic()
         fd, partial = tempfile.mkstemp(prefix=target.name, suffix=".partial", dir=cache)
         os.close(fd)
         try:
@@ -97,6 +103,8 @@ def library_path(environ=None) -> Path:
                 raise RuntimeError(f"{Path(compiler).name} failed: "
                                    f"{(build.stderr or build.stdout).strip()[-1500:]}")
             os.replace(partial, target)  # whole or not at all: a reader never sees half
+            print(f"tfrun: built the native shared-memory exchange in "
+                  f"{time.monotonic() - started:.1f}s", flush=True)
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
