@@ -1,6 +1,7 @@
-"""Issue 12: every command the README shows is run by a CI test.
+"""Issue 12: every command the README and the docs show is run by a CI test.
 
-The README's command lines are read from its code blocks. Each is either run here, as
+The command lines are read from the code blocks of README.md and docs/*.md (the generated
+command-line reference aside: its lines are argparse's help). Each is either run here, as
 written (plus short step counts), or by the named test that runs its engine's commands
 (multi-host fake hosts, Slurm, Ray, Kubernetes manifests), or by CI itself; the one that
 cannot run on this machine says why. A command added to the README without a runner fails
@@ -23,13 +24,20 @@ _COMMENT = re.compile(r"\s{2,}#.*$")
 
 
 def readme_commands() -> list[str]:
+    """Every command line of the README's and the docs' code blocks, in order, once each."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     commands, in_code = [], False
-    for line in (ROOT / "README.md").read_text().splitlines():
-        if line.startswith("```"):
-            in_code = not in_code
+    for page in pages:
+        if page.name == "cli-reference.md":
             continue
-        if in_code and _COMMAND.match(line):
-            commands.append(_COMMENT.sub("", line).strip())
+        for line in page.read_text().splitlines():
+            if line.startswith("```"):
+                in_code = not in_code
+                continue
+            if in_code and _COMMAND.match(line):
+                command = _COMMENT.sub("", line).strip()
+                if command not in commands:
+                    commands.append(command)
     return commands
 
 

@@ -28,7 +28,7 @@ from ..cluster import iter_env_lines, parse_tf_config, plan_cluster
 from ..errors import ConfigError, TfrunError
 from ..launch.options import add_topology_flags, non_negative_int, topology_from
 
-__all__ = ["main", "build_config_parser"]
+__all__ = ["main", "build_config_parser", "build_report_parser"]
 
 # --------------------------------------------------------------------------- tfrun config
 
@@ -99,14 +99,7 @@ def _run_config(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------- tfrun report
 
 
-def _run_report(argv: Sequence[str]) -> int:
-    """``tfrun report RUN_DIR [RUN_DIR ...]``: one run's report.html (again), or several runs
-    side by side (the first is the baseline of speedup and efficiency)."""
-    import json
-
-    from ..launch.report import write_comparison, write_report
-    from ..launch.runstats import compare, format_table, read_run
-
+def build_report_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfrun report", description="One run: write its report.html (plots, summary, "
         "configuration) again. Several runs: print them side by side (time, first step, "
@@ -120,6 +113,18 @@ def _run_report(argv: Sequence[str]) -> int:
                         help="where the page goes (one run: RUN_DIR/report.html; several: "
                              "./tfrun-report.html)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    return parser
+
+
+def _run_report(argv: Sequence[str]) -> int:
+    """``tfrun report RUN_DIR [RUN_DIR ...]``: one run's report.html (again), or several runs
+    side by side (the first is the baseline of speedup and efficiency)."""
+    import json
+
+    from ..launch.report import write_comparison, write_report
+    from ..launch.runstats import compare, format_table, read_run
+
+    parser = build_report_parser()
     args = parser.parse_args(argv)
     rows = compare([read_run(path) for path in args.run_dirs])
     print(format_table(rows))
