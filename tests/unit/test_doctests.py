@@ -20,7 +20,7 @@ import tfrun.launch.supervise.summary
 import tfrun.launch.supervise.explain
 import tfrun.launch.supervise.policy
 import tfrun.launch.ports
-import tfrun.launch.options
+import tfrun.flags
 import tfrun.launch.run
 import tfrun.launch.engines
 import tfrun.launch.engines.base
@@ -41,7 +41,7 @@ import tfrun.contract
                                     tfrun.launch.output.splitter, tfrun.launch.output.tasklog,
                                     tfrun.launch.output.tracebacks, tfrun.launch.supervise.records,
                                     tfrun.launch.supervise.summary, tfrun.launch.supervise.explain,
-                                    tfrun.launch.supervise.policy, tfrun.launch.ports, tfrun.launch.options,
+                                    tfrun.launch.supervise.policy, tfrun.launch.ports, tfrun.flags,
                                     tfrun.launch.run, tfrun.launch.engines, tfrun.launch.engines.base,
                                     tfrun.launch.engines.ssh.command, tfrun.launch.engines.slurm,
                                     tfrun.launch.engines.slurm.allocation,

@@ -363,7 +363,7 @@ README_COMMAND = ("tfrun k8s --image registry.example.com/train:1 --workers 2 "
 
 
 def test_readme_k8s_command_runs_as_written_and_its_manifest_validates(tmp_path):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text()
     assert README_COMMAND in readme and "kubectl apply -f job.yaml" in readme
     result = subprocess.run(["bash", "-c", README_COMMAND], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)

@@ -26,7 +26,7 @@ from typing import Sequence
 from .. import __version__
 from ..cluster import iter_env_lines, parse_tf_config, plan_cluster
 from ..errors import ConfigError, TfrunError
-from ..launch.options import add_topology_flags, non_negative_int, topology_from
+from ..flags import add_topology_flags, non_negative_int, topology_from
 
 __all__ = ["main", "build_config_parser", "build_report_parser"]
 

@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from ..in_task.heap import DEFAULT_THRESHOLD
 from ..launch.config import KERAS_FLAVOURS, ROLE_MODES, STRATEGIES, LaunchConfig
 from ..launch.engines import ENGINES, backend_choices, check_options, subcommands
-from ..launch.options import (add_topology_flags, apply_env_defaults, non_negative_float,
+from ..flags import (add_topology_flags, apply_env_defaults, non_negative_float,
                               non_negative_int, port, positive_float, split_hosts, split_module,
                               topology_from)
 

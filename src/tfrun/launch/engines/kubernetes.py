@@ -39,7 +39,7 @@ from ...cluster import Topology
 from ...errors import ConfigError
 from ...in_task.pod import ROLES
 from ..config import STRATEGIES
-from ..options import add_topology_flags, non_negative_int, split_module, topology_from
+from ...flags import add_topology_flags, non_negative_int, split_module, topology_from
 from .base import Engine, Subcommand
 
 __all__ = ["JOBSET_API", "TFJOB_API", "K8sJob", "KubernetesEngine", "check_manifest", "job_manifest",

@@ -33,7 +33,7 @@ from .hub import HubBackend
 from ..local import LocalBackend
 from ... import run
 from ...config import LaunchConfig
-from ...options import port
+from ....flags import port
 from ...output import ConsoleSink
 from ...remote.protocol import Channel, ProtocolError
 from ...rendezvous import distinct_hosts, resolve_node_rank

@@ -20,7 +20,7 @@ from ....cluster import ClusterPlan, Topology, plan_cluster
 from ....errors import ConfigError
 from ... import run
 from ...config import LaunchConfig
-from ...options import non_negative_int
+from ....flags import non_negative_int
 from ...rendezvous import distinct_hosts
 from ...specs import task_hosts
 from ..base import Engine, Subcommand

@@ -11,7 +11,7 @@ import shlex
 from typing import Sequence
 
 from ....errors import ConfigError
-from ...options import non_negative_int
+from ....flags import non_negative_int
 
 __all__ = ["run_sbatch_script", "sbatch_script"]
 

@@ -17,9 +17,9 @@ import argparse
 import math
 from collections.abc import Mapping
 
-from .. import contract
-from ..cluster import LAYOUTS, Topology
-from ..errors import ConfigError
+from . import contract
+from .cluster import LAYOUTS, Topology
+from .errors import ConfigError
 
 __all__ = ["add_topology_flags", "apply_env_defaults", "non_negative_float", "non_negative_int",
            "port", "positive_float", "split_hosts", "split_module", "topology_from"]
