@@ -130,3 +130,44 @@ def test_ten_random_kills_resume_exactly_from_the_last_complete_backup(tmp_path)
         log = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
         assert "(complete on every worker)" in log
     assert_nothing_left(run)
+
+
+@pytest.mark.slow
+def test_tfrun_stopped_then_the_same_command_again_resumes_from_the_backups(tmp_path):
+    """SIGTERM to tfrun (a preempted or requeued job), then the same command, the same run
+    dir: it resumes from the newest epoch every worker backed up and ends with an
+    uninterrupted run's weights (Keras 3, MWMS, Adam)."""
+    import signal
+    import time
+
+    epochs, slow = "6", "0.3"
+    clean = Run(tmp_path, ["--workers", "2", "--quiet-tasks", KILL_SCRIPT,
+                           str(tmp_path / "clean"), epochs, slow], name="clean")
+    assert clean.run(600) == 0, clean.stdout[-3000:]
+
+    def launch():
+        return Run(tmp_path, ["--workers", "2", "--quiet-tasks", KILL_SCRIPT,
+                              str(tmp_path / "stopped"), epochs, slow], name="stopped")
+
+    first = launch().start()
+    deadline = time.monotonic() + 300
+    while min(_latest_backup(first, "worker-0"), _latest_backup(first, "worker-1")) < 2:
+        assert first.proc.poll() is None, first.proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "no backup of epoch 2"
+        time.sleep(0.05)
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(60) == 143, first.stdout[-3000:]
+    assert first.summary["status"] == "interrupted"
+
+    again = launch()
+    assert again.run(600) == 0, again.stdout[-3000:]
+    assert "(resumes the run that ended: interrupted)" in again.stdout
+    for i in range(2):
+        log = (again.run_dir / "logs" / f"worker-{i}.log").read_text()
+        assert "resuming from the backup of epoch" in log, log[-2000:]
+    want, _ = weights(tmp_path / "clean-worker-0.npz")
+    for i in range(2):
+        got, _ = weights(tmp_path / f"stopped-worker-{i}.npz")
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    assert_nothing_left(again)

@@ -155,6 +155,30 @@ def test_ctrl_c_and_sigterm_stop_every_task(fake_run, sig, code):
     assert_nothing_left(run)
 
 
+def test_a_stopped_run_resumes_with_the_same_command_and_a_finished_one_is_refused(fake_run):
+    # What a requeued batch job does: the same command, the same run dir, after tfrun got
+    # SIGTERM. It goes on there (the backups are there); once it succeeded, it is refused.
+    first = fake_run(["--workers", "2", *FAST], "*=print:ready,forever").start()
+    first.wait_for_file(first.run_dir / "logs" / "worker-1.log")
+    time.sleep(1.0)
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(30) == 143, first.stdout
+    assert first.summary["status"] == "interrupted"
+    again = fake_run(["--workers", "2", *FAST], "*=ok")
+    assert again.run() == 0, again.stdout
+    assert "(resumes the run that ended: interrupted)" in again.stdout
+    attempts = again.summary["attempts"]
+    assert [a.get("earlier_launch", False) for a in attempts] == [True, False]
+    assert [a["ended"] for a in attempts] == ["signal", "success"]
+    logs = (again.run_dir / "logs" / "worker-0.log").read_text()
+    assert logs.count("fake worker:0 restart 0") == 2  # both launches' output, in one log
+    finished = fake_run(["--workers", "2", *FAST], "*=ok")
+    assert finished.run() == 2, finished.stdout
+    assert "already holds a finished run" in finished.stdout
+    assert "(ended: succeeded)" in finished.stdout
+    assert_nothing_left(again)
+
+
 def test_tfrun_sigkilled_leaves_no_task_or_grandchild(fake_run):
     run = fake_run(["--workers", "2", *FAST], "*=grandchild,forever").start()
     pid_files = [run.run_dir / f"grandchild-worker-{i}.pid" for i in range(2)]

@@ -28,7 +28,7 @@ from .config import LaunchConfig
 from .engines.base import Backend
 from .output import LEAD_AUTO, ConsoleSink, parse_task_filter
 from .redact import redact_args
-from .rundir import planned_run_dir, run_dir_for
+from .rundir import ended_status, planned_run_dir, run_dir_for
 from .specs import spec_factory
 from .supervise import RunResult, Supervisor, describe_result
 from .tensorboard import TensorBoardServer
@@ -182,7 +182,8 @@ def resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi
         *([f"  placement  : {placement}"] if placement else []),
         *([f"  network    : {network}"] if network else []),
         *([f"  containment: {containment}"] if containment else []),
-        f"  run dir    : {run_dir}",
+        f"  run dir    : {run_dir}" + (f" (resumes the run that ended: {resumed})"
+                                      if (resumed := ended_status(run_dir)) else ""),
     ])
 
 
@@ -272,7 +273,7 @@ def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
     run_dir = planned_run_dir(config).absolute()
     remote = engine not in ("local",)
     make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=remote)
-    lines = [f"dry run: nothing was started or created",
+    lines = ["dry run: nothing was started or created",
              f"  engine     : {engine}" + (f" ({config.origin})" if config.origin else ""),
              f"  run dir    : {run_dir} (not created)",
              f"  strategy   : {_strategy_description(config, plan)}"]

@@ -2,8 +2,9 @@
 
 * ``runs/<time>-<name>``: created with ``mkdir`` (no exists-then-create race); a name
   taken by a concurrent run gets the next suffix ``-1``, ``-2``, ...;
-* an explicit ``--run-dir``/``--run-id`` may exist (a restart of a failed run resumes
-  there) but not hold a finished run, nor be in use: an exclusive ``flock`` on
+* an explicit ``--run-dir``/``--run-id`` may exist: a run that failed or was stopped
+  (SIGTERM, Ctrl-C, a requeue) resumes there, from its backups, with the same command; a
+  finished (succeeded) run is refused, and so is a directory in use: an exclusive ``flock`` on
   ``.tfrun/lock`` is held until the launch ends, so the same directory twice at once is
   refused, naming the other launcher's pid;
 * directories tfrun creates are ``0700``: logs and ``config.json`` hold the script's
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 from datetime import datetime
@@ -30,7 +32,25 @@ from pathlib import Path
 from ..errors import ConfigError
 from .config import LaunchConfig
 
-__all__ = ["RunDir", "run_dir_for"]
+__all__ = ["RESUMABLE", "RunDir", "ended_status", "planned_run_dir", "run_dir_for"]
+
+#: How a run may have ended for the same command to resume it in the same run directory
+#: (its backups are there): anything but success.
+RESUMABLE = ("failed", "interrupted", "join-timeout", "hang-timeout")
+
+
+def ended_status(path: Path) -> str | None:
+    """How the run in ``path`` ended (its summary's status), None when it wrote no summary
+    (a new directory, or a launcher killed outright: resumable too); "unknown" for a
+    summary that cannot be read (never resumed: it may be a finished run)."""
+    summary = Path(path) / "summary.json"
+    if not summary.exists():
+        return None
+    try:
+        status = json.loads(summary.read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+    return status if isinstance(status, str) else "unknown"
 
 
 class RunDir:
@@ -58,11 +78,14 @@ class RunDir:
             except FileExistsError:
                 if exclusive:
                     raise
-            if (path / "summary.json").exists():
+            ended = ended_status(path)
+            if ended is not None and ended not in RESUMABLE:
                 raise ConfigError(f"Run directory {path} already holds a finished run",
-                                  expected="a new or empty directory",
+                                  expected="a new or empty directory, or one whose run failed "
+                                           "or was stopped (it resumes there)",
                                   fix="Pick another --run-dir/--run-id, or omit it for "
-                                      "runs/<time>-<name>", received=str(path))
+                                      "runs/<time>-<name>",
+                                  received=f"{path} (ended: {ended})")
             (path / ".tfrun").mkdir(mode=0o700, exist_ok=True)
             fd = os.open(path / ".tfrun" / "lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:

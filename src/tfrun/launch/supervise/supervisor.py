@@ -66,6 +66,15 @@ class _Outcome:
     culprit: TaskRecord | None = None  # for fail: the task TensorFlow blamed, if another
 
 
+def _earlier_attempts(run_dir: Path) -> list[dict]:
+    """The attempts of the run this one resumes (its summary.json), marked as earlier."""
+    try:
+        earlier = json.loads((run_dir / "summary.json").read_text()).get("attempts") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [{**a, "earlier_launch": True} for a in earlier if isinstance(a, dict)]
+
+
 class Supervisor:
     def __init__(self, config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
                  backends: Mapping[TaskId, Backend], console: ConsoleSink,
@@ -94,7 +103,7 @@ class Supervisor:
         self.charged_restarts = 0   # those charged to --max-restarts (not preemptions)
         self.preemptions = 0        # gang restarts after a preemption
         #: one entry per ended attempt: when, which task ended it, its failure class
-        self.attempts: list[dict] = []
+        self.attempts: list[dict] = _earlier_attempts(run_dir)  # a resumed run's go on
         self._attempt_started = time.time()
         self._last_error: tuple[str, str] | None = None  # (role, exception line) last attempt
         self._signal: int | None = None
