@@ -138,8 +138,9 @@ def port(text: str) -> int:
     return value
 
 
-def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> set[str]:
     """``contract.flag_variable(dest)`` becomes the flag's default, converted and checked like the flag."""
+    given: set[str] = set()
     for action in parser._actions:
         if not action.option_strings or action.dest in ("help", "module"):
             continue
@@ -150,6 +151,7 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
         flag = action.option_strings[-1]
         if isinstance(action, argparse._AppendAction):
             parser.set_defaults(**{action.dest: [raw]})
+            given.add(action.dest)
             continue
         if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             if raw.strip().lower() not in _TRUE | _FALSE:
@@ -167,6 +169,8 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
                                   expected=f"one of {', '.join(map(str, action.choices))}",
                                   fix=f"Fix or unset {name}", received=repr(raw))
         parser.set_defaults(**{action.dest: value})
+        given.add(action.dest)
+    return given
 
 
 def split_module(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:

@@ -172,3 +172,14 @@ def test_channel_messages_and_garbage():
     with pytest.raises(ProtocolError):
         reader.receive()
     assert Channel(io.BytesIO(b""), io.BytesIO()).receive() is None
+
+
+def test_an_engine_option_from_the_environment_is_an_ambient_default_not_refused():
+    # TFRUN_SSH_OPT set for every command (as the multi-host tests and a user's shell do)
+    # does not stop a per-node launch; the same option typed for this launch is refused.
+    env = {"TFRUN_SSH_OPT": "-F /cfg"}
+    cfg = config_from_args(["--hosts", "a,b", "--node-rank", "auto", "t.py"], environ=env)
+    assert cfg.from_environment == ("ssh_opts",) and cfg.ssh_opts == ("-F", "/cfg")
+    with pytest.raises(ConfigError, match="--ssh-opt applies to the ssh engine only"):
+        config_from_args(["--hosts", "a,b", "--node-rank", "auto", "--ssh-opt", "-F /x", "t.py"],
+                         environ=env)

@@ -55,6 +55,10 @@ FOREIGN_FLAGS = {
 }
 
 
+#: LaunchConfig fields whose flag's dest has another name.
+_FIELD_OF_DEST = {"ssh_opt": "ssh_opts"}
+
+
 def _refuse_foreign_flags(parser: argparse.ArgumentParser, own: Sequence[str]) -> None:
     """torchrun's and horovodrun's flags get tfrun's equivalent, not argparse's bare error."""
     takes_value = {s for a in parser._actions if a.option_strings and a.nargs is None
@@ -206,7 +210,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
     """The LaunchConfig tfrun's launch flags in ``argv`` describe (``prog``/``description``:
     a subcommand's own help, e.g. ``tfrun doctor --help``)."""
     parser = build_launch_parser(prog, description)
-    apply_env_defaults(parser, os.environ if environ is None else environ)
+    env_given = apply_env_defaults(parser, os.environ if environ is None else environ)
     own, module_args = split_module(parser, list(argv))
     _refuse_foreign_flags(parser, own)
     args = parser.parse_args(own)
@@ -243,7 +247,11 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         keras=args.keras, devices=args.devices, roles=args.roles, comm=args.comm,
         mmap_threshold=args.mmap_threshold,
     )
-    config = LaunchConfig(**{**values, **engine_values})
+    # Fields whose value is the environment's (not the command line's): an engine's option
+    # set there is an ambient default, not a flag typed for this launch.
+    from_env = tuple(sorted(_FIELD_OF_DEST.get(dest, dest) for dest in env_given
+                            if getattr(args, dest, None) == parser.get_default(dest)))
+    config = LaunchConfig(**{**values, **engine_values, "from_environment": from_env})
     check_options(config)  # a bad or misplaced engine flag fails here, before anything runs
     return config
 

@@ -93,7 +93,7 @@ def _refuse_options_of_other_engines(config: LaunchConfig, chosen: type[Engine])
             continue
         for name in engine.options:
             value = getattr(config, name)
-            if value == defaults[name]:
+            if value == defaults[name] or name in config.from_environment:
                 continue
             flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
             shown = flag if isinstance(value, bool) else f"{flag} {_show(value)}"
