@@ -58,8 +58,9 @@ class LaunchConfig:
     tf_noise: bool = False
     tensorboard: bool = False           # TensorBoard on <run dir>/tensorboard for the run
     dry_run: bool = False               # print the plan (tasks, TF_CONFIGs, commands); start nothing
-    #: fields whose value came from a TFRUN_* variable, not the command line (an engine's
-    #: option set there is an ambient default: not refused when another engine runs)
+    #: fields whose value came from the environment (contract.flag_variable), not the command
+    #: line: an engine's option set there is an ambient default, not refused when another
+    #: engine runs the launch
     from_environment: tuple[str, ...] = ()
     color: bool | None = None           # None: when stdout is a TTY
     strategy: str = "auto"
