@@ -1,9 +1,11 @@
-"""Issue 14.1: a local cluster's TensorFlow servers are unreachable from other machines.
+"""A local cluster's TensorFlow servers are unreachable from other machines (issues 14.1, 34).
 
-The tasks run in a private network namespace: in the host's namespace nothing listens on
-their ports (``ss -ltn``), inside theirs the servers listen as usual, and the script still
-reaches a server on the host's loopback (outbound access through slirp4netns). Where a
-private network cannot be made, ``auto`` warns loudly and ``private`` refuses to start.
+Default (``loopback``): the tasks' servers bind this machine's loopback only (``ss -ltn``
+shows no task port on another address) while the script reaches a service on the host's
+127.0.0.1 unchanged -- with no slirp4netns or pasta installed, and with them.
+``--network private``: the tasks run in a network namespace of their own (nothing listens
+on their ports in the host's namespace; outbound through slirp4netns). With neither
+possible, ``auto`` warns loudly and ``loopback``/``private`` refuse to start.
 """
 
 import os
@@ -24,7 +26,9 @@ SCRIPT = ROOT / "tests" / "scripts" / "network_probe.py"
 
 def _require_private_network() -> None:
     reason = None
-    if shutil.which("slirp4netns") is None:
+    if shutil.which("ss") is None or shutil.which("cc") is None:
+        reason = "ss/cc are not installed (iproute2, gcc)"
+    elif shutil.which("slirp4netns") is None:
         reason = "slirp4netns is not installed (apt-get install slirp4netns)"
     elif shutil.which("ss") is None or shutil.which("nsenter") is None:
         reason = "ss/nsenter are not installed (iproute2, util-linux)"
@@ -92,7 +96,7 @@ def _live_cluster(tmp_path, flags, name, env=None):
 @pytest.mark.tf
 def test_local_cluster_listens_only_inside_its_private_network(tmp_path):
     _require_private_network()
-    run, server, go = _live_cluster(tmp_path, [], "private")
+    run, server, go = _live_cluster(tmp_path, ["--network", "private"], "private")
     try:
         ports = run.ports()
         # Outbound access works: every task reached the host's loopback server.
@@ -113,16 +117,61 @@ def test_local_cluster_listens_only_inside_its_private_network(tmp_path):
     assert_nothing_left(run)
 
 
-def _path_without_slirp(tmp_path) -> str:
-    """A PATH with the tools the tasks need but no slirp4netns."""
-    bin_dir = tmp_path / "bin-without-slirp"
+def _path_without(tmp_path, missing: tuple[str, ...]) -> str:
+    """A PATH with every program of this one except ``missing``: a machine without them."""
+    bin_dir = tmp_path / ("bin-without-" + "-".join(missing))
     bin_dir.mkdir()
-    for tool in ("ss", "nsenter"):
-        found = shutil.which(tool)
-        if found:
-            (bin_dir / tool).symlink_to(found)
-    (bin_dir / "python3").symlink_to(sys.executable)
+    for directory in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            target = bin_dir / name
+            if name not in missing and not target.exists() and not target.is_symlink():
+                target.symlink_to(os.path.join(directory, name))
     return str(bin_dir)
+
+
+#: What a machine set up by the README alone lacks: user-mode network stacks.
+NETWORK_PACKAGES = ("slirp4netns", "pasta", "passt")
+COMPILERS = ("cc", "gcc")
+
+
+def _path_without_slirp(tmp_path) -> str:
+    """Neither a private network nor the loopback library can be made: no slirp4netns, no
+    C compiler."""
+    return _path_without(tmp_path, NETWORK_PACKAGES + COMPILERS)
+
+
+def _is_loopback(address: str) -> bool:
+    return address.rsplit(":", 1)[0] in ("127.0.0.1", "[::1]", "[::ffff:127.0.0.1]")
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("machine", ["no-extra-packages", "with-slirp4netns"])
+def test_default_network_keeps_task_ports_on_loopback_and_host_services_reachable(
+        tmp_path, machine):
+    """The default on a machine set up by the README alone (only a C compiler, which Python's
+    own build needs): every listening task port is on loopback, and the tasks reach a server
+    on this machine's 127.0.0.1 as any process does. Where slirp4netns is installed too,
+    the default is the same (it would hide 127.0.0.1 from the tasks)."""
+    _require_private_network()
+    env = {"PATH": _path_without(tmp_path, NETWORK_PACKAGES)} if machine == "no-extra-packages" else {}
+    run, server, go = _live_cluster(tmp_path, [], machine, env=env)
+    try:
+        assert sorted(server.heard) == ["worker:0", "worker:1"]
+        listening = _listeners(run.ports())
+        # The servers are up (so this can fail) and every one is on loopback.
+        assert len(listening) >= 2, listening
+        assert all(_is_loopback(line.split()[3]) for line in listening), listening
+        pid = _task_pids(run)["worker:0"]
+        assert os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
+    finally:
+        go.touch()
+    assert run.wait(timeout=120) == 0, run.stdout[-3000:]
+    assert "network    : loopback (TensorFlow servers on 127.0.0.1 only" in run.stdout
+    assert "host loopback answered: welcome" in run.stdout
+    assert "WARNING" not in run.stdout
+    assert_nothing_left(run)
 
 
 @pytest.mark.tf
@@ -139,7 +188,8 @@ def test_without_slirp4netns_auto_warns_and_the_servers_are_open(tmp_path):
     finally:
         go.touch()
     assert run.wait(timeout=120) == 0, run.stdout[-3000:]
-    assert "WARNING: no private network for this run (slirp4netns is not installed" in run.stdout
+    assert "WARNING: TensorFlow's servers of this run listen on every interface" in run.stdout
+    assert "no C compiler" in run.stdout and "slirp4netns is not installed" in run.stdout
     assert "--network host" in run.stdout
     assert "network    : host (TensorFlow servers reachable on every interface)" in run.stdout
     assert_nothing_left(run)
@@ -150,10 +200,32 @@ def test_network_private_refuses_to_start_without_slirp4netns(tmp_path):
               env={"PATH": _path_without_slirp(tmp_path)}, name="refused")
     assert run.run(timeout=60) == 2
     assert "--network private: cannot make a private network here" in run.stdout
-    assert "apt-get install slirp4netns" in run.stdout and "--network host" in run.stdout
+    assert "apt-get install slirp4netns" in run.stdout and "--network loopback or host" in run.stdout
     assert "Traceback" not in run.stdout
     assert not run.run_dir.exists()
     assert_nothing_left(run)
+
+
+def test_network_loopback_refuses_to_start_without_a_compiler(tmp_path):
+    run = Run(tmp_path, ["--workers", "2", "--network", "loopback", str(SCRIPT), "1", "x"],
+              env={"PATH": _path_without_slirp(tmp_path), "CC": ""}, name="refused")
+    assert run.run(timeout=60) == 2
+    assert "--network loopback: no C compiler" in run.stdout
+    assert "apt-get install gcc" in run.stdout and "--network private or host" in run.stdout
+    assert "Traceback" not in run.stdout
+    assert not run.run_dir.exists()
+    assert_nothing_left(run)
+
+
+def test_without_a_compiler_auto_uses_a_private_network(tmp_path):
+    """A quick non-TF check of the second choice: no compiler but slirp4netns -> private."""
+    _require_private_network()
+    run = Run(tmp_path, ["--workers", "2", "--join-timeout", "3",
+                         str(ROOT / "tests" / "fake_task.py"), "*=exit:0"], name="nocc",
+              env={"PATH": _path_without(tmp_path, COMPILERS), "CC": ""})
+    run.run(timeout=60)
+    assert "network    : private" in run.stdout, run.stdout
+    assert "WARNING" not in run.stdout
 
 
 def test_network_host_opts_out_without_a_warning(tmp_path):

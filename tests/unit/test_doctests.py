@@ -35,6 +35,8 @@ import tfrun.in_task.shm_allreduce
 import tfrun.in_task.pod
 import tfrun.in_task.isolation
 import tfrun.contract
+import tfrun.native_cache
+import tfrun.launch.loopback
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
@@ -48,7 +50,8 @@ import tfrun.contract
                                     tfrun.launch.engines.slurm.batch, tfrun.launch.engines.slurm.srun,
                                     tfrun.cli.bench, tfrun.launch.runstats, tfrun.in_task._native,
                                     tfrun.in_task.shm_allreduce, tfrun.in_task.pod,
-                                    tfrun.in_task.isolation, tfrun.contract])
+                                    tfrun.in_task.isolation, tfrun.contract,
+                                    tfrun.native_cache, tfrun.launch.loopback])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

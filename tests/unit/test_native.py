@@ -94,7 +94,7 @@ def test_built_once_then_loaded_from_the_cache(tmp_path):
         run = _kernel_in_subprocess(environ)
         assert run.returncode == 0 and "LOADED" in run.stdout, run.stdout + run.stderr[-3000:]
         said.append("building the native shared-memory exchange" in run.stdout
-                    and "built the native shared-memory exchange in" in run.stdout)
+                    and "tfrun: built the native shared-memory exchange" in run.stdout)
     assert log.read_text().count("x") == 1
     assert said == [True, False]  # the first run says why it is slower; the next is silent
     [built] = (tmp_path / "cache").glob("shm_kernel-*.so")

@@ -5,11 +5,10 @@ gradients into a new tensor and takes the GIL on every step; the op sums straigh
 output tensor (see ``benchmarks/bench_shm_allreduce.py`` for both, side by side).
 
 The source ships with tfrun and is compiled on first use against the installed TensorFlow's
-headers (``tf.sysconfig``) with ``$CXX`` (else ``c++``/``g++``), into
-``contract.CACHE_DIR`` (else ``$XDG_CACHE_HOME/tfrun``, else ``~/.cache/tfrun``), named after
-a hash of the source, TensorFlow's version and the flags: a later run, or the other
-workers of this one, load it from there. Workers that start together build it once (a file
-lock). No compiler, a failed build, or ``contract.SHM_KERNEL=0`` keeps the Python exchange;
+headers (``tf.sysconfig``) with ``$CXX`` (else ``c++``/``g++``), once per machine, into the
+private cache of ``tfrun.native_cache`` (keyed by the source, TensorFlow's version and the
+flags; workers that start together build it once). No compiler, a failed build, or
+``contract.SHM_KERNEL=0`` keeps the Python exchange;
 ``kernel()`` says why in ``kernel_reason()``.
 
     >>> _cache_dir({contract.CACHE_DIR: "/scratch/tfrun"})
@@ -19,17 +18,12 @@ lock). No compiler, a failed build, or ``contract.SHM_KERNEL=0`` keeps the Pytho
 from __future__ import annotations
 
 import ctypes
-import fcntl
-import hashlib
 import os
 import shutil
-import subprocess
-import tempfile
 import threading
-import time
 from pathlib import Path
 
-from .. import contract
+from .. import contract, native_cache
 
 __all__ = ["KERNEL_ENV", "all_reduce", "kernel", "kernel_reason", "library_path", "open_library",
            "register"]
@@ -39,7 +33,6 @@ SOURCE = Path(__file__).with_name("_shm_kernel.cc")
 #: What _shm_kernel.cc calls dtypes (its ``SumAs``) and results (its ``Kind``).
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
 ERRORS = {1: RuntimeError, 2: ConnectionError, 3: TimeoutError, 4: RuntimeError}
-_BUILD_TIMEOUT = 600
 
 _lock = threading.Lock()
 _loaded: tuple | None = None   # (op module, ctypes library) once loaded
@@ -47,11 +40,7 @@ _reason: str | None = None     # why there is none, once tried
 
 
 def _cache_dir(environ=None) -> Path:
-    environ = os.environ if environ is None else environ
-    if environ.get(contract.CACHE_DIR):
-        return Path(environ[contract.CACHE_DIR])
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tfrun"
+    return native_cache.cache_dir(environ)
 
 
 def _compiler(environ=None) -> str | None:
@@ -71,54 +60,16 @@ def library_path(environ=None) -> Path:
 
     flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
     libdir = tf.sysconfig.get_lib()
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, tf.__version__.encode(), compiler.encode(),
-                                     *(f.encode() for f in flags)])).hexdigest()[:16]
-    cache = _cache_dir(environ)
-    target = cache / f"shm_kernel-{key}.so"
-    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _check_private(cache)
-    if target.exists():
-        _check_private(target)
-        return target
-    with open(cache / f"shm_kernel-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait for one build
-        if target.exists():
-            return target
-        # Said once, by the task that builds (the others wait on the lock): a first run is
-        # slower by the build, and nothing else would say why.
-        print(f"tfrun: building the native shared-memory exchange for TensorFlow "
-              f"{tf.__version__} (once per machine; cached in {cache})", flush=True)
-        started = time.monotonic()
-        fd, partial = tempfile.mkstemp(prefix=target.name, suffix=".partial", dir=cache)
-        os.close(fd)
-        try:
-            # -w: TensorFlow's own headers warn by the page; the rpath lets ctypes load it
-            # in a process that has not imported TensorFlow (the unit tests' workers).
-            build = subprocess.run(
-                [compiler, "-shared", "-fPIC", "-O3", "-w", str(SOURCE), "-o", partial, *flags,
-                 f"-Wl,-rpath,{libdir}"], capture_output=True, text=True,
-                timeout=_BUILD_TIMEOUT)
-            if build.returncode != 0:
-                raise RuntimeError(f"{Path(compiler).name} failed: "
-                                   f"{(build.stderr or build.stdout).strip()[-1500:]}")
-            os.replace(partial, target)  # whole or not at all: a reader never sees half
-            print(f"tfrun: built the native shared-memory exchange in "
-                  f"{time.monotonic() - started:.1f}s", flush=True)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-    return target
-
-
-def _check_private(path: Path) -> None:
-    """The library is loaded into the task: only this user may have written it (or the
-    directory it is in), or another user could run code in every worker."""
-    status = path.stat()
-    if status.st_uid != os.getuid() or status.st_mode & 0o022:
-        raise OSError(f"{path} is not private to this user (owner uid {status.st_uid}, mode "
-                      f"{status.st_mode & 0o777:o}): set {contract.CACHE_DIR} to a directory only "
-                      "you can write")
+    key_parts = [SOURCE.read_bytes(), tf.__version__.encode(), compiler.encode(),
+                 *(f.encode() for f in flags)]
+    # -w: TensorFlow's own headers warn by the page; the rpath lets ctypes load it in a
+    # process that has not imported TensorFlow (the unit tests' workers).
+    return native_cache.build_once(
+        "shm_kernel", key_parts,
+        lambda out: [compiler, "-shared", "-fPIC", "-O3", "-w", str(SOURCE), "-o", out, *flags,
+                     f"-Wl,-rpath,{libdir}"],
+        what=f"the native shared-memory exchange for TensorFlow {tf.__version__}",
+        environ=environ)
 
 
 def kernel(environ=None):

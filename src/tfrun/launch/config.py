@@ -28,9 +28,10 @@ KERAS_FLAVOURS = ("3", "2")
 #: auto: tfrun runs ps/worker of a PS cluster as servers itself; script: every task runs the
 #: script, which picks its role from TF_CONFIG (UAI Train's convention).
 ROLE_MODES = ("auto", "script")
-#: auto: a local cluster's tasks get a private network when possible (else the host's, with a
-#: warning); private: required; host: opt out (servers reachable on every interface).
-NETWORK_MODES = ("auto", "private", "host")
+#: A local cluster's network. loopback: the tasks' servers bind 127.0.0.1 only (launch/loopback.py);
+#: private: a network namespace of their own (launch/netns.py); host: opt out (servers on every
+#: interface); auto: loopback, else private, else host with a warning.
+NETWORK_MODES = ("auto", "loopback", "private", "host")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
@@ -130,7 +131,7 @@ class LaunchConfig:
         if self.network not in NETWORK_MODES:
             raise ConfigError(f"Unknown network mode {self.network!r}",
                               expected=f"one of {', '.join(NETWORK_MODES)}",
-                              fix="Pass --network auto (private when possible), private or host",
+                              fix="Pass --network auto (the default), loopback, private or host",
                               received=repr(self.network))
         for name in ("cpus_per_task", "gpus_per_task"):
             value = getattr(self, name)

@@ -35,6 +35,7 @@ from .. import cgroups, run
 from ..cgroups import TaskCgroups
 from ..config import NETWORK_MODES
 from ..devices import describe_shares, share_devices, visible_gpus
+from ..loopback import LoopbackNetwork, LoopbackUnavailable
 from ..netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from ..ports import PortReservation
 from ..rundir import run_dir_for
@@ -93,9 +94,10 @@ class _Reaper:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, *, hold_ports: bool = False, network: PrivateNetwork | None = None,
+    def __init__(self, *, hold_ports: bool = False,
+                 network: PrivateNetwork | LoopbackNetwork | None = None,
                  cgroups: TaskCgroups | None = None) -> None:
-        """``network``: run every task in this private network (its owner closes it).
+        """``network``: run every task in this network (its owner closes it).
         ``cgroups``: the parent cgroup for the tasks, already made (the launcher reports
         the containment it got); the backend takes it over. None: ``open`` tries to make one.
         """
@@ -146,7 +148,7 @@ class LocalBackend(Backend):
         env = {k: v for k, v in os.environ.items() if k not in CONTROLLED_ENV}
         env.update(spec.env)
         if self.network is not None:
-            env.update(self.network.task_env())  # the bootstrap joins it first thing
+            env.update(self.network.task_env())  # private: the bootstrap joins it first thing
         else:
             env[contract.HOST_LOOPBACK] = "127.0.0.1"  # the same variable either way
         # The bootstrap dies with its parent (PR_SET_PDEATHSIG): that parent is us.
@@ -251,7 +253,7 @@ class LocalBackend(Backend):
         self._remove_scratch(id(handle))  # after the kill: nothing writes there any more
 
     def probe(self, address: str, timeout: float = 1.0) -> bool:
-        if self.network is not None:
+        if isinstance(self.network, PrivateNetwork):  # its ports exist only inside
             return self.network.probe(address, timeout)
         return super().probe(address, timeout)
 
@@ -274,9 +276,12 @@ class LocalEngine(Engine):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("local clusters")
         group.add_argument("--network", choices=NETWORK_MODES, default="auto",
-                           help="auto (default) runs the tasks in a private network namespace, "
-                                "unreachable from other machines, when possible (needs "
-                                "slirp4netns), else warns; private: require it; host: opt out")
+                           help="where a local cluster's TensorFlow servers listen. loopback: "
+                                "127.0.0.1 only (a small library loaded into the tasks; needs a C "
+                                "compiler once); private: a network namespace of their own (needs "
+                                "slirp4netns; this machine's 127.0.0.1 is 10.0.2.2 to them); "
+                                "host: every interface; auto (default): loopback, else private, "
+                                "else host with a warning")
 
     @classmethod
     def config_values(cls, args: argparse.Namespace, environ) -> dict:
@@ -309,7 +314,7 @@ class LocalEngine(Engine):
                                ps_cluster=bool(plan.cluster.ps))
         network = _open_network(config, console) if multi else None
         try:
-            if network is not None:
+            if isinstance(network, PrivateNetwork):
                 # The planned ports (--base-port, +1, ...; explicit localhost:PORT as given) are
                 # free there: nothing else lives in the namespace, so nothing to reserve.
                 where = (f"private (tasks see only each other; this machine's 127.0.0.1 is "
@@ -321,7 +326,9 @@ class LocalEngine(Engine):
                     explicit = {t for t, h in zip(plan.cluster.tasks(), config.hosts)
                                 if parse_address(h)[1] is not None}
                 plan, held = _reserve(plan, explicit)
-                where = "host (TensorFlow servers reachable on every interface)"
+                where = ("loopback (TensorFlow servers on 127.0.0.1 only; this machine and "
+                         "the network as usual)" if network is not None
+                         else "host (TensorFlow servers reachable on every interface)")
             else:
                 where = "host (single task: no TensorFlow server)"
             with run_dir_for(config) as locked:
@@ -367,26 +374,38 @@ def _reserve(plan: ClusterPlan, explicit: set[TaskId]) -> tuple[ClusterPlan, lis
         raise
 
 
-def _open_network(config, console) -> PrivateNetwork | None:
-    """The private network for a local cluster, or None (opted out, or impossible: warned)."""
+def _open_network(config, console) -> PrivateNetwork | LoopbackNetwork | None:
+    """The network for a local cluster, or None (opted out, or nothing possible: warned)."""
     if config.network == "host":
         return None
+    reasons = []
+    if config.network in ("auto", "loopback"):
+        try:
+            return LoopbackNetwork.create(announce=console.info)
+        except LoopbackUnavailable as exc:
+            if config.network == "loopback":
+                raise ConfigError(f"--network loopback: {exc}",
+                                  expected="a C compiler (cc) to build the bind library once",
+                                  fix="Install gcc (apt-get install gcc) or set CC, or pass "
+                                      "--network private or host",
+                                  received=str(exc)) from None
+            reasons.append(str(exc))
     try:
         return PrivateNetwork.create()
     except NetworkUnavailable as exc:
-        why = str(exc)
+        reasons.append(str(exc))
     if config.network == "private":
-        raise ConfigError(f"--network private: cannot make a private network here: {why}",
+        raise ConfigError(f"--network private: cannot make a private network here: {reasons[-1]}",
                           expected="network namespaces allowed and slirp4netns installed",
                           fix="Install slirp4netns (apt-get install slirp4netns) and allow "
-                              "namespaces, or pass --network host to run without one",
-                          received=why)
+                              "namespaces, or pass --network loopback or host",
+                          received=reasons[-1])
     console.info("WARNING: " + "\n".join([
-        f"no private network for this run ({why}).",
-        "Its TensorFlow servers listen on every interface of this machine, unauthenticated:",
-        "anyone who can reach this machine can run TensorFlow operations in its tasks.",
-        "Fix: install slirp4netns (apt-get install slirp4netns); pass --network host to accept",
-        "this and silence the warning."]))
+        f"TensorFlow's servers of this run listen on every interface ({'; '.join(reasons)}).",
+        "They are unauthenticated: anyone who can reach this machine can run TensorFlow",
+        "operations in its tasks. Fix: install gcc (the default keeps them on 127.0.0.1), or",
+        "slirp4netns for --network private; pass --network host to accept this and silence",
+        "the warning."]))
     return None
 
 

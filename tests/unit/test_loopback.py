@@ -1,0 +1,121 @@
+"""tfrun.launch.loopback: the library that keeps a local cluster's listening sockets on
+loopback. Built for real and preloaded into a plain Python process, which binds the ways
+TensorFlow's gRPC server and user code do; the kernel's answer (getsockname) is checked.
+The whole path (a real cluster, ``ss -ltn``, a host service): tests/integration/test_private_network.py.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tfrun.launch.loopback import LoopbackNetwork, LoopbackUnavailable
+
+PROBE = textwrap.dedent("""
+    import json, socket
+    def bound(family, address, v6only=None, listen_only=False):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        if v6only is not None:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+        if not listen_only:
+            s.bind((address, 0))
+        s.listen()
+        name = s.getsockname()[0]
+        s.close()
+        return name
+    print(json.dumps({
+        "ipv4 wildcard": bound(socket.AF_INET, "0.0.0.0"),
+        "ipv4 empty": bound(socket.AF_INET, ""),
+        "ipv4 named": bound(socket.AF_INET, "127.0.0.2"),
+        "ipv6 dual-stack wildcard": bound(socket.AF_INET6, "::", v6only=0),
+        "ipv6-only wildcard": bound(socket.AF_INET6, "::", v6only=1),
+        "ipv4 listen unbound": bound(socket.AF_INET, None, listen_only=True),
+        "ipv6 listen unbound": bound(socket.AF_INET6, None, v6only=0, listen_only=True),
+    }))
+""")
+
+
+def _bound_addresses(env: dict) -> dict:
+    run = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=60, check=True)
+    return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    return LoopbackNetwork.create({**os.environ, "TFRUN_CACHE_DIR": str(cache)},
+                                  announce=lambda line: None).library
+
+
+def test_wildcard_binds_become_loopback_and_named_ones_stay(library):
+    assert _bound_addresses({"LD_PRELOAD": str(library)}) == {
+        "ipv4 wildcard": "127.0.0.1",
+        "ipv4 empty": "127.0.0.1",
+        "ipv4 named": "127.0.0.2",                      # asked for: left alone
+        "ipv6 dual-stack wildcard": "::ffff:127.0.0.1",  # IPv4 clients of 127.0.0.1 still work
+        "ipv6-only wildcard": "::1",
+        "ipv4 listen unbound": "127.0.0.1",
+        "ipv6 listen unbound": "::ffff:127.0.0.1",
+    }
+
+
+def test_without_the_library_the_same_binds_are_on_every_interface():
+    """The control: the probe does see wildcards when nothing is preloaded."""
+    seen = _bound_addresses({})
+    assert seen["ipv4 wildcard"] == "0.0.0.0" and seen["ipv6 dual-stack wildcard"] == "::"
+    assert seen["ipv4 listen unbound"] == "0.0.0.0"
+
+
+def test_a_dual_stack_socket_on_loopback_takes_ipv4_connections(library):
+    """What gRPC does for '0.0.0.0:PORT' (a dual-stack [::] socket): clients of 127.0.0.1
+    still connect; clients of this machine's other addresses would not."""
+    code = textwrap.dedent("""
+        import socket
+        server = socket.socket(socket.AF_INET6)
+        server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        server.bind(("::", 0)); server.listen()
+        port = server.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        print("connected")
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "LD_PRELOAD": str(library)}, timeout=60)
+    assert run.stdout.strip() == "connected", run.stderr
+
+
+def test_built_once_then_found_in_the_cache(tmp_path):
+    said = []
+    environ = {**os.environ, "TFRUN_CACHE_DIR": str(tmp_path / "cache")}
+    first = LoopbackNetwork.create(environ, announce=said.append)
+    second = LoopbackNetwork.create(environ, announce=said.append)
+    assert first.library == second.library and first.library.exists()
+    assert len(said) == 2 and said[0].startswith("tfrun: building the loopback bind library")
+    assert [p.name for p in (tmp_path / "cache").glob("*.partial")] == []
+
+
+def test_the_users_own_preload_is_kept_after_the_library(tmp_path):
+    network = LoopbackNetwork(tmp_path / "loopback_bind.so")
+    assert network.task_env({"LD_PRELOAD": "/opt/libjemalloc.so"})["LD_PRELOAD"] == \
+        f"{tmp_path / 'loopback_bind.so'}:/opt/libjemalloc.so"
+    assert network.task_env({})["LD_PRELOAD"] == str(tmp_path / "loopback_bind.so")
+
+
+def test_no_compiler_says_so_and_builds_nothing(tmp_path):
+    environ = {"CC": str(tmp_path / "no-such-cc"), "TFRUN_CACHE_DIR": str(tmp_path / "cache")}
+    with pytest.raises(LoopbackUnavailable, match="no C compiler"):
+        LoopbackNetwork.create(environ)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_failed_build_leaves_nothing_half_written(tmp_path):
+    broken = tmp_path / "broken-cc"
+    broken.write_text("#!/bin/sh\necho 'error: boom' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    environ = {"CC": str(broken), "TFRUN_CACHE_DIR": str(tmp_path / "cache")}
+    with pytest.raises(LoopbackUnavailable, match="broken-cc failed: error: boom"):
+        LoopbackNetwork.create(environ)
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []
