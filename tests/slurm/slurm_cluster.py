@@ -32,12 +32,14 @@ def down() -> None:
 class Slurm:
     """Submit batch jobs from the repository root and read what Slurm says of them."""
 
-    def submit(self, tmp_path: Path, body: str, *, nodes: int = 2, name: str = "job") -> "Job":
+    def submit(self, tmp_path: Path, body: str, *, nodes: int = 2, name: str = "job",
+               chdir: Path = ROOT) -> "Job":
+        """``chdir``: the job's working directory (where a tfrun line's runs/ goes)."""
         script = tmp_path / f"{name}.sh"
         script.write_text(body if body.startswith("#!") else "#!/bin/bash\n" + body)
         out = tmp_path / f"{name}.out"
         result = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--output={out}",
-                                 f"--chdir={ROOT}", f"--job-name={name}", str(script)],
+                                 f"--chdir={chdir}", f"--job-name={name}", str(script)],
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         return Job(result.stdout.strip().split(";")[0], out)
@@ -46,6 +48,15 @@ class Slurm:
 class Job:
     def __init__(self, job_id: str, out: Path) -> None:
         self.id, self.out = job_id, out
+
+    def requeue_now(self) -> None:
+        """What a preemption with PreemptMode=REQUEUE does (Slurm stops the job and queues
+        it again), then start it at once: Slurm holds a requeued job for about two
+        minutes (its BeginTime), which a test need not wait for."""
+        for command in (["scontrol", "requeue", self.id],
+                        ["scontrol", "update", f"JobId={self.id}", "StartTime=now"]):
+            result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
 
     def info(self) -> dict[str, str]:
         text = subprocess.run(["scontrol", "show", "job", "-o", self.id], capture_output=True,

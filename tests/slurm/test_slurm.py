@@ -121,6 +121,42 @@ def test_scancel_mid_training_leaves_no_process_on_either_node(slurm, tmp_path):
     assert job.wait()[0] == "CANCELLED"
 
 
+def test_a_requeued_generated_job_resumes_its_run_with_no_edit(slurm, tmp_path):
+    """`tfrun slurm`'s script, preempted with requeue: Slurm stops tfrun (the run is marked
+    interrupted), starts the job again, and the same tfrun line -- no --run-dir given --
+    resumes in the directory the job id names, then succeeds; nothing is left running."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = subprocess.run(
+        [sys.executable, "-m", "tfrun", "slurm", "--nodes", "1", "--job-name", "preempted",
+         str(ROOT / "tests" / "scripts" / "preempted_once.py"), str(marks)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0, script.stderr
+    assert "#SBATCH --requeue" in script.stdout and "scontrol requeue" in script.stdout
+    job = slurm.submit(tmp_path, script.stdout, nodes=1, name="preempted", chdir=tmp_path)
+    deadline = time.monotonic() + 120
+    while not (marks / "first").exists():
+        assert time.monotonic() < deadline, job.output()[-3000:]
+        time.sleep(0.5)
+    run_dir = tmp_path / "runs" / f"slurm-{job.id}-preempted_once"
+    assert (marks / "first").read_text() == str(run_dir)
+    job.requeue_now()
+    state, code = job.wait()
+    out = job.output()
+    assert (state, code) == ("COMPLETED", 0), out[-4000:]
+    assert job.info()["Restarts"] == "1"
+    assert (marks / "second").read_text() == "1"  # SLURM_RESTART_COUNT of the second start
+    # One output file for both starts (--open-mode=append): stopped, then resumed.
+    assert "tfrun: INTERRUPTED: stopped by SIGTERM" in out
+    assert f"run dir    : {run_dir} (resumes the run that ended: interrupted)" in out
+    assert "second start: done" in out and "run succeeded" in out
+    finished = summary(run_dir)
+    assert finished["status"] == "succeeded"
+    assert [bool(a.get("earlier_launch")) for a in finished["attempts"]] == [True, False]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [run_dir.name]
+    assert job.processes() == []
+
+
 def test_srun_tfrun_runs_one_tfrun_per_node_and_says_so(slurm, tmp_path):
     job = slurm.submit(tmp_path, "srun --ntasks-per-node=1 tfrun --run-id pernode "
                                  f"--run-dir {tmp_path / 'run'} {NODE_TASK} ok\n", name="pernode")

@@ -63,3 +63,30 @@ def test_config_json_is_private_and_redacts_secret_arguments(tmp_path):
     launch = json.loads(text)["launch"]
     assert launch["script_args"] == ["*=ok", "--token", "***", "--password=***", "--epochs", "3"]
     assert launch["forward_env"] == ["HF_TOKEN=***"]
+
+
+def _ended(path, status: str) -> None:
+    (path / "summary.json").write_text(json.dumps({"status": status}))
+
+
+def test_a_job_named_run_dir_is_found_again_until_its_run_succeeds(tmp_path):
+    """A requeued Slurm job (same job id) runs the same command: it resumes in the run
+    directory the job named, whether the first start failed, was stopped or was killed
+    outright (no summary); after a success the command runs again in a new directory."""
+    config = LaunchConfig(entrypoint=("script", "train.py"), runs_root=str(tmp_path / "runs"),
+                          resume_key="slurm-42")
+    with run_dir_for(config) as first:
+        assert first.path == (tmp_path / "runs" / "slurm-42-train").resolve()
+    for status in (None, "interrupted", "failed"):
+        if status:
+            _ended(first.path, status)
+        with run_dir_for(config) as again:
+            assert again.path == first.path
+    _ended(first.path, "succeeded")
+    with run_dir_for(config) as fresh:
+        assert fresh.path != first.path and fresh.path.name.endswith("-train")
+    # An explicit --run-id still wins, and a finished run there is still refused.
+    named = LaunchConfig(entrypoint=("script", "train.py"), runs_root=str(tmp_path / "runs"),
+                         resume_key="slurm-42", run_id="slurm-42-train")
+    with pytest.raises(ConfigError, match="already holds a finished run"):
+        run_dir_for(named)

@@ -1,6 +1,9 @@
 """Slurm placement, pure: node lists, job variables, where tasks go, the sbatch script."""
 
 import json
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -127,6 +130,7 @@ def test_apply_slurm_launcher_mode():
     placed, job = apply_slurm(config(tasks_per_node=1), BATCH)
     assert (placed.slurm, placed.hosts, job.job_id) == ("launcher", ("n1:2222", "n2:2223"), "42")
     assert launch_mode(placed) == "slurm"
+    assert placed.resume_key == "slurm-42"  # a requeued job finds its run directory again
 
 
 def test_apply_slurm_all_tasks_on_this_node_is_a_local_run():
@@ -134,6 +138,7 @@ def test_apply_slurm_all_tasks_on_this_node_is_a_local_run():
                             {**BATCH, "SLURM_JOB_NODELIST": "n1"})
     assert (placed.slurm, placed.hosts, placed.topology.workers) == ("local", None, 2)
     assert launch_mode(placed) == "local"
+    assert placed.resume_key == "slurm-42"
 
 
 def test_apply_slurm_per_node_mode_gets_rank_and_shared_run_id():
@@ -196,7 +201,31 @@ def test_sbatch_script_options():
     assert "#SBATCH --nodes=4\n" in text and "#SBATCH --gpus-per-node=2\n" in text
     assert "#SBATCH --cpus-per-task=16\n" in text and "--exclusive" not in text
     assert "#SBATCH --partition=gpu\n#SBATCH --time=1:00:00\n" in text
-    assert text.endswith("tfrun --chief train.py --lr '0.1 0.2'\n")
+    assert "\ntfrun --chief train.py --lr '0.1 0.2' &\n" in text
+    assert "#SBATCH --requeue\n#SBATCH --signal=B:USR1@120\n" in text
+    assert "trap 'scontrol requeue \"$SLURM_JOB_ID\"' USR1\n" in text
+    bare = sbatch_script(nodes=1, tfrun_args=["train.py"], job_name="t", notice=0)
+    assert bare.endswith("\ntfrun train.py\n") and "requeue" not in bare
+
+
+def test_sbatch_script_runs_and_returns_tfruns_exit_code(tmp_path):
+    """The script's wait loop, run by bash with a stand-in tfrun: its exit code comes
+    back, also when USR1 interrupts the first wait (a stand-in scontrol records the
+    requeue)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tfrun").write_text("#!/bin/bash\nsleep 1\nexit 7\n")
+    (bin_dir / "scontrol").write_text(f"#!/bin/bash\necho \"$@\" >> {tmp_path}/requeued\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(sbatch_script(nodes=1, tfrun_args=["train.py"], job_name="t"))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42"}
+    job = subprocess.Popen(["bash", str(script)], env=env)
+    time.sleep(0.3)
+    job.send_signal(signal.SIGUSR1)
+    assert job.wait(timeout=20) == 7
+    assert (tmp_path / "requeued").read_text() == "requeue 42\n"
 
 
 def test_tfrun_slurm_prints_the_script(capsys):
@@ -205,7 +234,7 @@ def test_tfrun_slurm_prints_the_script(capsys):
     out = capsys.readouterr().out
     assert "#SBATCH --job-name=train\n" in out and "#SBATCH --time=5:00\n" in out
     # everything from the first tfrun flag on is the tfrun line, the script's --nodes too
-    assert out.endswith("tfrun --workers 4 train.py --nodes 9\n")
+    assert "\ntfrun --workers 4 train.py --nodes 9 &\n" in out
 
 
 def test_tfrun_slurm_needs_nodes(capsys):

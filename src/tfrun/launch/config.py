@@ -75,6 +75,10 @@ class LaunchConfig:
     base_port: int = 2222               # deterministic ports for named hosts
     node_rank: int | str | None = None  # per-node launch: this node's rank, or "auto"
     run_id: str | None = None           # run dir name shared by every node
+    #: a name the surroundings give this run that stays the same when the job is started
+    #: again (a requeued Slurm job's id): without --run-dir/--run-id, the run directory is
+    #: runs/<it>-<name>, so the same command resumes there (see rundir.run_dir_for)
+    resume_key: str | None = None
     rdzv_port: int = 29400              # the per-node hub's port on node rank 0
     ssh_opts: tuple[str, ...] = ()      # extra ssh arguments (before tfrun's own -o options)
     remote_dir: str | None = None       # working directory on other hosts (default: cwd)

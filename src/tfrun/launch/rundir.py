@@ -7,6 +7,10 @@
   finished (succeeded) run is refused, and so is a directory in use: an exclusive ``flock`` on
   ``.tfrun/lock`` is held until the launch ends, so the same directory twice at once is
   refused, naming the other launcher's pid;
+* inside a job that can be started again (a Slurm batch job, requeued after a preemption),
+  the job names the run: ``runs/<resume key>-<name>`` (``slurm-<job id>-train``), so the
+  requeued job's same command resumes there with no edit; a run there that succeeded is
+  not refused, the command gets a new ``runs/<time>-<name>`` instead;
 * directories tfrun creates are ``0700``: logs and ``config.json`` hold the script's
   output and arguments.
 
@@ -140,8 +144,14 @@ def planned_run_dir(config: LaunchConfig) -> Path:
     """Where ``run_dir_for`` would put this run (nothing is created: ``--dry-run``)."""
     if config.run_dir or config.run_id:
         return Path(config.run_dir) if config.run_dir else Path(config.runs_root) / config.run_id
+    if config.resume_key:
+        return _resumable_path(config)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path(config.runs_root) / f"{stamp}-{config.display_name}"
+
+
+def _resumable_path(config: LaunchConfig) -> Path:
+    return Path(config.runs_root) / f"{config.resume_key}-{config.display_name}"
 
 
 def run_dir_for(config: LaunchConfig) -> RunDir:
@@ -149,6 +159,13 @@ def run_dir_for(config: LaunchConfig) -> RunDir:
     if config.run_dir or config.run_id:
         path = Path(config.run_dir) if config.run_dir else Path(config.runs_root) / config.run_id
         return RunDir.create(path)
+    if config.resume_key:
+        # The job's own name for the run: a requeued job's same command resumes there. A
+        # run there that succeeded is not refused (nobody named the directory): the
+        # command runs again in a new one, as it would outside the job.
+        path = _resumable_path(config)
+        if ended_status(path) in (None, *RESUMABLE):
+            return RunDir.create(path)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(config.runs_root) / f"{stamp}-{config.display_name}"
     for n in range(10_000):

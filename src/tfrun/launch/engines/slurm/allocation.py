@@ -273,8 +273,11 @@ def apply_slurm(config: LaunchConfig, environ: Mapping[str, str]
         return replace(config, hosts=hosts, topology=topology, node_rank=job.node_rank(),
                        run_id=run_id, slurm="pernode",
                        origin=f"srun tfrun: one tfrun per node of {job_description(environ)}"), job
+    # A requeued job keeps its id: the same command finds its run directory again.
+    resume_key = f"slurm-{job.job_id}"
     used = {parse_address(h)[0] for h in hosts}
     if used == {job.node_name}:
-        return replace(config, topology=topology, slurm="local",
+        return replace(config, topology=topology, slurm="local", resume_key=resume_key,
                        origin=f"every task on this node of {job_description(environ)}"), job
-    return replace(config, hosts=hosts, topology=topology, slurm="launcher"), job
+    return replace(config, hosts=hosts, topology=topology, slurm="launcher",
+                   resume_key=resume_key), job

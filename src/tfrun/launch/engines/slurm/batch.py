@@ -1,7 +1,13 @@
 """``tfrun slurm --nodes N [...] [tfrun args]``: a ready batch script for sbatch.
 
-The script asks for whole nodes (or ``--cpus-per-node``) and holds one line: the tfrun
-command as given, which places the cluster on the allocation when the job runs.
+The script asks for whole nodes (or ``--cpus-per-node``) and runs one tfrun command, as
+given, which places the cluster on the allocation when the job runs. It survives the end
+of its time slot and preemption: the job may be requeued (``--requeue``), Slurm warns the
+script ``--notice`` seconds before the time limit (``--signal=B:USR1@N``) and the script
+then requeues its own job; Slurm stops tfrun (SIGTERM: the tasks stop, the run is marked
+interrupted) and later starts the job again, whose same tfrun line resumes in the run
+directory the job id names (``runs/slurm-<id>-<name>``) from the run's backups. Output
+of every start goes to the same file (``--open-mode=append``).
 """
 
 from __future__ import annotations
@@ -13,14 +19,18 @@ from typing import Sequence
 from ....errors import ConfigError
 from ....flags import non_negative_int
 
-__all__ = ["run_sbatch_script", "sbatch_script"]
+__all__ = ["DEFAULT_NOTICE", "run_sbatch_script", "sbatch_script"]
+
+#: Seconds of warning before the time limit: enough for the tasks to stop and save.
+DEFAULT_NOTICE = 120
 
 
 def _build_sbatch_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfrun slurm",
         usage="tfrun slurm --nodes N [--time T] [--partition P] [--gpus-per-node G] "
-              "[--cpus-per-node C] [--job-name NAME] [tfrun options] script.py [args]",
+              "[--cpus-per-node C] [--job-name NAME] [--notice S] [tfrun options] "
+              "script.py [args]",
         description="Print a ready sbatch script: the directives and the one tfrun line. "
                     "These options come first; everything after them is the tfrun line.",
         epilog="example:\n  tfrun slurm --nodes 2 --time 1:00:00 examples/mnist_mlp.py > job.sh"
@@ -34,6 +44,10 @@ def _build_sbatch_parser() -> argparse.ArgumentParser:
                         help="CPUs per node (default: --exclusive, the whole node)")
     parser.add_argument("--job-name", default=None, help="default: the script's name")
     parser.add_argument("--output", default="slurm-%j.out", help="default slurm-%%j.out")
+    parser.add_argument("--notice", type=non_negative_int, default=DEFAULT_NOTICE,
+                        help="seconds before the time limit at which the job requeues itself "
+                             f"and stops tfrun, to resume later (default {DEFAULT_NOTICE}; "
+                             "Slurm is exact to about a minute); 0: no requeue")
     return parser
 
 
@@ -58,15 +72,17 @@ def run_sbatch_script(argv: Sequence[str], parse_launch) -> int:
     print(sbatch_script(nodes=args.nodes, tfrun_args=tfrun_args,
                         job_name=args.job_name or config.display_name, time=args.time,
                         partition=args.partition, gpus_per_node=args.gpus_per_node,
-                        cpus_per_node=args.cpus_per_node, output=args.output), end="")
+                        cpus_per_node=args.cpus_per_node, output=args.output,
+                        notice=args.notice), end="")
     return 0
 
 
 def sbatch_script(*, nodes: int, tfrun_args: Sequence[str], job_name: str,
                   time: str | None = None, partition: str | None = None,
                   gpus_per_node: int | None = None, cpus_per_node: int | None = None,
-                  output: str = "slurm-%j.out") -> str:
-    """A ready batch script: the directives and the one tfrun line.
+                  output: str = "slurm-%j.out", notice: int = DEFAULT_NOTICE) -> str:
+    """A ready batch script: the directives and the one tfrun command (see the module
+    docstring; ``notice=0``: no requeue, the tfrun line alone).
 
     >>> print(sbatch_script(nodes=2, tfrun_args=["train.py"], job_name="train"))
     #!/bin/bash
@@ -75,9 +91,21 @@ def sbatch_script(*, nodes: int, tfrun_args: Sequence[str], job_name: str,
     #SBATCH --ntasks-per-node=1
     #SBATCH --exclusive
     #SBATCH --output=slurm-%j.out
+    #SBATCH --open-mode=append
+    #SBATCH --requeue
+    #SBATCH --signal=B:USR1@120
     # tfrun places the cluster on the allocated nodes (srun starts one agent per node)
     # and exits with the failing task's exit code.
-    tfrun train.py
+    # 120 s before the time limit Slurm sends USR1: requeue this job. Slurm then stops
+    # tfrun (the run is marked interrupted) and starts the job again later; the same
+    # command resumes in runs/slurm-<job id>-<name>. A preempted job comes back the same way.
+    trap 'scontrol requeue "$SLURM_JOB_ID"' USR1
+    tfrun train.py &
+    tfrun_pid=$!
+    # wait returns early when the trap runs: wait again until tfrun has exited.
+    wait "$tfrun_pid"; status=$?
+    while kill -0 "$tfrun_pid" 2>/dev/null; do wait "$tfrun_pid"; status=$?; done
+    exit "$status"
     <BLANKLINE>
     """
     if nodes < 1:
@@ -96,7 +124,23 @@ def sbatch_script(*, nodes: int, tfrun_args: Sequence[str], job_name: str,
     if time:
         lines.append(f"#SBATCH --time={time}")
     lines.append(f"#SBATCH --output={output}")
-    lines += ["# tfrun places the cluster on the allocated nodes (srun starts one agent per node)",
-              "# and exits with the failing task's exit code.",
-              "tfrun " + " ".join(shlex.quote(a) for a in tfrun_args), ""]
+    command = "tfrun " + " ".join(shlex.quote(a) for a in tfrun_args)
+    if not notice:
+        lines += ["# tfrun places the cluster on the allocated nodes (srun starts one agent per "
+                  "node)", "# and exits with the failing task's exit code.", command, ""]
+        return "\n".join(lines)
+    lines += [
+        "#SBATCH --open-mode=append", "#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{notice}",
+        "# tfrun places the cluster on the allocated nodes (srun starts one agent per node)",
+        "# and exits with the failing task's exit code.",
+        f"# {notice} s before the time limit Slurm sends USR1: requeue this job. Slurm then stops",
+        "# tfrun (the run is marked interrupted) and starts the job again later; the same",
+        "# command resumes in runs/slurm-<job id>-<name>. A preempted job comes back the same way.",
+        "trap 'scontrol requeue \"$SLURM_JOB_ID\"' USR1",
+        f"{command} &",
+        "tfrun_pid=$!",
+        "# wait returns early when the trap runs: wait again until tfrun has exited.",
+        'wait "$tfrun_pid"; status=$?',
+        'while kill -0 "$tfrun_pid" 2>/dev/null; do wait "$tfrun_pid"; status=$?; done',
+        'exit "$status"', ""]
     return "\n".join(lines)
