@@ -141,7 +141,9 @@ def test_jobset_roles_success_and_failure_policy():
     assert {n: (s["parallelism"], s["completions"], s["completionMode"]) for n, s in jobs.items()} == {
         "chief": (1, 1, "Indexed"), "worker": (3, 3, "Indexed"), "ps": (2, 2, "Indexed"),
         "evaluator": (1, 1, "Indexed")}
-    assert spec["failurePolicy"] == {"maxRestarts": 2}
+    assert spec["failurePolicy"] == {"maxRestarts": 2, "rules": [
+        {"name": "preemption-is-not-a-failure", "action": "RestartJobSetAndIgnoreMaxRestarts",
+         "onJobFailureReasons": ["PodFailurePolicy"]}]}
     # a PS cluster is done when its chief (the coordinator) is; JobSet deletes ps/evaluator
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief"]}
     assert spec["network"] == {"enableDNSHostnames": True, "subdomain": "mnist"}
@@ -168,6 +170,53 @@ def test_tfjob_shape():
     assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 3}
     container = spec["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert container["ports"][0]["name"] == "tfjob-port"
+
+
+@pytest.mark.parametrize("kind", ["jobset", "tfjob"])
+def test_preempted_pods_get_time_to_stop_and_restart_without_using_max_restarts(kind):
+    """A pod the cluster takes away gets SIGTERM and --grace-period seconds; JobSet fails
+    its Job with reason PodFailurePolicy (DisruptionTarget), which restarts the JobSet
+    without counting; a TFJob restarts pods killed by a signal (ExitCode policy). The
+    result still validates against the CRDs and core/v1."""
+    manifest = job_manifest(job(kind, Topology(workers=2, chief=True), max_restarts=1,
+                                grace_period=300))
+    assert schema_errors(manifest) == []
+    for template in pod_templates(manifest):
+        assert template["spec"]["terminationGracePeriodSeconds"] == 300
+        assert core_v1_errors(template) is None
+    if kind == "jobset":
+        for replicated in manifest["spec"]["replicatedJobs"]:
+            assert replicated["template"]["spec"]["podFailurePolicy"] == {"rules": [
+                {"action": "FailJob",
+                 "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
+        [rule] = manifest["spec"]["failurePolicy"]["rules"]
+        assert rule["action"] == "RestartJobSetAndIgnoreMaxRestarts"
+    else:
+        assert {r["restartPolicy"] for r in manifest["spec"]["tfReplicaSpecs"].values()} == \
+            {"ExitCode"}
+    default = pod_templates(job_manifest(job(kind)))[0]["spec"]
+    assert default["terminationGracePeriodSeconds"] == 120
+
+
+@pytest.mark.parametrize("kind", ["jobset", "tfjob"])
+def test_run_volume_keeps_the_run_directory_across_restarted_pods(kind):
+    """--run-volume: every pod mounts the claim and its run directory (where the backups
+    are) is named after the job, the same for every restart; without it, the pod's /tmp."""
+    manifest = job_manifest(job(kind, run_volume="training-runs"))
+    assert schema_errors(manifest) == []
+    for template in pod_templates(manifest):
+        spec = template["spec"]
+        assert spec["volumes"] == [{"name": "tfrun-runs",
+                                    "persistentVolumeClaim": {"claimName": "training-runs"}}]
+        container = spec["containers"][0]
+        assert container["volumeMounts"] == [{"name": "tfrun-runs", "mountPath": "/tfrun-runs"}]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["TFRUN_RUN_DIR"] == "/tfrun-runs/mnist"
+        assert core_v1_errors(template) is None
+    plain = pod_templates(job_manifest(job(kind)))[0]["spec"]
+    assert "volumes" not in plain
+    assert {e["name"]: e.get("value") for e in plain["containers"][0]["env"]}[
+        "TFRUN_RUN_DIR"] == "/tmp/tfrun-run"
 
 
 # --------------------------------------------------------------------------- TF_CONFIG in the pod
@@ -264,6 +313,8 @@ def _broken() -> list[tuple[str, dict, str]]:
          "no container named 'tensorflow'")
     case("tfjob-no-image", good_tf,
          lambda d: tf(d)["Worker"]["template"]["spec"]["containers"][0].update(image=""), "image")
+    case("tfjob-restart-policy", good_tf, lambda d: tf(d)["Worker"].update(restartPolicy="Exitcode"),
+         "'Exitcode', which training-operator does not know")
     case("wrong-kind", good_tf, lambda d: d.update(kind="PyTorchJob"), "PyTorchJob")
     return cases
 

@@ -54,6 +54,10 @@ _TFJOB_ACCEPTED = ("Chief", "Master", "Worker", "PS", "Evaluator")
 #: Kubernetes' resource.Quantity: a signed decimal with an optional binary (Ki..Ei),
 #: decimal (n, u, m, k, M..E) or exponent suffix.
 _QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([numkMGTPE]|[KMGTPE]i|[eE][+-]?\d+)?")
+_TFJOB_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+#: Where --run-volume's claim is mounted in every pod.
+RUN_VOLUME_MOUNT = "/tfrun-runs"
+DEFAULT_GRACE_PERIOD = 120
 CONTAINER = "tensorflow"   # TFJob requires this container name; JobSet pods use it too
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _LABEL = "jobset.sigs.k8s.io/"
@@ -84,6 +88,16 @@ class K8sJob:
     env: tuple[tuple[str, str], ...] = ()
     python: str = "python"
     dns_timeout: float = 300.0
+    #: seconds a pod has between SIGTERM (eviction, preemption) and SIGKILL to stop and save
+    grace_period: int = DEFAULT_GRACE_PERIOD
+    #: a PersistentVolumeClaim for the run directory (backups survive a restarted pod)
+    run_volume: str | None = None
+
+    @property
+    def run_dir(self) -> str:
+        """The run directory in every pod: on the claim, named after the job, when there
+        is one (the same for every restart of the job); else the pod's own /tmp."""
+        return f"{RUN_VOLUME_MOUNT}/{self.name}" if self.run_volume else "/tmp/tfrun-run"
 
     def __post_init__(self) -> None:
         _check_name(self.name, "--name", longest_suffix=len("-evaluator-0-") + 4)
@@ -165,7 +179,7 @@ def _common_env(job: K8sJob) -> list[dict]:
     from ..specs import script_env  # the same contract as a launch's tasks
 
     env = script_env(strategy=job.strategy, keras=job.keras, roles=job.roles,
-                     run_dir="/tmp/tfrun-run")
+                     run_dir=job.run_dir)
     env.update(dict(job.env))
     return [{"name": k, "value": v} for k, v in env.items()]
 
@@ -187,7 +201,21 @@ def _container(job: K8sJob, env: list[dict]) -> dict:
         limits["nvidia.com/gpu"] = job.gpus_per_task
     if limits:
         container["resources"] = {"limits": limits, "requests": dict(limits)}
+    if job.run_volume:
+        container["volumeMounts"] = [{"name": "tfrun-runs", "mountPath": RUN_VOLUME_MOUNT}]
     return container
+
+
+def _pod_spec(job: K8sJob, env: list[dict]) -> dict:
+    spec: dict[str, Any] = {"restartPolicy": "Never",
+                            # SIGTERM first (eviction, preemption): time for the tasks to
+                            # stop and save before the kubelet's SIGKILL.
+                            "terminationGracePeriodSeconds": job.grace_period,
+                            "containers": [_container(job, env)]}
+    if job.run_volume:
+        spec["volumes"] = [{"name": "tfrun-runs",
+                            "persistentVolumeClaim": {"claimName": job.run_volume}}]
+    return spec
 
 
 def _downward(name: str, label: str) -> dict:
@@ -212,12 +240,18 @@ def _jobset(job: K8sJob) -> dict:
         replicated.append({"name": role, "replicas": 1, "template": {"spec": {
             "parallelism": n, "completions": n, "completionMode": "Indexed",
             "backoffLimit": 0,  # a failed pod fails its job: JobSet's failurePolicy decides
+            # A pod the cluster took away (preemption, eviction, a drained node) fails its
+            # Job with reason PodFailurePolicy, which the JobSet rule below restarts for free.
+            "podFailurePolicy": {"rules": [{"action": "FailJob", "onPodConditions": [
+                {"type": "DisruptionTarget", "status": "True"}]}]},
             "template": {"metadata": {"labels": {"app.kubernetes.io/managed-by": "tfrun"}},
-                         "spec": {"restartPolicy": "Never",
-                                  "containers": [_container(job, env)]}}}}})
+                         "spec": _pod_spec(job, env)}}}})
     return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(job), "spec": {
         "network": {"enableDNSHostnames": True, "subdomain": job.name},
-        "failurePolicy": {"maxRestarts": job.max_restarts},
+        # Preemptions do not use up --max-restarts; the script's own failures do.
+        "failurePolicy": {"maxRestarts": job.max_restarts, "rules": [
+            {"name": "preemption-is-not-a-failure", "action": "RestartJobSetAndIgnoreMaxRestarts",
+             "onJobFailureReasons": ["PodFailurePolicy"]}]},
         # Done when the tracked roles succeed; JobSet then deletes the ps/evaluator jobs.
         "successPolicy": {"operator": "All", "targetReplicatedJobs": job.tracked_roles()},
         "replicatedJobs": replicated}}
@@ -227,9 +261,12 @@ def _tfjob(job: K8sJob) -> dict:
     env = _common_env(job) + [{"name": contract.K8S_KIND, "value": "tfjob"}]
     specs = {}
     for role, n in job.counts().items():
+        pod = _pod_spec(job, env)
+        del pod["restartPolicy"]  # the replica's restartPolicy decides (training-operator)
         specs[TFJOB_TYPES[role]] = {
-            "replicas": n, "restartPolicy": "Never",
-            "template": {"spec": {"containers": [_container(job, env)]}}}
+            # ExitCode: a pod killed by a signal (exit 128+: SIGTERM on preemption, SIGKILL)
+            # is restarted; the script's own errors (1-127) are not.
+            "replicas": n, "restartPolicy": "ExitCode", "template": {"spec": pod}}
     return {"apiVersion": TFJOB_API, "kind": "TFJob", "metadata": _metadata(job), "spec": {
         # Running: ps/evaluator pods still running when training ends are deleted
         # (kubeflow/trainer#774: they never exit by themselves).
@@ -324,6 +361,11 @@ def _check_tfjob(spec: dict, where: str) -> None:
         if not isinstance(rspec, dict):
             _bad(path, "is not a mapping", "replicas, restartPolicy, template", rspec)
         n = _replicas(rspec.get("replicas", 1), f"{path}.replicas")
+        policy = rspec.get("restartPolicy", "Never")
+        if policy not in _TFJOB_RESTART_POLICIES:  # the CRD's schema does not list them
+            _bad(f"{path}.restartPolicy", f"is {policy!r}, which training-operator does not know",
+                 ", ".join(_TFJOB_RESTART_POLICIES) + " (ExitCode: restart pods killed by a "
+                 "signal, as on preemption)", policy)
         if key in ("Chief", "Master"):
             leaders += 1
             if n > 1:
@@ -455,6 +497,13 @@ def _build_k8s_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus-per-task", type=non_negative_int, default=0)
     parser.add_argument("--max-restarts", type=non_negative_int, default=0,
                         help="gang restarts (JobSet failurePolicy.maxRestarts; TFJob backoffLimit)")
+    parser.add_argument("--grace-period", type=non_negative_int, default=DEFAULT_GRACE_PERIOD,
+                        help="seconds between a pod's SIGTERM (eviction, preemption) and SIGKILL "
+                             f"(terminationGracePeriodSeconds; default {DEFAULT_GRACE_PERIOD})")
+    parser.add_argument("--run-volume", default=None, metavar="CLAIM",
+                        help="a PersistentVolumeClaim for the run directory "
+                             f"({RUN_VOLUME_MOUNT}/<name>): backups survive restarted pods, so a "
+                             "restarted job resumes (default: the pod's /tmp, lost on restart)")
     parser.add_argument("--keras", choices=("3", "2"), default="3")
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--roles", choices=("auto", "script"), default="auto")
@@ -525,6 +574,6 @@ def _run_k8s(argv: Sequence[str], parse_launch=None) -> int:
                  namespace=args.namespace, port=args.port, cpu=args.cpu, memory=args.memory,
                  gpus_per_task=args.gpus_per_task, max_restarts=args.max_restarts,
                  keras=args.keras, strategy=args.strategy, roles=args.roles, env=tuple(env),
-                 python=args.python)
+                 python=args.python, grace_period=args.grace_period, run_volume=args.run_volume)
     print(render_yaml(job_manifest(job)), end="")
     return 0
