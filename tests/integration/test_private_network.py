@@ -8,9 +8,9 @@ on their ports in the host's namespace; outbound through slirp4netns). With neit
 possible, ``auto`` warns loudly and ``loopback``/``private`` refuse to start.
 """
 
+import http.server
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -39,26 +39,27 @@ def _require_private_network() -> None:
 
 
 class LoopbackServer:
-    """Accepts connections on the host's 127.0.0.1; records what each client says."""
+    """An HTTP server on the host's 127.0.0.1 (an MLflow or TensorBoard server, say); records
+    which task asked (the request path) and answers "welcome"."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.port = self.sock.getsockname()[1]
-        self.heard: list[str] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        heard = self.heard = []
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                self.heard.append(conn.makefile().readline().strip())
-                conn.sendall(b"welcome\n")
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                heard.append(self.path.strip("/"))
+                body = b"welcome\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def wait_for(self, count: int, run: Run, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout

@@ -5,7 +5,9 @@ pods' DNS names (``<jobset>-<role>-0-<index>.<subdomain>``) resolving to those h
 pod's container command run with the manifest's environment and the values JobSet and the
 Indexed Job would give (the replicated-job/jobset labels the downward API reads,
 ``JOB_COMPLETION_INDEX``), and the successPolicy applied: when the target jobs' pods have
-succeeded, the other pods are deleted. Each pod's /tmp/tfrun-run is its own directory.
+succeeded, the other pods are deleted; when a pod fails, JobSet's restart (every pod
+deleted, then made again). Each pod's /tmp/tfrun-run is its own directory; a
+``--run-volume`` claim is one directory every pod shares, across restarts.
 """
 
 import os
@@ -13,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,14 +84,22 @@ class SimulatedPods:
             else:
                 path = entry["valueFrom"]["fieldRef"]["fieldPath"]
                 env[entry["name"]] = labels[re.fullmatch(r"metadata\.labels\['(.+)'\]", path)[1]]
-        env["TFRUN_RUN_DIR"] = str(self.tmp / pod)  # the pod's own /tmp/tfrun-run
+        mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+        run_dir = env["TFRUN_RUN_DIR"]
+        mount = next((m for m in mounts if run_dir.startswith(m + "/")), None)
+        if mount:  # the claim: one directory for every pod and every restart
+            env["TFRUN_RUN_DIR"] = str(self.tmp / "claim") + run_dir[len(mount):]
+        else:
+            env["TFRUN_RUN_DIR"] = str(self.tmp / pod)  # the pod's own /tmp/tfrun-run
         return env
 
-    def start(self) -> None:
+    def start(self, attempt: int = 0) -> None:
         for i, (pod, role, index, container) in enumerate(self.pods):
             command = [sys.executable if container["command"][0] == "python" else
                        container["command"][0], *container["command"][1:]]
-            log = open(self.tmp / f"{pod}.log", "w")
+            log = open(self.tmp / f"{pod}.log", "a")
+            log.write(f"---- pod start {attempt}\n")
+            log.flush()
             self.procs[pod] = self.hosts.popen(i + 1, command, cwd=str(ROOT), stdout=log,
                                                stderr=subprocess.STDOUT,
                                                env=self.env_of(role, index, container, pod))
@@ -108,6 +119,27 @@ class SimulatedPods:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
         return codes
+
+    def evict(self, pod: str) -> int:
+        """What the kubelet does to a preempted pod: SIGTERM, then (after the grace period)
+        SIGKILL; returns its exit code."""
+        proc = self.procs[pod]
+        proc.send_signal(signal.SIGTERM)
+        grace = self.manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
+            "spec"]["terminationGracePeriodSeconds"]
+        try:
+            return proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def restart_all(self) -> None:
+        """JobSet's restart after a failed Job: delete every pod, make them again."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+        self.start(attempt=1)
 
     def log(self, pod: str) -> str:
         return (self.tmp / f"{pod}.log").read_text(errors="replace")
@@ -146,3 +178,43 @@ def test_jobset_pods_run_a_parameter_server_cluster_to_completion(fake_hosts, tm
         assert codes == {"ps-chief-0-0": 0, "ps-worker-0-0": None, "ps-ps-0-0": None}, \
             pods.log("ps-chief-0-0")[-3000:]
         assert "serving as a tf.distribute.Server" in pods.log("ps-ps-0-0")
+
+
+def test_a_preempted_jobset_with_a_run_volume_resumes_from_its_backups(fake_hosts, tmp_path):
+    """--run-volume: a worker pod evicted mid-training (SIGTERM), JobSet restarts every pod
+    with the same manifest, and they resume from the backups on the claim -- ending with
+    the weights of the same pods run without interruption (Keras 3, MWMS, Adam)."""
+    from tfrun.in_task.callbacks import complete_epochs
+
+    script, epochs, slow = "tests/scripts/backup_kill.py", "6", "0.3"
+    clean = generate(["--name", "clean", "--workers", "2", script, str(tmp_path / "clean"),
+                      epochs, slow])
+    with SimulatedPods(fake_hosts, clean, tmp_path / "clean-pods") as pods:
+        (tmp_path / "clean-pods").mkdir()
+        pods.start()
+        assert set(pods.run_to_success().values()) == {0}, pods.log("clean-worker-0-1")[-3000:]
+
+    manifest = generate(["--name", "resume", "--workers", "2", "--run-volume", "runs", script,
+                         str(tmp_path / "resumed"), epochs, slow])
+    backups = tmp_path / "claim" / "resume" / "backup"
+    with SimulatedPods(fake_hosts, manifest, tmp_path) as pods:
+        pods.start()
+        deadline = time.monotonic() + 300
+        while min(max(complete_epochs(str(backups / f"worker-{i}")), default=0)
+                  for i in (0, 1)) < 2:
+            assert all(p.poll() is None for p in pods.procs.values()), pods.log("resume-worker-0-1")
+            assert time.monotonic() < deadline, "no backup of epoch 2 on the claim"
+            time.sleep(0.05)
+        assert pods.evict("resume-worker-0-1") != 0
+        pods.restart_all()
+        codes = pods.run_to_success()
+        assert codes == {"resume-worker-0-0": 0, "resume-worker-0-1": 0}, \
+            pods.log("resume-worker-0-1")[-3000:]
+        for pod in ("resume-worker-0-0", "resume-worker-0-1"):
+            restarted = pods.log(pod).split("---- pod start 1")[1]
+            assert "resuming from the backup of epoch" in restarted, restarted[-2000:]
+    want = np.load(tmp_path / "clean-worker-0.npz")
+    for i in (0, 1):
+        got = np.load(tmp_path / f"resumed-worker-{i}.npz")
+        for k in range(4):
+            np.testing.assert_array_equal(got[f"arr_{k}"], want[f"arr_{k}"])
