@@ -1,0 +1,44 @@
+"""Benchmark task: Keras fit under MWMS with tfrun.backup_and_restore(), logging every step.
+
+    tfrun --workers 2 --max-restarts 1 _recovery_worker.py EPOCHS STEPS_PER_EPOCH
+
+Each task appends "<start> <global step> <unix time>" per finished batch to
+$TFRUN_RUN_DIR/steps-<role>-<index>.log (start: tfrun's restart count), so the benchmark
+can tell when training ran again after a kill and which steps were done twice.
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+import keras
+import tfrun
+
+epochs, steps = int(sys.argv[1]), int(sys.argv[2])
+info = tfrun.task()
+strategy = tfrun.strategy()
+batch = tfrun.global_batch_size(32)
+rng = np.random.default_rng(0)
+x = rng.normal(size=(steps * batch, 64)).astype("float32")  # exactly STEPS_PER_EPOCH batches
+y = rng.integers(0, 10, size=steps * batch).astype("int32")
+with strategy.scope():
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+log = open(os.path.join(os.environ["TFRUN_RUN_DIR"], f"steps-{info.role}-{info.index}.log"), "a")
+start = int(os.environ.get("TFRUN_RESTART_COUNT", "0"))
+
+
+class StepLog(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        log.write(f"{start} {int(self.model.optimizer.iterations.numpy())} {time.time():.3f}\n")
+        log.flush()
+
+
+import tensorflow as tf  # noqa: E402 - after tfrun.strategy(), as TensorFlow asks
+
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+model.fit(data, epochs=epochs, verbose=0, callbacks=[StepLog(), tfrun.backup_and_restore()])
