@@ -1,6 +1,8 @@
 """Benchmark task: Keras fit under MWMS with tfrun.backup_and_restore(), logging every step.
 
-    tfrun --workers 2 --max-restarts 1 _recovery_worker.py EPOCHS STEPS_PER_EPOCH
+    tfrun --workers 2 --max-restarts 1 _recovery_worker.py EPOCHS STEPS_PER_EPOCH SAVE_FREQ
+
+SAVE_FREQ: "epoch" or a number of steps (tfrun.backup_and_restore(save_freq=...)).
 
 Each task appends "<start> <global step> <unix time>" per finished batch to
 $TFRUN_RUN_DIR/steps-<role>-<index>.log (start: tfrun's restart count), so the benchmark
@@ -17,6 +19,7 @@ import keras
 import tfrun
 
 epochs, steps = int(sys.argv[1]), int(sys.argv[2])
+save_freq = sys.argv[3] if sys.argv[3] == "epoch" else int(sys.argv[3])
 info = tfrun.task()
 strategy = tfrun.strategy()
 batch = tfrun.global_batch_size(32)
@@ -33,12 +36,20 @@ start = int(os.environ.get("TFRUN_RESTART_COUNT", "0"))
 
 
 class StepLog(keras.callbacks.Callback):
+    """Trained batches only: a batch a resume reads past (no step taken) is not logged."""
+
+    def on_train_begin(self, logs=None):
+        self.last = int(self.model.optimizer.iterations.numpy())  # after a restore
+
     def on_train_batch_end(self, batch, logs=None):
-        log.write(f"{start} {int(self.model.optimizer.iterations.numpy())} {time.time():.3f}\n")
-        log.flush()
+        now = int(self.model.optimizer.iterations.numpy())
+        if now != self.last:
+            log.write(f"{start} {now} {time.time():.3f}\n")
+            log.flush()
+            self.last = now
 
 
 import tensorflow as tf  # noqa: E402 - after tfrun.strategy(), as TensorFlow asks
 
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
-model.fit(data, epochs=epochs, verbose=0, callbacks=[StepLog(), tfrun.backup_and_restore()])
+model.fit(data, epochs=epochs, verbose=0, callbacks=[tfrun.backup_and_restore(save_freq=save_freq), StepLog()])

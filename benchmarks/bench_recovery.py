@@ -1,14 +1,16 @@
 """Recovery from a lost worker: SIGKILL one of 2 local workers mid-epoch, then measure.
 
-    python benchmarks/bench_recovery.py [--rounds 3] [--epochs 4] [--steps 60]
+    python benchmarks/bench_recovery.py [--rounds 3] [--epochs 4] [--steps 60] [--save-freq 10]
 
-Each round runs the same 2-worker Keras 3 MWMS fit (tfrun.backup_and_restore(),
---max-restarts 1) twice, interleaved: uninterrupted (the baseline), and with worker:1
-SIGKILLed halfway through epoch 2. From the tasks' per-step logs it reports
+Each round runs the same 2-worker Keras 3 MWMS fit (--max-restarts 1) three times,
+interleaved: uninterrupted with epoch backups (the baseline), then with worker:1 SIGKILLed
+halfway through epoch 2, once with epoch backups (tfrun.backup_and_restore()) and once
+with step backups (save_freq=--save-freq). From the tasks' per-step logs it reports
   * recovery: seconds from the kill to the first training step after the restart;
   * steps redone: steps finished before the kill that were trained again;
   * wall time of the interrupted run over the uninterrupted one's.
-Today's backups are per epoch, so the steps redone are those of the interrupted epoch.
+With epoch backups the steps redone are those of the interrupted epoch; with step
+backups at most --save-freq.
 """
 
 import argparse
@@ -27,6 +29,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--steps", type=int, default=60, help="steps per epoch")
+parser.add_argument("--save-freq", type=int, default=10, help="steps between step backups")
 args = parser.parse_args()
 
 
@@ -51,10 +54,10 @@ def running_pid(run_dir: Path, task: str) -> int | None:
     return pids[-1] if pids else None
 
 
-def launch(run_dir: Path, kill_at: int | None) -> dict:
+def launch(run_dir: Path, kill_at: int | None, save_freq: str) -> dict:
     command = [sys.executable, "-m", "tfrun", "--workers", "2", "--max-restarts", "1",
                "--quiet-tasks", "--color", "never", "--run-dir", str(run_dir),
-               str(HERE / "_recovery_worker.py"), str(args.epochs), str(args.steps)]
+               str(HERE / "_recovery_worker.py"), str(args.epochs), str(args.steps), save_freq]
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed_at = None
@@ -82,19 +85,21 @@ def launch(run_dir: Path, kill_at: int | None) -> dict:
 
 
 kill_at = args.steps + args.steps // 2  # halfway through epoch 2
-plain, killed = [], []
+configs = [("uninterrupted", None, "epoch"), ("killed, epoch backups", kill_at, "epoch"),
+           (f"killed, save_freq={args.save_freq}", kill_at, str(args.save_freq))]
+results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
 with tempfile.TemporaryDirectory(prefix="tfrun-bench-recovery-") as scratch:
     for r in range(args.rounds):
-        plain.append(launch(Path(scratch) / f"plain-{r}", None))
-        killed.append(launch(Path(scratch) / f"killed-{r}", kill_at))
+        for i, (name, kill, save_freq) in enumerate(configs):
+            results[name].append(launch(Path(scratch) / f"{i}-{r}", kill, save_freq))
 print(f"2 local workers, {args.epochs} epochs x {args.steps} steps, worker:1 SIGKILLed at "
-      f"step {kill_at} (epoch 2), --max-restarts 1, epoch backups")
-print("  uninterrupted wall s: " + ", ".join(f"{p['wall']:.1f}" for p in plain))
-print("  interrupted wall s:   " + ", ".join(f"{k['wall']:.1f}" for k in killed))
-print("  recovery s (kill -> first step again): "
-      + ", ".join(f"{k['recovery']:.1f}" for k in killed))
-print("  steps redone: " + ", ".join(str(k["redone"]) for k in killed))
-ratio = statistics.median(k["wall"] for k in killed) / statistics.median(p["wall"] for p in plain)
-print(f"  median recovery {statistics.median(k['recovery'] for k in killed):.1f} s, "
-      f"steps redone {statistics.median(k['redone'] for k in killed):.0f}, "
-      f"interrupted / uninterrupted wall time {ratio:.2f}x (measured in this invocation)")
+      f"step {kill_at} (mid-epoch 2), --max-restarts 1")
+base = statistics.median(p["wall"] for p in results["uninterrupted"])
+print(f"  {'configuration':<26} {'wall s':>24} {'recovery s':>18} {'steps redone':>14} {'wall ratio':>10}")
+for name, runs in results.items():
+    walls = ", ".join(f"{r['wall']:.1f}" for r in runs)
+    recovery = ", ".join(f"{r['recovery']:.1f}" for r in runs if "recovery" in r) or "-"
+    redone = ", ".join(str(r["redone"]) for r in runs if "redone" in r) or "-"
+    ratio = statistics.median(r["wall"] for r in runs) / base
+    print(f"  {name:<26} {walls:>24} {recovery:>18} {redone:>14} {ratio:>9.2f}x")
+print("  (wall ratio against the uninterrupted run's median, measured in this invocation)")

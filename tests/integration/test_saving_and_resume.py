@@ -171,3 +171,52 @@ def test_tfrun_stopped_then_the_same_command_again_resumes_from_the_backups(tmp_
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
     assert_nothing_left(again)
+
+
+STEP_SCRIPT = str(ROOT / "tests" / "scripts" / "step_backup.py")
+
+
+def _steps(path) -> list[tuple[int, int]]:
+    """(restart count, global step) per trained batch, from step_backup.py's log."""
+    return [tuple(map(int, line.split())) for line in open(path).read().splitlines()]
+
+
+def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path):
+    """Issue 32: save_freq=10, 3 epochs x 30 steps; worker:1 SIGKILLed mid-epoch 2 (after
+    global step 45). The gang restarts, resumes at the newest step backup every worker
+    completed (inside epoch 2, its first batches read and skipped), redoes at most 10
+    steps, and ends with the weights of an uninterrupted run (Keras 3, MWMS, Adam)."""
+    import signal
+    import time
+
+    clean = Run(tmp_path, ["--workers", "2", "--quiet-tasks", STEP_SCRIPT,
+                           str(tmp_path / "clean"), "3", "10"], name="clean")
+    assert clean.run(600) == 0, clean.stdout[-3000:]
+    run = Run(tmp_path, ["--workers", "2", "--max-restarts", "1", STEP_SCRIPT,
+                         str(tmp_path / "killed"), "3", "10", "0.05"], name="killed").start()
+    log = tmp_path / "killed-steps-worker-0.log"
+    deadline = time.monotonic() + 300
+    while not log.exists() or max((s for _, s in _steps(log)), default=0) < 45:
+        assert run.proc.poll() is None, run.proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "worker:0 never reached step 45"
+        time.sleep(0.02)
+    os.kill(_running_pid(run, "worker:1"), signal.SIGKILL)
+    assert run.wait(600) == 0, run.stdout[-3000:]
+    assert _restarts(run) == 1
+    steps = _steps(log)
+    trained_before = max(s for r, s in steps if r == 0)
+    resumed_at = min(s for r, s in steps if r == 1)
+    assert 45 <= trained_before < 60  # killed inside epoch 2 (steps 31-60)
+    redone = trained_before - resumed_at + 1
+    assert 0 <= redone <= 10, (trained_before, resumed_at)
+    # the resume started inside epoch 2, not at its first step
+    assert resumed_at > 31 and (resumed_at - 1) % 10 == 0, resumed_at
+    for i in range(2):
+        worker_log = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
+        assert "tfrun: resuming at epoch 2, after its batch" in worker_log, worker_log[-2000:]
+    want = np.load(tmp_path / "clean-worker-0.npz")
+    for i in range(2):
+        got = np.load(tmp_path / f"killed-worker-{i}.npz")
+        for k in range(4):
+            np.testing.assert_allclose(got[f"arr_{k}"], want[f"arr_{k}"], atol=1e-6, rtol=0)
+    assert_nothing_left(run)

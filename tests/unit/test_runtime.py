@@ -3,6 +3,8 @@
 import json
 import os
 
+import re
+
 import pytest
 
 from tfrun.in_task import runtime
@@ -87,11 +89,23 @@ def test_global_batch_size_rejects_nonsense(env):
         runtime.global_batch_size(0)
 
 
-@pytest.mark.parametrize("save_freq", [5, 1, "batch"])
-def test_backup_and_restore_refuses_step_level_backups_it_cannot_resume_exactly(save_freq):
-    """Issue 14.3: Keras re-runs the interrupted epoch from its first step, so a step-level
-    backup would apply steps twice; refused with the value and the fix named."""
+@pytest.mark.parametrize("save_freq", ["batch", 0, -5, 2.5, True])
+def test_backup_and_restore_refuses_a_save_freq_that_is_not_steps(save_freq):
     import tfrun
 
-    with pytest.raises(ValueError, match=rf"save_freq={save_freq!r}.*Expected save_freq='epoch'"):
+    with pytest.raises(ValueError, match=rf"expected 'epoch' or a number of steps >= 1.*"
+                                         rf"Received: save_freq={re.escape(repr(save_freq))}"):
         tfrun.backup_and_restore(save_freq=save_freq)
+
+
+def test_backup_and_restore_takes_step_backups_under_keras3_and_refuses_them_under_tf_keras(
+        monkeypatch, tmp_path):
+    """Keras 3: a consistent backup every N steps (resumed exactly: the integration test).
+    tf_keras resumes at the step but starts the epoch's data over: refused, saying why."""
+    import tfrun
+
+    callback = tfrun.backup_and_restore(str(tmp_path), save_freq=5)
+    assert type(callback).__name__ == "ConsistentBackup" and callback.save_freq == 5
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    with pytest.raises(ValueError, match=r"save_freq=5\) cannot resume exactly under tf_keras"):
+        tfrun.backup_and_restore(str(tmp_path), save_freq=5)

@@ -18,9 +18,13 @@ is the same for every restart.
   replica has completely backed up, and loads that one. Workers' backups differ by at
   most one epoch (synchronous training), so the agreed epoch is always still on disk.
 
-Only epoch-level backups are exact: ``save_freq=N`` (steps) is refused, because Keras
-re-runs the interrupted epoch from its first step on resume anyway (the data iterator
-position is not saved), which would apply some steps twice.
+Step backups: ``save_freq=N`` (Keras 3) also backs up whenever the optimizer's step count
+passes a multiple of N (``step-<G>.*``, with the epoch and batch it stands for). A resume
+inside an epoch loads that backup, starts Keras' loop at that epoch, and reads past the
+batches the backup already trained on (they are fetched, not trained on), so the steps
+that follow see the same data as before: exact when the dataset yields the same batches
+every epoch (no shuffle, or ``reshuffle_each_iteration=False``), said once at the resume.
+tf_keras refuses ``save_freq=N``: its resume starts the interrupted epoch's data over.
 
     >>> model.fit(data, epochs=10, callbacks=[tfrun.backup_and_restore()])  # doctest: +SKIP
 """
@@ -34,9 +38,13 @@ import re
 from .. import contract
 from .runtime import task
 
-__all__ = ["backup_and_restore", "complete_epochs", "default_backup_dir"]
+__all__ = ["backup_and_restore", "complete_epochs", "complete_saves", "default_backup_dir"]
 
 _EPOCH_FILE = re.compile(r"epoch-(\d+)\.json")
+_SAVE_FILE = re.compile(r"(epoch|step)-(\d+)\.json")
+#: Backups each worker keeps: workers are at most one save point apart (synchronous
+#: training), and an epoch's last step can be saved twice (as a step and as the epoch).
+_KEEP = 3
 
 
 def default_backup_dir() -> str:
@@ -59,27 +67,36 @@ def backup_and_restore(backup_dir: str | None = None, *, save_freq="epoch",
                        delete_checkpoint: bool = True, **kwargs):
     """A backup-and-restore callback for this task (see the module docstring).
 
-    Raises ValueError for ``save_freq`` other than ``"epoch"`` (it cannot resume exactly).
+    ``save_freq``: ``"epoch"`` (default) or a number of steps (Keras 3). Raises ValueError
+    for anything else, and for steps under tf_keras (it cannot resume them exactly).
     """
-    if save_freq != "epoch":
-        raise ValueError(
-            f"tfrun.backup_and_restore(save_freq={save_freq!r}) cannot resume exactly: on "
-            "resume Keras re-runs the interrupted epoch from its first step (the position in "
-            "the data is not saved), so steps after the backup are applied twice. Expected "
-            "save_freq='epoch' (the default). Fix: drop save_freq, or use shorter epochs "
-            "(steps_per_epoch=N with a repeated dataset) to back up every N steps. "
-            f"Received: save_freq={save_freq!r}")
+    if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
+                                 or save_freq < 1):
+        raise ValueError(f"tfrun.backup_and_restore(save_freq={save_freq!r}): expected "
+                         f"'epoch' or a number of steps >= 1, e.g. save_freq=100. "
+                         f"Received: save_freq={save_freq!r}")
     keras = _keras()
     backup_dir = backup_dir or default_backup_dir()
-    if keras.__version__.startswith("2.") or not task().in_cluster:
+    if keras.__version__.startswith("2."):
+        if save_freq != "epoch":
+            raise ValueError(
+                f"tfrun.backup_and_restore(save_freq={save_freq!r}) cannot resume exactly "
+                "under tf_keras (--keras 2): it resumes at the saved step but starts the "
+                "interrupted epoch's data over, so some batches are trained twice and others "
+                "skipped. Expected save_freq='epoch' under tf_keras. Fix: drop save_freq, or "
+                f"run with Keras 3. Received: save_freq={save_freq!r}")
+        return keras.callbacks.BackupAndRestore(backup_dir=backup_dir,
+                                                delete_checkpoint=delete_checkpoint, **kwargs)
+    if not task().in_cluster and save_freq == "epoch":
         return keras.callbacks.BackupAndRestore(backup_dir=backup_dir,
                                                 delete_checkpoint=delete_checkpoint, **kwargs)
     if kwargs:
-        raise ValueError(f"tfrun.backup_and_restore in a Keras 3 cluster takes backup_dir, "
-                         f"save_freq and delete_checkpoint only. Received: {sorted(kwargs)}")
+        raise ValueError(f"tfrun.backup_and_restore with Keras 3 takes backup_dir, save_freq "
+                         f"and delete_checkpoint only. Received: {sorted(kwargs)}")
     info = task()
     return _consistent_backup_class(keras)(os.path.join(backup_dir, f"{info.role}-{info.index}"),
-                                          delete_checkpoint=delete_checkpoint)
+                                          delete_checkpoint=delete_checkpoint,
+                                          save_freq=save_freq)
 
 
 def complete_epochs(directory: str) -> list[int]:
@@ -92,80 +109,162 @@ def complete_epochs(directory: str) -> list[int]:
                   and os.path.exists(os.path.join(directory, f"epoch-{m.group(1)}.weights.h5")))
 
 
+def complete_saves(directory: str) -> list[dict]:
+    """Every complete backup in ``directory`` (epoch and step ones), oldest first: dicts
+    with ``epoch`` (where Keras' loop resumes), ``batch`` (batches of that epoch already
+    trained), ``name`` (the files' stem) and ``key`` (the position, comparable)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    saves = []
+    for name in names:
+        match = _SAVE_FILE.fullmatch(name)
+        stem = name[:-len(".json")]
+        if not match or not os.path.exists(os.path.join(directory, f"{stem}.weights.h5")):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                mark = json.load(f)
+            epoch, batch = int(mark["epoch"]), int(mark.get("batch", 0))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable: as if absent (the mark is written last)
+        saves.append({"epoch": epoch, "batch": batch, "name": stem, "key": _key(epoch, batch)})
+    return sorted(saves, key=lambda save: (save["key"], save["name"].startswith("epoch")))
+
+
+def _key(epoch: int, batch: int) -> int:
+    """One comparable integer per position (the same on every worker for one save point)."""
+    return epoch * 2**32 + batch
+
+
 def _consistent_backup_class(keras):
     """``ConsistentBackup`` for this Keras (built lazily: importing Keras is slow)."""
 
     class ConsistentBackup(keras.callbacks.Callback):
-        """Per-worker epoch backups; resume from the newest epoch every replica completed."""
+        """Per-worker backups (every epoch, and every ``save_freq`` steps); resume from the
+        newest one every replica completed."""
 
-        def __init__(self, directory: str, *, delete_checkpoint: bool = True) -> None:
+        def __init__(self, directory: str, *, delete_checkpoint: bool = True,
+                     save_freq="epoch") -> None:
             super().__init__()
             self.directory = directory
             self.delete_checkpoint = delete_checkpoint
+            self.save_freq = save_freq
+            self._epoch = 0
+            self._last_saved_step = -1
 
         # ---------------------------------------------------------------- resume
 
         def on_train_begin(self, logs=None):
-            mine = complete_epochs(self.directory)
-            epoch = self._agree(mine)
-            if epoch == 0:
+            mine = complete_saves(self.directory)
+            key = self._agree([save["key"] for save in mine])
+            if key is None:
                 return
-            if epoch not in mine:  # cannot happen with synchronous workers; never guess
+            chosen = [save for save in mine if save["key"] == key]
+            if not chosen:  # cannot happen with synchronous workers; never guess
                 raise RuntimeError(f"tfrun.backup_and_restore: the workers agreed to resume "
-                                   f"from epoch {epoch}, but {self.directory} holds {mine}")
+                                   f"from position {divmod(key, 2**32)}, but {self.directory} "
+                                   f"holds {[save['name'] for save in mine]}")
+            save = chosen[-1]  # the epoch form when the same point was saved twice
             if self.model.optimizer is not None and not self.model.optimizer.built:
                 self.model.optimizer.build(self.model.trainable_variables)
-            self.model.load_weights(self._path(epoch, "weights.h5"))
-            self.model._initial_epoch = epoch
-            print(f"tfrun: resuming from the backup of epoch {epoch} (complete on every worker)",
-                  flush=True)
+            self.model.load_weights(os.path.join(self.directory, f"{save['name']}.weights.h5"))
+            self.model._initial_epoch = save["epoch"]
+            self._epoch = save["epoch"]
+            self._last_saved_step = self._global_step()
+            if save["batch"] == 0:
+                print(f"tfrun: resuming from the backup of epoch {save['epoch']} (complete on "
+                      f"every worker)", flush=True)
+                return
+            print(f"tfrun: resuming at epoch {save['epoch'] + 1}, after its batch "
+                  f"{save['batch']} (global step {self._last_saved_step}), from the backup "
+                  f"complete on every worker. Its first {save['batch']} batches are read and "
+                  f"skipped: exact when the dataset gives the same batches every epoch (no "
+                  f"shuffle, or reshuffle_each_iteration=False)", flush=True)
+            self._skip_batches(save["batch"])
 
-        def _agree(self, mine: list[int]) -> int:
-            """The newest epoch every replica has backed up (0: none), by one SUM all-reduce
-            of "which epochs I have" vectors (MIN is not a reduce op)."""
+        def _agree(self, keys: list[int]) -> int | None:
+            """The newest position every replica has backed up (None: none), by gathering
+            every replica's newest few positions."""
             import numpy as np
             import tensorflow as tf
 
             strategy = self.model.distribute_strategy
-            # Every worker must send the same shape: one slot per epoch of this fit().
-            size = int(self.params["epochs"]) + 1
-            have = np.zeros(size, dtype=np.int32)
-            have[[e for e in mine if e < size]] = 1
-            per_replica = strategy.run(lambda: tf.constant(have))
-            counts = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
-            everyone = strategy.num_replicas_in_sync
-            agreed = [e for e in range(1, size) if counts[e] == everyone]
-            return max(agreed, default=0)
+            padded = np.full(_KEEP + 1, -1, dtype=np.int64)
+            newest = sorted(set(keys))[-(_KEEP + 1):]
+            padded[:len(newest)] = newest
+            gathered = strategy.gather(strategy.run(lambda: tf.constant(padded[None, :])),
+                                       axis=0).numpy()
+            common = set.intersection(*({int(k) for k in row if k >= 0} for row in gathered))
+            if not common and any(k >= 0 for row in gathered for k in row):
+                holders = [sorted(int(k) for k in row if k >= 0) for row in gathered]
+                raise RuntimeError(f"tfrun.backup_and_restore: the replicas share no backup "
+                                   f"({holders}); remove {os.path.dirname(self.directory)} "
+                                   "to start over")
+            return max(common, default=None)
+
+        def _skip_batches(self, count: int) -> None:
+            """Make the next ``count`` batches of Keras' loop fetched but not trained on
+            (train_function is looked up at every step), then train again."""
+            model = self.model
+            train = model.train_function
+            per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+            left = [count]
+
+            def skip(iterator):
+                for _ in range(min(per_call, left[0])):
+                    next(iterator)
+                left[0] -= per_call
+                if left[0] <= 0:
+                    model.train_function = train
+                return {}
+
+            model.train_function = skip
 
         # ---------------------------------------------------------------- backup
 
+        def on_epoch_begin(self, epoch, logs=None):
+            self._epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.save_freq == "epoch":
+                return
+            step = self._global_step()
+            if step // self.save_freq > max(self._last_saved_step, 0) // self.save_freq:
+                self._save(f"step-{step}", self._epoch, batch + 1)
+                self._last_saved_step = step
+
         def on_epoch_end(self, epoch, logs=None):
             done = epoch + 1  # epochs completed: where a resume starts
-            os.makedirs(self.directory, exist_ok=True)
-            weights = self._path(done, "weights.h5")
-            temporary = self._path(done, "tmp.weights.h5")
-            self.model.save_weights(temporary, overwrite=True)
-            os.replace(temporary, weights)
-            mark = self._path(done, "json")
-            with open(mark + ".tmp", "w") as f:
-                json.dump({"epoch": done}, f)
-            os.replace(mark + ".tmp", mark)  # complete from here on
-            for old in complete_epochs(self.directory):
-                if old < done - 1:  # keep two: another worker may be one epoch behind
-                    self._remove(old)
+            self._save(f"epoch-{done}", done, 0)
 
         def on_train_end(self, logs=None):
             if self.delete_checkpoint:
-                for old in complete_epochs(self.directory):
-                    self._remove(old)
+                for save in complete_saves(self.directory):
+                    self._remove(save["name"])
 
-        def _path(self, epoch: int, suffix: str) -> str:
-            return os.path.join(self.directory, f"epoch-{epoch}.{suffix}")
+        def _global_step(self) -> int:
+            return int(self.model.optimizer.iterations.numpy())
 
-        def _remove(self, epoch: int) -> None:
+        def _save(self, name: str, epoch: int, batch: int) -> None:
+            os.makedirs(self.directory, exist_ok=True)
+            weights = os.path.join(self.directory, f"{name}.weights.h5")
+            temporary = os.path.join(self.directory, f"{name}.tmp.weights.h5")
+            self.model.save_weights(temporary, overwrite=True)
+            os.replace(temporary, weights)
+            mark = os.path.join(self.directory, f"{name}.json")
+            with open(mark + ".tmp", "w") as f:
+                json.dump({"epoch": epoch, "batch": batch, "step": self._global_step()}, f)
+            os.replace(mark + ".tmp", mark)  # complete from here on
+            saves = complete_saves(self.directory)
+            for old in saves[:-_KEEP]:  # another worker may be one save point behind
+                self._remove(old["name"])
+
+        def _remove(self, name: str) -> None:
             for suffix in ("json", "weights.h5"):  # the mark first: never a mark without data
                 try:
-                    os.remove(self._path(epoch, suffix))
+                    os.remove(os.path.join(self.directory, f"{name}.{suffix}"))
                 except FileNotFoundError:
                     pass
 

@@ -1,0 +1,64 @@
+"""fit() under MWMS with tfrun.backup_and_restore(save_freq=N), logging every step.
+
+    tfrun --workers 2 --max-restarts 1 step_backup.py OUT EPOCHS SAVE_FREQ [SLOW]
+
+A fixed problem (same data and initial weights everywhere), a dataset shuffled once with
+a seed (the same order every epoch: reshuffle_each_iteration=False), Adam. Each task
+appends "<restart count> <global step>" per trained batch (not per batch a resume skips) to OUT-steps-<role>-<index>.log
+and writes its final weights to OUT-<role>-<index>.npz. SLOW: seconds to sleep after
+each batch (so a test can kill a task mid-epoch).
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+import keras
+import tfrun
+
+out, epochs, save_freq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+slow = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+info = tfrun.task()
+strategy = tfrun.strategy()
+
+import tensorflow as tf  # noqa: E402 - after tfrun.strategy(), as TensorFlow asks
+
+batch = tfrun.global_batch_size(8)
+rng = np.random.default_rng(0)
+x = rng.normal(size=(30 * batch, 6)).astype("float32")  # 30 steps per epoch
+y = rng.integers(0, 2, size=30 * batch).astype("int32")
+init = [np.random.default_rng(1).normal(scale=0.3, size=s).astype("float32")
+        for s in [(6, 16), (16,), (16, 2), (2,)]]
+with strategy.scope():
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.set_weights(init)
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+log = open(f"{out}-steps-{info.role}-{info.index}.log", "a")
+restart = os.environ.get("TFRUN_RESTART_COUNT", "0")
+
+
+class StepLog(keras.callbacks.Callback):
+    """Logs the trained batches: a batch a resume reads past (no step taken) is not one."""
+
+    def on_train_begin(self, logs=None):
+        self.last = int(self.model.optimizer.iterations.numpy())  # after a restore
+
+    def on_train_batch_end(self, step, logs=None):
+        now = int(self.model.optimizer.iterations.numpy())
+        if now != self.last:
+            log.write(f"{restart} {now}\n")
+            log.flush()
+            self.last = now
+            time.sleep(slow)
+
+
+data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+    len(x), seed=0, reshuffle_each_iteration=False).batch(batch)
+model.fit(data, epochs=epochs, verbose=0,
+          callbacks=[tfrun.backup_and_restore(save_freq=save_freq), StepLog()])
+np.savez(f"{out}-{info.role}-{info.index}.npz", *[np.array(w) for w in model.get_weights()])
+print("trained", flush=True)
