@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -220,3 +221,104 @@ def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path):
         for k in range(4):
             np.testing.assert_allclose(got[f"arr_{k}"], want[f"arr_{k}"], atol=1e-6, rtol=0)
     assert_nothing_left(run)
+
+
+def _saved_step(output: str) -> int:
+    found = {int(m) for m in re.findall(r"tfrun: preempted: every worker saved at step (\d+)",
+                                        output)}
+    assert len(found) == 1, output[-3000:]  # one step, the same for every worker
+    return found.pop()
+
+
+def _wait_for_step(run, log, step: int) -> None:
+    import time
+
+    deadline = time.monotonic() + 300
+    while not log.exists() or max((s for _, s in _steps(log)), default=0) < step:
+        assert run.proc.poll() is None, run.proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, f"worker:0 never reached step {step}"
+        time.sleep(0.02)
+
+
+def _assert_same_weights(tmp_path, name: str, clean: str) -> None:
+    want = np.load(tmp_path / f"{clean}-worker-0.npz")
+    for i in range(2):
+        got = np.load(tmp_path / f"{name}-worker-{i}.npz")
+        for k in range(4):
+            np.testing.assert_allclose(got[f"arr_{k}"], want[f"arr_{k}"], atol=1e-6, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: step_backup.py's 3 epochs without an interruption."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    clean = Run(tmp, ["--workers", "2", "--quiet-tasks", STEP_SCRIPT, str(tmp / "clean"), "3",
+                      "1000"], name="clean")
+    assert clean.run(600) == 0, clean.stdout[-3000:]
+    return tmp
+
+
+def test_sigterm_to_a_worker_saves_everyone_at_one_step_and_costs_no_restart(
+        tmp_path, uninterrupted):
+    """Issue 32: a worker preempted mid-epoch (SIGTERM from outside): at the next check
+    every worker backs up at the same step and stops (exit 143); tfrun restarts them
+    without using --max-restarts 0, the resume redoes no step, and the weights equal an
+    uninterrupted run's. No periodic step backups (save_freq=1000): the save is the
+    preemption's."""
+    import shutil
+    import signal
+
+    shutil.copy(uninterrupted / "clean-worker-0.npz", tmp_path / "clean-worker-0.npz")
+    run = Run(tmp_path, ["--workers", "2", "--max-restarts", "0", STEP_SCRIPT,
+                         str(tmp_path / "preempted"), "3", "1000", "0.05"], name="preempted").start()
+    log = tmp_path / "preempted-steps-worker-0.log"
+    _wait_for_step(run, log, 42)
+    os.kill(_running_pid(run, "worker:1"), signal.SIGTERM)
+    assert run.wait(600) == 0, run.stdout[-3000:]
+    assert _restarts(run) == 1 and run.summary["preemptions"] == 1
+    saved = _saved_step(run.stdout)
+    steps = _steps(log)
+    resumed_at = min(s for r, s in steps if r == 1)
+    # The backup is at the check step every worker reached (the log's callback runs after
+    # the one that stopped, so the last logged step may be one before it).
+    assert saved % 10 == 0 and 42 <= saved <= 60, saved
+    assert max(s for r, s in steps if r == 0) in (saved - 1, saved)
+    assert resumed_at == saved + 1, steps[-20:]  # nothing redone
+    for i in range(2):
+        worker_log = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
+        assert f"tfrun: preempted: every worker saved at step {saved}" in worker_log
+        assert "tfrun: resuming at epoch 2, after its batch" in worker_log
+    _assert_same_weights(tmp_path, "preempted", "clean")
+    assert_nothing_left(run)
+
+
+def test_sigterm_to_tfrun_saves_then_the_same_command_resumes_at_that_step(
+        tmp_path, uninterrupted):
+    """Issue 32: SIGTERM to tfrun (the whole job preempted): the tasks back up at one step
+    and stop, tfrun exits 143; the same command again resumes at that step (nothing
+    redone) and ends with an uninterrupted run's weights."""
+    import shutil
+    import signal
+
+    shutil.copy(uninterrupted / "clean-worker-0.npz", tmp_path / "clean-worker-0.npz")
+
+    def launch():
+        return Run(tmp_path, ["--workers", "2", STEP_SCRIPT, str(tmp_path / "stopped"), "3",
+                              "1000", "0.05"], name="stopped")
+
+    first = launch().start()
+    log = tmp_path / "stopped-steps-worker-0.log"
+    _wait_for_step(first, log, 42)
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(120) == 143, first.stdout[-3000:]
+    assert first.summary["status"] == "interrupted"
+    before = _steps(log)
+    saved = _saved_step(first.stdout)
+    assert max(s for _, s in before) in (saved - 1, saved)
+    again = launch()
+    assert again.run(600) == 0, again.stdout[-3000:]
+    second = [s for _, s in _steps(log)[len(before):]]
+    assert second and second[0] == saved + 1, (saved, second[:3])  # nothing redone
+    assert saved % 10 == 0 and saved >= 42
+    _assert_same_weights(tmp_path, "stopped", "clean")
+    assert_nothing_left(again)

@@ -181,9 +181,10 @@ def test_jobset_pods_run_a_parameter_server_cluster_to_completion(fake_hosts, tm
 
 
 def test_a_preempted_jobset_with_a_run_volume_resumes_from_its_backups(fake_hosts, tmp_path):
-    """--run-volume: a worker pod evicted mid-training (SIGTERM), JobSet restarts every pod
-    with the same manifest, and they resume from the backups on the claim -- ending with
-    the weights of the same pods run without interruption (Keras 3, MWMS, Adam)."""
+    """--run-volume: a worker pod evicted mid-training (SIGTERM): every worker backs up at
+    one step and stops; JobSet restarts every pod with the same manifest, and they resume
+    from the backups on the claim -- ending with the weights of the same pods run without
+    interruption (Keras 3, MWMS, Adam)."""
     from tfrun.in_task.callbacks import complete_epochs
 
     script, epochs, slow = "tests/scripts/backup_kill.py", "6", "0.3"
@@ -211,8 +212,10 @@ def test_a_preempted_jobset_with_a_run_volume_resumes_from_its_backups(fake_host
         assert codes == {"resume-worker-0-0": 0, "resume-worker-0-1": 0}, \
             pods.log("resume-worker-0-1")[-3000:]
         for pod in ("resume-worker-0-0", "resume-worker-0-1"):
-            restarted = pods.log(pod).split("---- pod start 1")[1]
-            assert "resuming from the backup of epoch" in restarted, restarted[-2000:]
+            first, restarted = pods.log(pod).split("---- pod start 1")
+            # The eviction's SIGTERM: every worker saved at one step, then stopped.
+            assert "tfrun: preempted: every worker saved at step" in first, first[-2000:]
+            assert "tfrun: resuming at epoch" in restarted, restarted[-2000:]
     want = np.load(tmp_path / "clean-worker-0.npz")
     for i in (0, 1):
         got = np.load(tmp_path / f"resumed-worker-{i}.npz")

@@ -26,6 +26,14 @@ that follow see the same data as before: exact when the dataset yields the same 
 every epoch (no shuffle, or ``reshuffle_each_iteration=False``), said once at the resume.
 tf_keras refuses ``save_freq=N``: its resume starts the interrupted epoch's data over.
 
+Preemption (Keras 3): a SIGTERM to a task (a preempted node, a pod eviction, tfrun
+stopping on its own SIGTERM) no longer ends it at once. Every ``preemption_check`` steps
+(10) the workers sum their "asked to stop" flags in one all-reduce; when any is set, every
+worker backs up at that same step, prints ``tfrun: preempted: every worker saved at step
+S`` and exits with code 143, so the resume redoes nothing. A task whose training makes no
+progress after the SIGTERM (blocked on a dead peer) ends after a few step times (at least
+``_STALL_SECONDS``), as SIGTERM would.
+
     >>> model.fit(data, epochs=10, callbacks=[tfrun.backup_and_restore()])  # doctest: +SKIP
 """
 
@@ -34,6 +42,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import threading
+import time
 
 from .. import contract
 from .runtime import task
@@ -45,6 +56,11 @@ _SAVE_FILE = re.compile(r"(epoch|step)-(\d+)\.json")
 #: Backups each worker keeps: workers are at most one save point apart (synchronous
 #: training), and an epoch's last step can be saved twice (as a step and as the epoch).
 _KEEP = 3
+#: Exit code of a task that stopped after the coordinated save (what SIGTERM would give).
+PREEMPTED_EXIT = 128 + signal.SIGTERM
+#: After a SIGTERM, a task with no finished step for this long (or 3 step times, if
+#: longer) is not training any more (a dead peer blocks it): it ends as SIGTERM would.
+_STALL_SECONDS = 2.0
 
 
 def default_backup_dir() -> str:
@@ -64,12 +80,19 @@ def _keras():
 
 
 def backup_and_restore(backup_dir: str | None = None, *, save_freq="epoch",
-                       delete_checkpoint: bool = True, **kwargs):
+                       delete_checkpoint: bool = True, preemption_check: int = 10, **kwargs):
     """A backup-and-restore callback for this task (see the module docstring).
 
     ``save_freq``: ``"epoch"`` (default) or a number of steps (Keras 3). Raises ValueError
     for anything else, and for steps under tf_keras (it cannot resume them exactly).
+    ``preemption_check``: steps between the workers' checks for a SIGTERM (Keras 3 in a
+    cluster, or with ``save_freq=N``); 0 turns the coordinated preemption save off.
     """
+    if isinstance(preemption_check, bool) or not isinstance(preemption_check, int) \
+            or preemption_check < 0:
+        raise ValueError(f"tfrun.backup_and_restore(preemption_check={preemption_check!r}): "
+                         "expected a number of steps >= 0 (0: off). "
+                         f"Received: preemption_check={preemption_check!r}")
     if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
                                  or save_freq < 1):
         raise ValueError(f"tfrun.backup_and_restore(save_freq={save_freq!r}): expected "
@@ -96,7 +119,7 @@ def backup_and_restore(backup_dir: str | None = None, *, save_freq="epoch",
     info = task()
     return _consistent_backup_class(keras)(os.path.join(backup_dir, f"{info.role}-{info.index}"),
                                           delete_checkpoint=delete_checkpoint,
-                                          save_freq=save_freq)
+                                          save_freq=save_freq, preemption_check=preemption_check)
 
 
 def complete_epochs(directory: str) -> list[int]:
@@ -146,17 +169,30 @@ def _consistent_backup_class(keras):
         newest one every replica completed."""
 
         def __init__(self, directory: str, *, delete_checkpoint: bool = True,
-                     save_freq="epoch") -> None:
+                     save_freq="epoch", preemption_check: int = 10) -> None:
             super().__init__()
             self.directory = directory
             self.delete_checkpoint = delete_checkpoint
             self.save_freq = save_freq
+            self.preemption_check = preemption_check
             self._epoch = 0
             self._last_saved_step = -1
+            self._last_checked_step = 0
+            self._stop_asked = False
+            self._previous_handler = None
+            self._last_step_at = time.monotonic()
+            self._step_seconds = 0.0
 
         # ---------------------------------------------------------------- resume
 
         def on_train_begin(self, logs=None):
+            self._resume()
+            self._last_checked_step = self._global_step()
+            self._last_step_at = time.monotonic()
+            if self.preemption_check and threading.current_thread() is threading.main_thread():
+                self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+        def _resume(self):
             mine = complete_saves(self.directory)
             key = self._agree([save["key"] for save in mine])
             if key is None:
@@ -228,18 +264,68 @@ def _consistent_backup_class(keras):
             self._epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
-            if self.save_freq == "epoch":
-                return
             step = self._global_step()
-            if step // self.save_freq > max(self._last_saved_step, 0) // self.save_freq:
+            now = time.monotonic()
+            self._step_seconds, self._last_step_at = now - self._last_step_at, now
+            if self.save_freq != "epoch" and \
+                    step // self.save_freq > max(self._last_saved_step, 0) // self.save_freq:
                 self._save(f"step-{step}", self._epoch, batch + 1)
                 self._last_saved_step = step
+            if self.preemption_check and \
+                    step // self.preemption_check > self._last_checked_step // self.preemption_check:
+                self._last_checked_step = step
+                if self._anyone_asked_to_stop():
+                    if self._last_saved_step != step:
+                        self._save(f"step-{step}", self._epoch, batch + 1)
+                    print(f"tfrun: preempted: every worker saved at step {step} (epoch "
+                          f"{self._epoch + 1}, batch {batch + 1}); stopping", flush=True)
+                    raise SystemExit(PREEMPTED_EXIT)
+
+        # ---------------------------------------------------------------- preemption
+
+        def _on_sigterm(self, signum, frame):
+            if self._stop_asked:  # asked twice: stop now
+                self._die_of_sigterm()
+            self._stop_asked = True
+            print("tfrun: SIGTERM: backing up at the next step every worker agrees on, then "
+                  "stopping", flush=True)
+            threading.Thread(target=self._watch_progress, name="tfrun-preemption-watch",
+                             daemon=True).start()
+
+        def _watch_progress(self):
+            """End the task if training stalls after the SIGTERM (a peer is gone)."""
+            while True:
+                limit = max(_STALL_SECONDS, 3 * self._step_seconds)
+                idle = time.monotonic() - self._last_step_at
+                if idle > limit:
+                    print(f"tfrun: no training step for {idle:.1f}s after SIGTERM: stopping "
+                          "without a backup", flush=True)
+                    self._die_of_sigterm()
+                time.sleep(0.1)
+
+        @staticmethod
+        def _die_of_sigterm():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        def _anyone_asked_to_stop(self) -> bool:
+            import tensorflow as tf
+
+            strategy = self.model.distribute_strategy
+            mine = 1 if self._stop_asked else 0
+            total = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                    strategy.run(lambda: tf.constant(mine)), axis=None)
+            return int(total) > 0
 
         def on_epoch_end(self, epoch, logs=None):
             done = epoch + 1  # epochs completed: where a resume starts
+            self._epoch = done  # also where Keras' hooks reach us without on_epoch_begin
             self._save(f"epoch-{done}", done, 0)
 
         def on_train_end(self, logs=None):
+            if self._previous_handler is not None:
+                signal.signal(signal.SIGTERM, self._previous_handler)
+                self._previous_handler = None
             if self.delete_checkpoint:
                 for save in complete_saves(self.directory):
                     self._remove(save["name"])
