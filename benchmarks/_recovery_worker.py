@@ -1,8 +1,9 @@
 """Benchmark task: Keras fit under MWMS with tfrun.backup_and_restore(), logging every step.
 
-    tfrun --workers 2 --max-restarts 1 _recovery_worker.py EPOCHS STEPS_PER_EPOCH SAVE_FREQ
+    tfrun --workers 2 --max-restarts 1 _recovery_worker.py EPOCHS STEPS_PER_EPOCH SAVE_FREQ [CHECK]
 
-SAVE_FREQ: "epoch" or a number of steps (tfrun.backup_and_restore(save_freq=...)).
+SAVE_FREQ: "epoch" or a number of steps (tfrun.backup_and_restore(save_freq=...)); CHECK:
+its preemption_check (default 10; 0: off).
 
 Each task appends "<start> <global step> <unix time>" per finished batch to
 $TFRUN_RUN_DIR/steps-<role>-<index>.log (start: tfrun's restart count), so the benchmark
@@ -20,6 +21,7 @@ import tfrun
 
 epochs, steps = int(sys.argv[1]), int(sys.argv[2])
 save_freq = sys.argv[3] if sys.argv[3] == "epoch" else int(sys.argv[3])
+check = int(sys.argv[4]) if len(sys.argv) > 4 else 10
 info = tfrun.task()
 strategy = tfrun.strategy()
 batch = tfrun.global_batch_size(32)
@@ -52,4 +54,5 @@ class StepLog(keras.callbacks.Callback):
 import tensorflow as tf  # noqa: E402 - after tfrun.strategy(), as TensorFlow asks
 
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
-model.fit(data, epochs=epochs, verbose=0, callbacks=[tfrun.backup_and_restore(save_freq=save_freq), StepLog()])
+model.fit(data, epochs=epochs, verbose=0, callbacks=[tfrun.backup_and_restore(save_freq=save_freq, preemption_check=check),
+                     StepLog()])

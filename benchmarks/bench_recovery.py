@@ -2,8 +2,9 @@
 
     python benchmarks/bench_recovery.py [--rounds 3] [--epochs 4] [--steps 60] [--save-freq 10]
 
-Each round runs the same 2-worker Keras 3 MWMS fit (--max-restarts 1) three times,
-interleaved: uninterrupted with epoch backups (the baseline), then with worker:1 SIGKILLed
+Each round runs the same 2-worker Keras 3 MWMS fit (--max-restarts 1) four times,
+interleaved: uninterrupted with epoch backups (the baseline), the same without the
+preemption check (preemption_check=0: what the check costs), then with worker:1 SIGKILLed
 halfway through epoch 2, once with epoch backups (tfrun.backup_and_restore()) and once
 with step backups (save_freq=--save-freq). From the tasks' per-step logs it reports
   * recovery: seconds from the kill to the first training step after the restart;
@@ -54,10 +55,10 @@ def running_pid(run_dir: Path, task: str) -> int | None:
     return pids[-1] if pids else None
 
 
-def launch(run_dir: Path, kill_at: int | None, save_freq: str) -> dict:
+def launch(run_dir: Path, kill_at: int | None, save_freq: str, check: str) -> dict:
     command = [sys.executable, "-m", "tfrun", "--workers", "2", "--max-restarts", "1",
                "--quiet-tasks", "--color", "never", "--run-dir", str(run_dir),
-               str(HERE / "_recovery_worker.py"), str(args.epochs), str(args.steps), save_freq]
+               str(HERE / "_recovery_worker.py"), str(args.epochs), str(args.steps), save_freq, check]
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed_at = None
@@ -75,6 +76,9 @@ def launch(run_dir: Path, kill_at: int | None, save_freq: str) -> dict:
     if proc.returncode != 0:
         sys.exit(f"run in {run_dir} failed:\n{out[-3000:]}")
     result = {"wall": wall}
+    if kill_at is None:  # steady training speed: from the end of epoch 1 to the last step
+        rows = [(step, when) for start, step, when in steps_of(run_dir) if step >= args.steps]
+        result["steps_per_s"] = (rows[-1][0] - rows[0][0]) / (rows[-1][1] - rows[0][1])
     if killed_at is not None:
         rows = steps_of(run_dir)
         before = max(step for start, step, when in rows if when <= killed_at)
@@ -85,21 +89,30 @@ def launch(run_dir: Path, kill_at: int | None, save_freq: str) -> dict:
 
 
 kill_at = args.steps + args.steps // 2  # halfway through epoch 2
-configs = [("uninterrupted", None, "epoch"), ("killed, epoch backups", kill_at, "epoch"),
-           (f"killed, save_freq={args.save_freq}", kill_at, str(args.save_freq))]
+configs = [("uninterrupted", None, "epoch", "10"),
+           ("uninterrupted, no check", None, "epoch", "0"),
+           ("killed, epoch backups", kill_at, "epoch", "10"),
+           (f"killed, save_freq={args.save_freq}", kill_at, str(args.save_freq), "10")]
 results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
 with tempfile.TemporaryDirectory(prefix="tfrun-bench-recovery-") as scratch:
     for r in range(args.rounds):
-        for i, (name, kill, save_freq) in enumerate(configs):
-            results[name].append(launch(Path(scratch) / f"{i}-{r}", kill, save_freq))
+        for i, (name, kill, save_freq, check) in enumerate(configs):
+            results[name].append(launch(Path(scratch) / f"{i}-{r}", kill, save_freq, check))
 print(f"2 local workers, {args.epochs} epochs x {args.steps} steps, worker:1 SIGKILLed at "
       f"step {kill_at} (mid-epoch 2), --max-restarts 1")
 base = statistics.median(p["wall"] for p in results["uninterrupted"])
 print(f"  {'configuration':<26} {'wall s':>24} {'recovery s':>18} {'steps redone':>14} {'wall ratio':>10}")
+speeds = {}
 for name, runs in results.items():
+    if all("steps_per_s" in r for r in runs):
+        speeds[name] = [r["steps_per_s"] for r in runs]
     walls = ", ".join(f"{r['wall']:.1f}" for r in runs)
     recovery = ", ".join(f"{r['recovery']:.1f}" for r in runs if "recovery" in r) or "-"
     redone = ", ".join(str(r["redone"]) for r in runs if "redone" in r) or "-"
     ratio = statistics.median(r["wall"] for r in runs) / base
     print(f"  {name:<26} {walls:>24} {recovery:>18} {redone:>14} {ratio:>9.2f}x")
 print("  (wall ratio against the uninterrupted run's median, measured in this invocation)")
+for name, values in speeds.items():
+    print(f"  steady steps/s, {name}: " + ", ".join(f"{v:.0f}" for v in values))
+with_check, without = (statistics.median(v) for v in speeds.values())
+print(f"  the preemption check every 10 steps: {with_check / without:.3f}x the steps/s without it")

@@ -17,7 +17,8 @@ __all__ = [
     "BATCH_REPLICAS", "BREAKDOWN", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE",
     "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
-    "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS", "METRICS",
+    "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
+    "LOOPBACK_BIND", "METRICS",
     "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "REAPER_FOR",
     "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
     "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
@@ -73,6 +74,9 @@ COMPAT_FORCE = "TFRUN_COMPAT_FORCE"
 SHM_KERNEL = "TFRUN_SHM_KERNEL"
 #: Where the native exchange is built and cached.
 CACHE_DIR = "TFRUN_CACHE_DIR"
+#: The loopback bind library of local clusters (launch/loopback.py): "shipped" (default: the
+#: copy built for this architecture, else compiled), "build" (always compile), "off" (none).
+LOOPBACK_BIND = "TFRUN_LOOPBACK_BIND"
 #: "1": leave TensorFlow's own SIGTERM handling in place.
 KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"
 

@@ -138,9 +138,12 @@ COMPILERS = ("cc", "gcc")
 
 
 def _path_without_slirp(tmp_path) -> str:
-    """Neither a private network nor the loopback library can be made: no slirp4netns, no
-    C compiler."""
+    """No slirp4netns (so no private network), no pasta, no C compiler."""
     return _path_without(tmp_path, NETWORK_PACKAGES + COMPILERS)
+
+
+#: Neither a private network nor the loopback library: no slirp4netns, and no library.
+NOTHING = {"TFRUN_LOOPBACK_BIND": "off"}
 
 
 def _is_loopback(address: str) -> bool:
@@ -151,12 +154,14 @@ def _is_loopback(address: str) -> bool:
 @pytest.mark.parametrize("machine", ["no-extra-packages", "with-slirp4netns"])
 def test_default_network_keeps_task_ports_on_loopback_and_host_services_reachable(
         tmp_path, machine):
-    """The default on a machine set up by the README alone (only a C compiler, which Python's
-    own build needs): every listening task port is on loopback, and the tasks reach a server
-    on this machine's 127.0.0.1 as any process does. Where slirp4netns is installed too,
-    the default is the same (it would hide 127.0.0.1 from the tasks)."""
+    """The default on a machine set up by the README alone (no slirp4netns or pasta, not even
+    a C compiler: the bind library shipped with tfrun): every listening task port is on
+    loopback, and the tasks reach an HTTP server on this machine's 127.0.0.1 as any process
+    does. Where slirp4netns is installed too, the default is the same (a private network
+    would hide 127.0.0.1 from the tasks)."""
     _require_private_network()
-    env = {"PATH": _path_without(tmp_path, NETWORK_PACKAGES)} if machine == "no-extra-packages" else {}
+    env = ({"PATH": _path_without_slirp(tmp_path), "CC": ""} if machine == "no-extra-packages"
+           else {})
     run, server, go = _live_cluster(tmp_path, [], machine, env=env)
     try:
         assert sorted(server.heard) == ["worker:0", "worker:1"]
@@ -181,7 +186,7 @@ def test_without_slirp4netns_auto_warns_and_the_servers_are_open(tmp_path):
     cluster's servers listen on a wildcard address of this namespace."""
     _require_private_network()
     run, server, go = _live_cluster(tmp_path, [], "fallback",
-                                    env={"PATH": _path_without_slirp(tmp_path)})
+                                    env={"PATH": _path_without_slirp(tmp_path), **NOTHING})
     try:
         open_ = _listeners(run.ports())
         assert open_ and all(line.split()[3].startswith(("*:", "0.0.0.0:", "[::]:"))
@@ -190,7 +195,7 @@ def test_without_slirp4netns_auto_warns_and_the_servers_are_open(tmp_path):
         go.touch()
     assert run.wait(timeout=120) == 0, run.stdout[-3000:]
     assert "WARNING: TensorFlow's servers of this run listen on every interface" in run.stdout
-    assert "no C compiler" in run.stdout and "slirp4netns is not installed" in run.stdout
+    assert "TFRUN_LOOPBACK_BIND=off" in run.stdout and "slirp4netns is not installed" in run.stdout
     assert "--network host" in run.stdout
     assert "network    : host (TensorFlow servers reachable on every interface)" in run.stdout
     assert_nothing_left(run)
@@ -207,9 +212,11 @@ def test_network_private_refuses_to_start_without_slirp4netns(tmp_path):
     assert_nothing_left(run)
 
 
-def test_network_loopback_refuses_to_start_without_a_compiler(tmp_path):
+def test_network_loopback_refuses_to_start_without_the_library(tmp_path):
+    """No shipped copy to use (build) and no compiler: --network loopback refuses."""
     run = Run(tmp_path, ["--workers", "2", "--network", "loopback", str(SCRIPT), "1", "x"],
-              env={"PATH": _path_without_slirp(tmp_path), "CC": ""}, name="refused")
+              env={"PATH": _path_without_slirp(tmp_path), "CC": "",
+                   "TFRUN_LOOPBACK_BIND": "build"}, name="refused")
     assert run.run(timeout=60) == 2
     assert "--network loopback: no C compiler" in run.stdout
     assert "apt-get install gcc" in run.stdout and "--network private or host" in run.stdout
@@ -218,12 +225,12 @@ def test_network_loopback_refuses_to_start_without_a_compiler(tmp_path):
     assert_nothing_left(run)
 
 
-def test_without_a_compiler_auto_uses_a_private_network(tmp_path):
-    """A quick non-TF check of the second choice: no compiler but slirp4netns -> private."""
+def test_without_the_library_auto_uses_a_private_network(tmp_path):
+    """A quick non-TF check of the second choice: no bind library but slirp4netns -> private."""
     _require_private_network()
     run = Run(tmp_path, ["--workers", "2", "--join-timeout", "3",
-                         str(ROOT / "tests" / "fake_task.py"), "*=exit:0"], name="nocc",
-              env={"PATH": _path_without(tmp_path, COMPILERS), "CC": ""})
+                         str(ROOT / "tests" / "fake_task.py"), "*=exit:0"], name="nolib",
+              env=NOTHING)
     run.run(timeout=60)
     assert "network    : private" in run.stdout, run.stdout
     assert "WARNING" not in run.stdout

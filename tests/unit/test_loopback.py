@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from tfrun.launch.loopback import LoopbackNetwork, LoopbackUnavailable
+from tfrun.launch import loopback
+from tfrun.launch.loopback import LoopbackNetwork, LoopbackUnavailable, shipped_library
 
 PROBE = textwrap.dedent("""
     import json, socket
@@ -44,11 +45,17 @@ def _bound_addresses(env: dict) -> dict:
     return json.loads(run.stdout)
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory):
+@pytest.fixture(scope="module", params=["shipped", "build"])
+def library(request, tmp_path_factory):
+    """The copy shipped for this architecture, and one compiled from the source here."""
     cache = tmp_path_factory.mktemp("cache")
-    return LoopbackNetwork.create({**os.environ, "TFRUN_CACHE_DIR": str(cache)},
-                                  announce=lambda line: None).library
+    if request.param == "shipped" and shipped_library() is None:
+        pytest.skip(f"no copy shipped for {os.uname().machine}")
+    found = LoopbackNetwork.create({**os.environ, "TFRUN_CACHE_DIR": str(cache),
+                                    "TFRUN_LOOPBACK_BIND": request.param},
+                                   announce=lambda line: None).library
+    assert (found == shipped_library()) == (request.param == "shipped")
+    return found
 
 
 def test_wildcard_binds_become_loopback_and_named_ones_stay(library):
@@ -89,7 +96,8 @@ def test_a_dual_stack_socket_on_loopback_takes_ipv4_connections(library):
 
 def test_built_once_then_found_in_the_cache(tmp_path):
     said = []
-    environ = {**os.environ, "TFRUN_CACHE_DIR": str(tmp_path / "cache")}
+    environ = {**os.environ, "TFRUN_CACHE_DIR": str(tmp_path / "cache"),
+               "TFRUN_LOOPBACK_BIND": "build"}
     first = LoopbackNetwork.create(environ, announce=said.append)
     second = LoopbackNetwork.create(environ, announce=said.append)
     assert first.library == second.library and first.library.exists()
@@ -105,17 +113,45 @@ def test_the_users_own_preload_is_kept_after_the_library(tmp_path):
 
 
 def test_no_compiler_says_so_and_builds_nothing(tmp_path):
-    environ = {"CC": str(tmp_path / "no-such-cc"), "TFRUN_CACHE_DIR": str(tmp_path / "cache")}
+    environ = {"CC": str(tmp_path / "no-such-cc"), "TFRUN_CACHE_DIR": str(tmp_path / "cache"),
+               "TFRUN_LOOPBACK_BIND": "build"}
     with pytest.raises(LoopbackUnavailable, match="no C compiler"):
         LoopbackNetwork.create(environ)
     assert not (tmp_path / "cache").exists()
+
+
+def test_without_a_compiler_the_shipped_copy_is_used():
+    if shipped_library() is None:
+        pytest.skip(f"no copy shipped for {os.uname().machine}")
+    network = LoopbackNetwork.create({"CC": "/nonexistent/cc", "PATH": "/nonexistent"})
+    assert network.library == shipped_library()
+
+
+def test_the_shipped_copy_is_built_from_the_current_source():
+    """Editing _loopback_bind.c without running scripts/build_loopback_bind.sh would make
+    the shipped copy stale (then unused): this fails until it is rebuilt."""
+    shipped = sorted(loopback.SOURCE.parent.glob("_loopback_bind.*.so"))
+    assert shipped, "no shipped copy: run scripts/build_loopback_bind.sh"
+    for library in shipped:
+        machine = library.name.split(".")[1]
+        assert shipped_library(machine) == library, \
+            f"{library.name} is stale: run scripts/build_loopback_bind.sh on {machine}"
+    assert shipped_library("no-such-machine") is None
+
+
+def test_off_and_unknown_choices():
+    with pytest.raises(LoopbackUnavailable, match="TFRUN_LOOPBACK_BIND=off"):
+        LoopbackNetwork.create({"TFRUN_LOOPBACK_BIND": "off"})
+    with pytest.raises(LoopbackUnavailable, match="'sometimes' is not one of shipped, build, off"):
+        LoopbackNetwork.create({"TFRUN_LOOPBACK_BIND": "sometimes"})
 
 
 def test_a_failed_build_leaves_nothing_half_written(tmp_path):
     broken = tmp_path / "broken-cc"
     broken.write_text("#!/bin/sh\necho 'error: boom' >&2\nexit 1\n")
     broken.chmod(0o755)
-    environ = {"CC": str(broken), "TFRUN_CACHE_DIR": str(tmp_path / "cache")}
+    environ = {"CC": str(broken), "TFRUN_CACHE_DIR": str(tmp_path / "cache"),
+               "TFRUN_LOOPBACK_BIND": "build"}
     with pytest.raises(LoopbackUnavailable, match="broken-cc failed: error: boom"):
         LoopbackNetwork.create(environ)
     assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []

@@ -13,22 +13,34 @@
  * listen() on a socket never bound (the kernel would bind the wildcard) is bound to the
  * loopback first. A specific address is left alone: a program that names an interface
  * asked for it.
+ *
+ * The system calls are made directly (syscall(2)), not through dlsym(RTLD_NEXT): the
+ * library then needs nothing newer than glibc 2.2.5's symbols, so the copy built once
+ * and shipped with tfrun (scripts/build_loopback_bind.sh) loads on any glibc Linux.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <netinet/in.h>
-#include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
-typedef int (*bind_function)(int, const struct sockaddr *, socklen_t);
-typedef int (*listen_function)(int, int);
+static int real_bind(int fd, const struct sockaddr *address, socklen_t size) {
+  return (int)syscall(SYS_bind, fd, address, size);
+}
 
-static bind_function real_bind;
-static listen_function real_listen;
+static int real_listen(int fd, int backlog) {
+  return (int)syscall(SYS_listen, fd, backlog);
+}
 
-__attribute__((constructor)) static void find_real_functions(void) {
-  real_bind = (bind_function)dlsym(RTLD_NEXT, "bind");
-  real_listen = (listen_function)dlsym(RTLD_NEXT, "listen");
+static void copy_bytes(void *to, const void *from, unsigned long size) {
+  unsigned char *out = to;
+  const unsigned char *in = from;
+  while (size--) *out++ = *in++;
+}
+
+static void zero_bytes(void *to, unsigned long size) {
+  unsigned char *out = to;
+  while (size--) *out++ = 0;
 }
 
 static int is_dual_stack(int fd) {
@@ -40,7 +52,7 @@ static int is_dual_stack(int fd) {
 
 static void set_loopback6(int fd, struct in6_addr *address) {
   if (is_dual_stack(fd)) {
-    memset(address, 0, sizeof *address);  /* ::ffff:127.0.0.1 */
+    zero_bytes(address, sizeof *address);  /* ::ffff:127.0.0.1 */
     address->s6_addr[10] = 0xff;
     address->s6_addr[11] = 0xff;
     address->s6_addr[12] = 127;
@@ -51,17 +63,16 @@ static void set_loopback6(int fd, struct in6_addr *address) {
 }
 
 int bind(int fd, const struct sockaddr *address, socklen_t size) {
-  if (!real_bind) find_real_functions();
   if (address && address->sa_family == AF_INET && size >= sizeof(struct sockaddr_in)) {
     struct sockaddr_in ipv4;
-    memcpy(&ipv4, address, sizeof ipv4);
+    copy_bytes(&ipv4, address, sizeof ipv4);
     if (ipv4.sin_addr.s_addr == htonl(INADDR_ANY)) {
       ipv4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
       return real_bind(fd, (const struct sockaddr *)&ipv4, sizeof ipv4);
     }
   } else if (address && address->sa_family == AF_INET6 && size >= sizeof(struct sockaddr_in6)) {
     struct sockaddr_in6 ipv6;
-    memcpy(&ipv6, address, sizeof ipv6);
+    copy_bytes(&ipv6, address, sizeof ipv6);
     if (IN6_IS_ADDR_UNSPECIFIED(&ipv6.sin6_addr)) {
       set_loopback6(fd, &ipv6.sin6_addr);
       return real_bind(fd, (const struct sockaddr *)&ipv6, sizeof ipv6);
@@ -71,10 +82,9 @@ int bind(int fd, const struct sockaddr *address, socklen_t size) {
 }
 
 int listen(int fd, int backlog) {
-  if (!real_listen) find_real_functions();
   struct sockaddr_storage own;
   socklen_t size = sizeof own;
-  memset(&own, 0, sizeof own);
+  zero_bytes(&own, sizeof own);
   if (getsockname(fd, (struct sockaddr *)&own, &size) == 0) {
     if (own.ss_family == AF_INET) {
       struct sockaddr_in *ipv4 = (struct sockaddr_in *)&own;

@@ -8,10 +8,14 @@ changes: the tasks reach this machine's ``127.0.0.1`` services and the outside w
 any process does, and need no system package (unlike a private namespace, which needs
 ``slirp4netns`` for outbound traffic and hides this machine's loopback behind 10.0.2.2).
 
-The library is compiled once per machine with ``$CC`` (else ``cc``/``gcc``) into tfrun's
-private cache (``tfrun.native_cache``). What it does not cover: a program that makes the
-``bind`` system call without the C library (static binaries, Go), and processes that
-clear ``LD_PRELOAD``; TensorFlow and Python do neither.
+tfrun ships the library built for x86_64 (``_loopback_bind.x86_64.so``, made by
+``scripts/build_loopback_bind.sh``; it needs only glibc 2.2.5's symbols) and uses it when it
+was built from the current source (its ``.sha256``); elsewhere the source is compiled once
+per machine with ``$CC`` (else ``cc``/``gcc``) into tfrun's private cache
+(``tfrun.native_cache``); ``contract.LOOPBACK_BIND=build`` always compiles, ``=off`` uses
+no library (``--network auto`` then falls back). What it does not cover: a program that makes the ``bind`` system
+call without the C library (static binaries, Go), and processes that clear
+``LD_PRELOAD``; TensorFlow and Python do neither.
 
     >>> network = LoopbackNetwork(Path("/cache/loopback_bind-1.so"))
     >>> network.task_env({"LD_PRELOAD": "libjemalloc.so"})["LD_PRELOAD"]
@@ -20,6 +24,7 @@ clear ``LD_PRELOAD``; TensorFlow and Python do neither.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -27,9 +32,10 @@ from typing import Callable
 
 from .. import contract, native_cache
 
-__all__ = ["LoopbackNetwork", "LoopbackUnavailable"]
+__all__ = ["LoopbackNetwork", "LoopbackUnavailable", "shipped_library"]
 
 SOURCE = Path(__file__).with_name("_loopback_bind.c")
+_CHOICES = ("shipped", "build", "off")
 
 
 class LoopbackUnavailable(RuntimeError):
@@ -49,6 +55,15 @@ class LoopbackNetwork:
         environ = os.environ if environ is None else environ
         if not os.uname().sysname == "Linux":
             raise LoopbackUnavailable("the loopback bind library is built for Linux")
+        how = environ.get(contract.LOOPBACK_BIND, "shipped") or "shipped"
+        if how not in _CHOICES:
+            raise LoopbackUnavailable(f"{contract.LOOPBACK_BIND}={how!r} is not one of "
+                                      f"{', '.join(_CHOICES)}")
+        if how == "off":
+            raise LoopbackUnavailable(f"{contract.LOOPBACK_BIND}=off")
+        shipped = shipped_library() if how == "shipped" else None
+        if shipped is not None:
+            return cls(shipped)
         compiler = _compiler(environ)
         if compiler is None:
             raise LoopbackUnavailable("no C compiler to build the loopback bind library "
@@ -75,6 +90,20 @@ class LoopbackNetwork:
 
     def close(self) -> None:
         """Nothing to undo: the library stays cached for the next run."""
+
+
+def shipped_library(machine: str | None = None) -> Path | None:
+    """The copy shipped for this architecture, if it was built from the current source."""
+    machine = machine or os.uname().machine
+    library = SOURCE.with_name(f"_loopback_bind.{machine}.so")
+    digest = SOURCE.with_name(f"_loopback_bind.{machine}.sha256")
+    try:
+        built_from = digest.read_text().strip()
+    except OSError:
+        return None
+    if not library.exists() or built_from != hashlib.sha256(SOURCE.read_bytes()).hexdigest():
+        return None
+    return library
 
 
 def _compiler(environ) -> str | None:
