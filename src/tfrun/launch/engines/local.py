@@ -277,8 +277,7 @@ class LocalEngine(Engine):
         group = parser.add_argument_group("local clusters")
         group.add_argument("--network", choices=NETWORK_MODES, default="auto",
                            help="where a local cluster's TensorFlow servers listen. loopback: "
-                                "127.0.0.1 only (a small library loaded into the tasks; needs a C "
-                                "compiler once); private: a network namespace of their own (needs "
+                                "127.0.0.1 only (a small library loaded into the tasks); private: a network namespace of their own (needs "
                                 "slirp4netns; this machine's 127.0.0.1 is 10.0.2.2 to them); "
                                 "host: every interface; auto (default): loopback, else private, "
                                 "else host with a warning")
@@ -385,7 +384,8 @@ def _open_network(config, console) -> PrivateNetwork | LoopbackNetwork | None:
         except LoopbackUnavailable as exc:
             if config.network == "loopback":
                 raise ConfigError(f"--network loopback: {exc}",
-                                  expected="a C compiler (cc) to build the bind library once",
+                                  expected="the bind library shipped for this architecture, or "
+                                           "a C compiler (cc) to build it once",
                                   fix="Install gcc (apt-get install gcc) or set CC, or pass "
                                       "--network private or host",
                                   received=str(exc)) from None
