@@ -3,7 +3,7 @@
     tfrun --workers 2 --max-restarts 1 _recovery_worker.py EPOCHS STEPS_PER_EPOCH SAVE_FREQ [CHECK]
 
 SAVE_FREQ: "epoch" or a number of steps (tfrun.backup_and_restore(save_freq=...)); CHECK:
-its preemption_check (default 10; 0: off).
+its preemption_check ("auto", the default, or steps; 0: off).
 
 Each task appends "<start> <global step> <unix time>" per finished batch to
 $TFRUN_RUN_DIR/steps-<role>-<index>.log (start: tfrun's restart count), so the benchmark
@@ -21,7 +21,8 @@ import tfrun
 
 epochs, steps = int(sys.argv[1]), int(sys.argv[2])
 save_freq = sys.argv[3] if sys.argv[3] == "epoch" else int(sys.argv[3])
-check = int(sys.argv[4]) if len(sys.argv) > 4 else 10
+check = sys.argv[4] if len(sys.argv) > 4 else "auto"
+check = check if check == "auto" else int(check)
 info = tfrun.task()
 strategy = tfrun.strategy()
 batch = tfrun.global_batch_size(32)

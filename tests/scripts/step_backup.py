@@ -1,12 +1,13 @@
 """fit() under MWMS with tfrun.backup_and_restore(save_freq=N), logging every step.
 
-    tfrun --workers 2 --max-restarts 1 step_backup.py OUT EPOCHS SAVE_FREQ [SLOW]
+    tfrun --workers 2 --max-restarts 1 step_backup.py OUT EPOCHS SAVE_FREQ [SLOW [CHECK]]
 
 A fixed problem (same data and initial weights everywhere), a dataset shuffled once with
 a seed (the same order every epoch: reshuffle_each_iteration=False), Adam. Each task
 appends "<restart count> <global step>" per trained batch (not per batch a resume skips) to OUT-steps-<role>-<index>.log
 and writes its final weights to OUT-<role>-<index>.npz. SLOW: seconds to sleep after
-each batch (so a test can kill a task mid-epoch).
+each batch (so a test can kill a task mid-epoch). CHECK: the preemption_check (default
+"auto").
 """
 
 import os
@@ -20,6 +21,7 @@ import tfrun
 
 out, epochs, save_freq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 slow = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+check = int(sys.argv[5]) if len(sys.argv) > 5 else "auto"
 info = tfrun.task()
 strategy = tfrun.strategy()
 
@@ -59,6 +61,7 @@ class StepLog(keras.callbacks.Callback):
 data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
     len(x), seed=0, reshuffle_each_iteration=False).batch(batch)
 model.fit(data, epochs=epochs, verbose=0,
-          callbacks=[tfrun.backup_and_restore(save_freq=save_freq), StepLog()])
+          callbacks=[tfrun.backup_and_restore(save_freq=save_freq, preemption_check=check),
+                     StepLog()])
 np.savez(f"{out}-{info.role}-{info.index}.npz", *[np.array(w) for w in model.get_weights()])
 print("trained", flush=True)

@@ -109,3 +109,16 @@ def test_backup_and_restore_takes_step_backups_under_keras3_and_refuses_them_und
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
     with pytest.raises(ValueError, match=r"save_freq=5\) cannot resume exactly under tf_keras"):
         tfrun.backup_and_restore(str(tmp_path), save_freq=5)
+
+
+def test_the_resume_position_is_the_newest_every_replica_backed_up(capsys):
+    from tfrun.in_task.callbacks import _common_position
+
+    assert _common_position([[3, 5, 7], [5, 7], [5]], "runs/x/backup") == 5
+    assert _common_position([[], []], "runs/x/backup") is None
+    assert capsys.readouterr().out == ""
+    # worker:1 killed before its first backup was complete: everyone starts over
+    assert _common_position([[4294967296], []], "runs/x/backup") is None
+    assert "no backup is complete on every worker" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match=r"share no backup .*remove runs/x/backup"):
+        _common_position([[1, 2], [3, 4]], "runs/x/backup")

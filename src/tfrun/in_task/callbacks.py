@@ -27,12 +27,15 @@ every epoch (no shuffle, or ``reshuffle_each_iteration=False``), said once at th
 tf_keras refuses ``save_freq=N``: its resume starts the interrupted epoch's data over.
 
 Preemption (Keras 3): a SIGTERM to a task (a preempted node, a pod eviction, tfrun
-stopping on its own SIGTERM) no longer ends it at once. Every ``preemption_check`` steps
-(10) the workers sum their "asked to stop" flags in one all-reduce; when any is set, every
-worker backs up at that same step, prints ``tfrun: preempted: every worker saved at step
-S`` and exits with code 143, so the resume redoes nothing. A task whose training makes no
-progress after the SIGTERM (blocked on a dead peer) ends after a few step times (at least
-``_STALL_SECONDS``), as SIGTERM would.
+stopping on its own SIGTERM) no longer ends it at once. About once a second
+(``preemption_check="auto"``; or every N steps) the workers exchange, in one small
+all-reduce, their "asked to stop" flags and how long their steps take (which sets the next
+check's step, the same on every worker); when a flag is set, every worker backs up at that
+same step, prints ``tfrun: preempted: every worker saved at step S`` and exits with code
+143, so the resume redoes nothing. The signal is noticed by a thread (Python's wakeup fd),
+not by the main thread, which may be blocked in a collective on a dead peer: a task that
+makes no step after the SIGTERM ends after ``_STALL_SECONDS`` or three step times, as
+SIGTERM would.
 
     >>> model.fit(data, epochs=10, callbacks=[tfrun.backup_and_restore()])  # doctest: +SKIP
 """
@@ -61,6 +64,10 @@ PREEMPTED_EXIT = 128 + signal.SIGTERM
 #: After a SIGTERM, a task with no finished step for this long (or 3 step times, if
 #: longer) is not training any more (a dead peer blocks it): it ends as SIGTERM would.
 _STALL_SECONDS = 2.0
+#: preemption_check="auto": the workers check for a stop request about this often ...
+_CHECK_SECONDS = 1.0
+#: ... and first after this many steps (then they know how long a step takes).
+_FIRST_CHECK = 10
 
 
 def default_backup_dir() -> str:
@@ -80,18 +87,20 @@ def _keras():
 
 
 def backup_and_restore(backup_dir: str | None = None, *, save_freq="epoch",
-                       delete_checkpoint: bool = True, preemption_check: int = 10, **kwargs):
+                       delete_checkpoint: bool = True, preemption_check="auto", **kwargs):
     """A backup-and-restore callback for this task (see the module docstring).
 
     ``save_freq``: ``"epoch"`` (default) or a number of steps (Keras 3). Raises ValueError
     for anything else, and for steps under tf_keras (it cannot resume them exactly).
-    ``preemption_check``: steps between the workers' checks for a SIGTERM (Keras 3 in a
-    cluster, or with ``save_freq=N``); 0 turns the coordinated preemption save off.
+    ``preemption_check``: how often the workers check for a SIGTERM (Keras 3 in a
+    cluster, or with ``save_freq=N``): ``"auto"`` (about once a second), a number of steps,
+    or 0 (off: a SIGTERM ends the task at once, as without tfrun).
     """
-    if isinstance(preemption_check, bool) or not isinstance(preemption_check, int) \
-            or preemption_check < 0:
+    if preemption_check != "auto" and (isinstance(preemption_check, bool)
+                                       or not isinstance(preemption_check, int)
+                                       or preemption_check < 0):
         raise ValueError(f"tfrun.backup_and_restore(preemption_check={preemption_check!r}): "
-                         "expected a number of steps >= 0 (0: off). "
+                         "expected 'auto', a number of steps >= 1, or 0 (off). "
                          f"Received: preemption_check={preemption_check!r}")
     if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
                                  or save_freq < 1):
@@ -156,6 +165,29 @@ def complete_saves(directory: str) -> list[dict]:
     return sorted(saves, key=lambda save: (save["key"], save["name"].startswith("epoch")))
 
 
+def _common_position(holders: list[list[int]], backup_dir: str) -> int | None:
+    """The newest position (``_key``) every replica has a complete backup of; None when a
+    replica has none (the start is then the only point all share: start over).
+
+    >>> _common_position([[5, 7], [7]], "backup")
+    7
+
+    Raises RuntimeError when every replica has backups but none in common (another run's
+    backups in the same directory): guessing would mix two runs.
+    """
+    if not all(holders):
+        if any(holders):  # a worker killed before its first backup was complete
+            print(f"tfrun: no backup is complete on every worker ({sorted(map(sorted, holders))}"
+                  "): starting from the beginning", flush=True)
+        return None
+    common = set.intersection(*(set(row) for row in holders))
+    if not common:
+        raise RuntimeError(f"tfrun.backup_and_restore: the replicas share no backup "
+                           f"({[sorted(row) for row in holders]}); remove {backup_dir} to "
+                           "start over")
+    return max(common)
+
+
 def _key(epoch: int, batch: int) -> int:
     """One comparable integer per position (the same on every worker for one save point)."""
     return epoch * 2**32 + batch
@@ -169,7 +201,7 @@ def _consistent_backup_class(keras):
         newest one every replica completed."""
 
         def __init__(self, directory: str, *, delete_checkpoint: bool = True,
-                     save_freq="epoch", preemption_check: int = 10) -> None:
+                     save_freq="epoch", preemption_check="auto") -> None:
             super().__init__()
             self.directory = directory
             self.delete_checkpoint = delete_checkpoint
@@ -177,9 +209,12 @@ def _consistent_backup_class(keras):
             self.preemption_check = preemption_check
             self._epoch = 0
             self._last_saved_step = -1
-            self._last_checked_step = 0
+            self._next_check = _FIRST_CHECK
+            self._checked = (0, time.monotonic())  # (step, time) of the last check
             self._stop_asked = False
             self._previous_handler = None
+            self._previous_wakeup_fd = None
+            self._wakeup = None  # (read end, write end) of the SIGTERM pipe
             self._last_step_at = time.monotonic()
             self._step_seconds = 0.0
 
@@ -187,10 +222,13 @@ def _consistent_backup_class(keras):
 
         def on_train_begin(self, logs=None):
             self._resume()
-            self._last_checked_step = self._global_step()
+            step = self._global_step()
+            self._checked = (step, time.monotonic())
+            self._next_check = step + (self.preemption_check if isinstance(
+                self.preemption_check, int) else _FIRST_CHECK)
             self._last_step_at = time.monotonic()
             if self.preemption_check and threading.current_thread() is threading.main_thread():
-                self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+                self._listen_for_sigterm()
 
         def _resume(self):
             mine = complete_saves(self.directory)
@@ -232,13 +270,8 @@ def _consistent_backup_class(keras):
             padded[:len(newest)] = newest
             gathered = strategy.gather(strategy.run(lambda: tf.constant(padded[None, :])),
                                        axis=0).numpy()
-            common = set.intersection(*({int(k) for k in row if k >= 0} for row in gathered))
-            if not common and any(k >= 0 for row in gathered for k in row):
-                holders = [sorted(int(k) for k in row if k >= 0) for row in gathered]
-                raise RuntimeError(f"tfrun.backup_and_restore: the replicas share no backup "
-                                   f"({holders}); remove {os.path.dirname(self.directory)} "
-                                   "to start over")
-            return max(common, default=None)
+            return _common_position([[int(k) for k in row if k >= 0] for row in gathered],
+                                    os.path.dirname(self.directory))
 
         def _skip_batches(self, count: int) -> None:
             """Make the next ``count`` batches of Keras' loop fetched but not trained on
@@ -271,10 +304,8 @@ def _consistent_backup_class(keras):
                     step // self.save_freq > max(self._last_saved_step, 0) // self.save_freq:
                 self._save(f"step-{step}", self._epoch, batch + 1)
                 self._last_saved_step = step
-            if self.preemption_check and \
-                    step // self.preemption_check > self._last_checked_step // self.preemption_check:
-                self._last_checked_step = step
-                if self._anyone_asked_to_stop():
+            if self.preemption_check and step >= self._next_check:
+                if self._check(step):
                     if self._last_saved_step != step:
                         self._save(f"step-{step}", self._epoch, batch + 1)
                     print(f"tfrun: preempted: every worker saved at step {step} (epoch "
@@ -283,39 +314,79 @@ def _consistent_backup_class(keras):
 
         # ---------------------------------------------------------------- preemption
 
-        def _on_sigterm(self, signum, frame):
-            if self._stop_asked:  # asked twice: stop now
-                self._die_of_sigterm()
-            self._stop_asked = True
-            print("tfrun: SIGTERM: backing up at the next step every worker agrees on, then "
-                  "stopping", flush=True)
-            threading.Thread(target=self._watch_progress, name="tfrun-preemption-watch",
-                             daemon=True).start()
+        def _listen_for_sigterm(self) -> None:
+            """SIGTERM sets the stop flag, seen by a thread at once through Python's wakeup
+            fd (the main thread may be blocked in a collective and run no Python)."""
+            read_end, write_end = os.pipe()
+            os.set_blocking(write_end, False)
+            self._wakeup = (read_end, write_end)
+            self._previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+            self._previous_wakeup_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            threading.Thread(target=self._wait_for_sigterm, args=(read_end,),
+                             name="tfrun-preemption-watch", daemon=True).start()
 
-        def _watch_progress(self):
-            """End the task if training stalls after the SIGTERM (a peer is gone)."""
-            while True:
-                limit = max(_STALL_SECONDS, 3 * self._step_seconds)
-                idle = time.monotonic() - self._last_step_at
-                if idle > limit:
-                    print(f"tfrun: no training step for {idle:.1f}s after SIGTERM: stopping "
-                          "without a backup", flush=True)
-                    self._die_of_sigterm()
-                time.sleep(0.1)
+        def _stop_listening(self) -> None:
+            if self._wakeup is None:
+                return
+            previous = self._previous_wakeup_fd
+            signal.set_wakeup_fd(previous if previous is not None and previous >= 0 else -1)
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            os.close(self._wakeup[1])  # the thread's read returns empty: it ends
+            self._wakeup = None
+
+        def _wait_for_sigterm(self, read_end: int) -> None:
+            """Set the stop flag on SIGTERM (a second one: stop now); after it, end the task
+            if training makes no step for a while (a peer is gone)."""
+            import select
+
+            try:
+                while True:
+                    ready, _, _ = select.select([read_end], [], [],
+                                                0.05 if self._stop_asked else None)
+                    if ready:
+                        received = os.read(read_end, 64)
+                        if not received:
+                            return  # training ended: the write end was closed
+                        if signal.SIGTERM in received:
+                            if self._stop_asked:
+                                self._die_of_sigterm()
+                            self._stop_asked = True
+                            print("tfrun: SIGTERM: backing up at the next step every worker "
+                                  "agrees on, then stopping", flush=True)
+                    if self._stop_asked:
+                        limit = max(_STALL_SECONDS, 3 * self._step_seconds)
+                        idle = time.monotonic() - self._last_step_at
+                        if idle > limit:
+                            print(f"tfrun: no training step for {idle:.1f}s after SIGTERM: "
+                                  "stopping without a backup", flush=True)
+                            self._die_of_sigterm()
+            finally:
+                os.close(read_end)
 
         @staticmethod
         def _die_of_sigterm():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
-        def _anyone_asked_to_stop(self) -> bool:
+        def _check(self, step: int) -> bool:
+            """Whether any worker was asked to stop; also sets the next check's step from
+            the workers' mean step time (the same answer everywhere: one all-reduce)."""
             import tensorflow as tf
 
             strategy = self.model.distribute_strategy
-            mine = 1 if self._stop_asked else 0
-            total = strategy.reduce(tf.distribute.ReduceOp.SUM,
-                                    strategy.run(lambda: tf.constant(mine)), axis=None)
-            return int(total) > 0
+            last_step, last_time = self._checked
+            now = time.monotonic()
+            seconds_per_step = (now - last_time) / max(step - last_step, 1)
+            mine = tf.constant([1.0 if self._stop_asked else 0.0, seconds_per_step])
+            total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: mine),
+                                    axis=None).numpy()
+            self._checked = (step, now)
+            if isinstance(self.preemption_check, int):
+                self._next_check = step + self.preemption_check
+            else:
+                mean = float(total[1]) / strategy.num_replicas_in_sync
+                self._next_check = step + max(1, int(_CHECK_SECONDS / max(mean, 1e-6)))
+            return float(total[0]) > 0
 
         def on_epoch_end(self, epoch, logs=None):
             done = epoch + 1  # epochs completed: where a resume starts
@@ -323,9 +394,7 @@ def _consistent_backup_class(keras):
             self._save(f"epoch-{done}", done, 0)
 
         def on_train_end(self, logs=None):
-            if self._previous_handler is not None:
-                signal.signal(signal.SIGTERM, self._previous_handler)
-                self._previous_handler = None
+            self._stop_listening()
             if self.delete_checkpoint:
                 for save in complete_saves(self.directory):
                     self._remove(save["name"])
