@@ -18,7 +18,7 @@ __all__ = [
     "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
-    "LOOPBACK_BIND", "METRICS",
+    "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "RESUMED_EVENT", "TRAINING_EVENTS",
     "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "REAPER_FOR",
     "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
     "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
@@ -139,3 +139,11 @@ DEVICES_REPLACED = "tfrun: the script configures "
 #: the supervisor writes the JSON to ``<run dir>/metrics/<task>.jsonl`` and keeps the line
 #: off the console.
 METRICS_LINE = "tfrun:metrics "
+
+#: Metrics record events of a turn in training, with ``step``, ``epoch`` and ``batch``:
+#: every worker backed up at ``step`` after a preemption notice and stops ...
+PREEMPTED_EVENT = "preempted"
+#: ... training goes on from the backup of ``step``. The supervisor notes both in the
+#: attempt they happen in (``summary.json``'s ``attempts``).
+RESUMED_EVENT = "resumed"
+TRAINING_EVENTS = (PREEMPTED_EVENT, RESUMED_EVENT)

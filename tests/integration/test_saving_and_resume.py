@@ -1,6 +1,7 @@
 """Tier 3 + fault injection: chief-aware saving and exact resume across a gang restart."""
 
 import glob
+import json
 import os
 import re
 import subprocess
@@ -179,6 +180,30 @@ def test_tfrun_stopped_then_the_same_command_again_resumes_from_the_backups(tmp_
 STEP_SCRIPT = str(ROOT / "tests" / "scripts" / "step_backup.py")
 
 
+def test_the_input_is_put_back_where_it_was_in_every_epoch_form(tmp_path):
+    """Issue 32: a fit stopped mid-epoch and resumed from save_freq=4 backups ends with the
+    uninterrupted run's weights for a dataset reshuffled each epoch with a seed (Keras'
+    earlier iterators are made and dropped first), an endless one with steps_per_epoch
+    (one iterator across epochs: the resume reads past 2 epochs and more) and a finite one
+    shorter than epochs x steps_per_epoch (remade when it runs out). One process, plain
+    Keras 3 loop (two iterators per epoch). The shuffle order matters: another seed gives
+    other weights."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "input_position.py"),
+                          str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    forms = {row["form"]: row for row in map(json.loads, (
+        line for line in out.stdout.splitlines() if line.startswith("{")))}
+    assert set(forms) == {"reshuffled-epochs", "repeated-steps-per-epoch",
+                          "finite-steps-per-epoch"}, out.stdout
+    for row in forms.values():
+        assert row["resumed_vs_uninterrupted"] <= 1e-6, row
+        assert row["other_shuffle_vs_uninterrupted"] > 1e-3, row
+        assert "the input is put back where it was" in row["printed"], row
+    assert "iterator 5 of the dataset, 4 batches" in forms["reshuffled-epochs"]["printed"]
+    assert "iterator 1 of the dataset, 16 batches" in forms["repeated-steps-per-epoch"]["printed"]
+    assert "iterator 1 of the dataset, 8 batches" in forms["finite-steps-per-epoch"]["printed"]
+
+
 def _steps(path) -> list[tuple[int, int]]:
     """(restart count, global step) per trained batch, from step_backup.py's log."""
     return [tuple(map(int, line.split())) for line in open(path).read().splitlines()]
@@ -287,6 +312,11 @@ def test_sigterm_to_a_worker_saves_everyone_at_one_step_and_costs_no_restart(
     assert saved % 10 == 0 and 42 <= saved <= 60, saved
     assert max(s for r, s in steps if r == 0) in (saved - 1, saved)
     assert resumed_at == saved + 1, steps[-20:]  # nothing redone
+    # tfrun says where the preemption left training, and the attempts record it
+    assert f"preempted at step {saved}: every worker backed up there" in run.stdout
+    first, second = run.summary["attempts"]
+    assert first["failure_class"] == "preempted" and first["preempted_at_step"] == saved
+    assert second["resumed_at_step"] == saved and "preempted_at_step" not in second
     for i in range(2):
         worker_log = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
         assert f"tfrun: preempted: every worker saved at step {saved}" in worker_log
@@ -319,8 +349,12 @@ def test_sigterm_to_tfrun_saves_then_the_same_command_resumes_at_that_step(
     before = _steps(log)
     saved = _saved_step(first.stdout)
     assert max(s for _, s in before) in (saved - 1, saved)
+    assert f"preempted at step {saved}: every worker backed up there, and the same command" \
+        in first.stdout, first.stdout[-3000:]
+    assert first.summary["attempts"][-1]["preempted_at_step"] == saved
     again = launch()
     assert again.run(600) == 0, again.stdout[-3000:]
+    assert again.summary["attempts"][-1]["resumed_at_step"] == saved
     second = [s for _, s in _steps(log)[len(before):]]
     assert second and second[0] == saved + 1, (saved, second[:3])  # nothing redone
     assert 42 <= saved < 90, saved  # stopped after the signal, before the end

@@ -2,8 +2,8 @@
 
     tfrun --workers 2 --max-restarts 1 step_backup.py OUT EPOCHS SAVE_FREQ [SLOW [CHECK]]
 
-A fixed problem (same data and initial weights everywhere), a dataset shuffled once with
-a seed (the same order every epoch: reshuffle_each_iteration=False), Adam. Each task
+A fixed problem (same data and initial weights everywhere), a dataset reshuffled every
+epoch with a seed (a resume must put the input back where it was), Adam. Each task
 appends "<restart count> <global step>" per trained batch (not per batch a resume skips) to OUT-steps-<role>-<index>.log
 and writes its final weights to OUT-<role>-<index>.npz. SLOW: seconds to sleep after
 each batch (so a test can kill a task mid-epoch). CHECK: the preemption_check (default
@@ -58,8 +58,7 @@ class StepLog(keras.callbacks.Callback):
             time.sleep(slow)
 
 
-data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
-    len(x), seed=0, reshuffle_each_iteration=False).batch(batch)
+data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(batch)
 model.fit(data, epochs=epochs, verbose=0,
           callbacks=[tfrun.backup_and_restore(save_freq=save_freq, preemption_check=check),
                      StepLog()])

@@ -22,9 +22,14 @@ Step backups: ``save_freq=N`` (Keras 3) also backs up whenever the optimizer's s
 passes a multiple of N (``step-<G>.*``, with the epoch and batch it stands for). A resume
 inside an epoch loads that backup, starts Keras' loop at that epoch, and reads past the
 batches the backup already trained on (they are fetched, not trained on), so the steps
-that follow see the same data as before: exact when the dataset yields the same batches
-every epoch (no shuffle, or ``reshuffle_each_iteration=False``), said once at the resume.
-tf_keras refuses ``save_freq=N``: its resume starts the interrupted epoch's data over.
+that follow see the same data as before. Every backup also records where the input
+stands: how many iterators Keras had made of the dataset (a ``shuffle(seed=...)`` that
+reshuffles each iteration draws its order from that count) and how many batches the
+current one had given. A resume makes and drops as many iterators first, so the resumed
+epoch is shuffled as the interrupted one was: exact for any dataset whose order depends
+only on its seeds (said once at the resume), in every epoch form (``steps_per_epoch``
+or not). tf_keras refuses ``save_freq=N``: its resume starts the interrupted epoch's
+data over.
 
 Preemption (Keras 3): a SIGTERM to a task (a preempted node, a pod eviction, tfrun
 stopping on its own SIGTERM) no longer ends it at once. About once a second
@@ -48,8 +53,10 @@ import re
 import signal
 import threading
 import time
+import weakref
 
 from .. import contract
+from .metrics import record_training_event
 from .runtime import task
 
 __all__ = ["backup_and_restore", "complete_epochs", "complete_saves", "default_backup_dir"]
@@ -144,7 +151,9 @@ def complete_epochs(directory: str) -> list[int]:
 def complete_saves(directory: str) -> list[dict]:
     """Every complete backup in ``directory`` (epoch and step ones), oldest first: dicts
     with ``epoch`` (where Keras' loop resumes), ``batch`` (batches of that epoch already
-    trained), ``name`` (the files' stem) and ``key`` (the position, comparable)."""
+    trained), ``name`` (the files' stem), ``key`` (the position, comparable) and
+    ``input`` (``(iterator, batches)``: the input's position, see ``_InputPosition``; None
+    in backups that did not record it)."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -159,9 +168,13 @@ def complete_saves(directory: str) -> list[dict]:
             with open(os.path.join(directory, name)) as f:
                 mark = json.load(f)
             epoch, batch = int(mark["epoch"]), int(mark.get("batch", 0))
-        except (OSError, ValueError, KeyError, TypeError):
+            input_position = mark.get("input")
+            input_position = (None if input_position is None
+                              else (int(input_position[0]), int(input_position[1])))
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
             continue  # unreadable: as if absent (the mark is written last)
-        saves.append({"epoch": epoch, "batch": batch, "name": stem, "key": _key(epoch, batch)})
+        saves.append({"epoch": epoch, "batch": batch, "name": stem, "key": _key(epoch, batch),
+                      "input": input_position})
     return sorted(saves, key=lambda save: (save["key"], save["name"].startswith("epoch")))
 
 
@@ -193,8 +206,94 @@ def _key(epoch: int, batch: int) -> int:
     return epoch * 2**32 + batch
 
 
+class _InputPosition:
+    """Where Keras' training input stands, so that a resume can put it back there.
+
+    Keras 3 makes a new iterator of the (distributed) dataset at each epoch's start (and,
+    without tfrun's multi-worker fix, one more after each epoch's last step; with
+    ``steps_per_epoch`` one iterator serves epochs until it runs out). A dataset that
+    reshuffles with a seed draws each iterator's order from how many iterators were made
+    before it. The position is ``(iterator, batches)``: the 1-based number of the iterator
+    the next step reads and how many batches it has given. Tracked by patching Keras'
+    ``TFEpochIterator`` (made once per process, then the training one is looked up at
+    ``on_train_begin``: the newest made, as ``fit`` makes its validation iterators later).
+
+        >>> _InputPosition.install()  # doctest: +SKIP
+        >>> position = _InputPosition.of_training()  # in on_train_begin  # doctest: +SKIP
+        >>> position.now()  # after the 3rd batch of the 2nd epoch  # doctest: +SKIP
+        (2, 3)
+    """
+
+    _installed = False
+    _newest = None  # weakref to the newest TFEpochIterator made
+
+    def __init__(self, epoch_iterator) -> None:
+        self._epoch_iterator = epoch_iterator
+
+    @classmethod
+    def install(cls) -> bool:
+        """Patch Keras' epoch iterator to count its iterators (once); False if Keras has
+        no such class (another backend or version): positions are then not recorded."""
+        if cls._installed:
+            return True
+        try:
+            from keras.src.backend.tensorflow.trainer import TFEpochIterator
+        except ImportError:
+            return False
+        original_init, original_get = TFEpochIterator.__init__, TFEpochIterator._get_iterator
+
+        def __init__(self, *args, **kwargs):
+            original_init(self, *args, **kwargs)
+            self._tfrun_iterators_made = 0
+            cls._newest = weakref.ref(self)
+
+        def _get_iterator(self):
+            dataset = original_get(self)
+            # An empty tuple: tfrun's multi-worker fix declined to make an unused iterator.
+            if not (isinstance(dataset, tuple) and not dataset):
+                self._tfrun_iterators_made = getattr(self, "_tfrun_iterators_made", 0) + 1
+            return dataset
+
+        TFEpochIterator.__init__, TFEpochIterator._get_iterator = __init__, _get_iterator
+        cls._installed = True
+        return True
+
+    @classmethod
+    def of_training(cls) -> "_InputPosition | None":
+        """The position of the training input of the ``fit`` that is starting (None when
+        not tracked)."""
+        epoch_iterator = cls._newest() if cls._newest is not None else None
+        if epoch_iterator is None or not hasattr(epoch_iterator, "_distributed_dataset"):
+            return None
+        return cls(epoch_iterator)
+
+    def now(self) -> tuple[int, int]:
+        """The position after the step that just ended (call in ``on_train_batch_end``)."""
+        made = self._epoch_iterator._tfrun_iterators_made
+        return made, int(getattr(self._epoch_iterator, "_steps_seen", 0) or 0)
+
+    def at_epoch_end(self) -> tuple[int, int]:
+        """The position the next epoch starts from (call in ``on_epoch_end``): a new
+        iterator, unless ``steps_per_epoch`` keeps the current one going."""
+        made, seen = self.now()
+        if self._epoch_iterator.steps_per_epoch is None:
+            return made + 1, 0
+        return made, seen
+
+    def restore(self, iterator: int) -> None:
+        """Make and drop ``iterator - 1`` iterators, so that the next one Keras makes is
+        number ``iterator`` (the caller skips its first batches)."""
+        made = self._epoch_iterator._tfrun_iterators_made
+        dropped = [iter(self._epoch_iterator._distributed_dataset)
+                   for _ in range(max(iterator - 1 - made, 0))]
+        self._epoch_iterator._tfrun_iterators_made = max(made, iterator - 1)
+        dropped.clear()
+
+
 def _consistent_backup_class(keras):
     """``ConsistentBackup`` for this Keras (built lazily: importing Keras is slow)."""
+
+    _InputPosition.install()
 
     class ConsistentBackup(keras.callbacks.Callback):
         """Per-worker backups (every epoch, and every ``save_freq`` steps); resume from the
@@ -217,10 +316,12 @@ def _consistent_backup_class(keras):
             self._wakeup = None  # (read end, write end) of the SIGTERM pipe
             self._last_step_at = time.monotonic()
             self._step_seconds = 0.0
+            self._input = None  # _InputPosition of the training input, once fit starts
 
         # ---------------------------------------------------------------- resume
 
         def on_train_begin(self, logs=None):
+            self._input = _InputPosition.of_training()
             self._resume()
             step = self._global_step()
             self._checked = (step, time.monotonic())
@@ -247,16 +348,29 @@ def _consistent_backup_class(keras):
             self.model._initial_epoch = save["epoch"]
             self._epoch = save["epoch"]
             self._last_saved_step = self._global_step()
-            if save["batch"] == 0:
-                print(f"tfrun: resuming from the backup of epoch {save['epoch']} (complete on "
-                      f"every worker)", flush=True)
+            record_training_event(contract.RESUMED_EVENT, step=self._last_saved_step,
+                                  epoch=save["epoch"] + 1, batch=save["batch"])
+            where = (f"from the backup of epoch {save['epoch']}" if save["batch"] == 0 else
+                     f"at epoch {save['epoch'] + 1}, after its batch {save['batch']} (global "
+                     f"step {self._last_saved_step}), from the backup")
+            position = save["input"]
+            if position is not None and self._input is not None:
+                iterator, read = position
+                self._input.restore(iterator)
+                print(f"tfrun: resuming {where} (complete on every worker); the input is put "
+                      f"back where it was (iterator {iterator} of the dataset, {read} batches "
+                      f"read and skipped): exact when the dataset's order depends only on its "
+                      f"seeds (shuffle(seed=...)), not on unseeded randomness", flush=True)
+                self._skip_batches(save["batch"], read)
                 return
-            print(f"tfrun: resuming at epoch {save['epoch'] + 1}, after its batch "
-                  f"{save['batch']} (global step {self._last_saved_step}), from the backup "
-                  f"complete on every worker. Its first {save['batch']} batches are read and "
-                  f"skipped: exact when the dataset gives the same batches every epoch (no "
-                  f"shuffle, or reshuffle_each_iteration=False)", flush=True)
-            self._skip_batches(save["batch"])
+            if save["batch"] == 0:
+                print(f"tfrun: resuming {where} (complete on every worker)", flush=True)
+                return
+            print(f"tfrun: resuming {where} (complete on every worker). Its first "
+                  f"{save['batch']} batches are read and skipped: exact when the dataset "
+                  f"gives the same batches every epoch (no shuffle, or "
+                  f"reshuffle_each_iteration=False)", flush=True)
+            self._skip_batches(save["batch"], save["batch"])
 
         def _agree(self, keys: list[int]) -> int | None:
             """The newest position every replica has backed up (None: none), by gathering
@@ -273,15 +387,26 @@ def _consistent_backup_class(keras):
             return _common_position([[int(k) for k in row if k >= 0] for row in gathered],
                                     os.path.dirname(self.directory))
 
-        def _skip_batches(self, count: int) -> None:
-            """Make the next ``count`` batches of Keras' loop fetched but not trained on
-            (train_function is looked up at every step), then train again."""
+        def _skip_batches(self, steps: int, batches: int) -> None:
+            """Make Keras' next ``steps`` steps fetch batches without training on them, and
+            read ``batches`` batches in all before training again (more than ``steps`` when
+            ``steps_per_epoch`` keeps one iterator across epochs). Keras looks
+            train_function up at every step."""
+            if steps <= 0 and batches <= 0:
+                return
             model = self.model
             train = model.train_function
             per_call = int(getattr(model, "steps_per_execution", 1) or 1)
-            left = [count]
+            extra = [max(batches - steps, 0)]  # read before the first step
+            left = [steps]
 
             def skip(iterator):
+                for _ in range(extra[0]):
+                    next(iterator)
+                extra[0] = 0
+                if left[0] <= 0:
+                    model.train_function = train
+                    return train(iterator)
                 for _ in range(min(per_call, left[0])):
                     next(iterator)
                 left[0] -= per_call
@@ -310,6 +435,8 @@ def _consistent_backup_class(keras):
                         self._save(f"step-{step}", self._epoch, batch + 1)
                     print(f"tfrun: preempted: every worker saved at step {step} (epoch "
                           f"{self._epoch + 1}, batch {batch + 1}); stopping", flush=True)
+                    record_training_event(contract.PREEMPTED_EVENT, step=step, epoch=self._epoch + 1,
+                                          batch=batch + 1)
                     raise SystemExit(PREEMPTED_EXIT)
 
         # ---------------------------------------------------------------- preemption
@@ -391,7 +518,8 @@ def _consistent_backup_class(keras):
         def on_epoch_end(self, epoch, logs=None):
             done = epoch + 1  # epochs completed: where a resume starts
             self._epoch = done  # also where Keras' hooks reach us without on_epoch_begin
-            self._save(f"epoch-{done}", done, 0)
+            self._save(f"epoch-{done}", done, 0,
+                       self._input.at_epoch_end() if self._input is not None else None)
 
         def on_train_end(self, logs=None):
             self._stop_listening()
@@ -402,7 +530,8 @@ def _consistent_backup_class(keras):
         def _global_step(self) -> int:
             return int(self.model.optimizer.iterations.numpy())
 
-        def _save(self, name: str, epoch: int, batch: int) -> None:
+        def _save(self, name: str, epoch: int, batch: int,
+                  input_position: tuple[int, int] | None = None) -> None:
             os.makedirs(self.directory, exist_ok=True)
             weights = os.path.join(self.directory, f"{name}.weights.h5")
             temporary = os.path.join(self.directory, f"{name}.tmp.weights.h5")
@@ -410,7 +539,10 @@ def _consistent_backup_class(keras):
             os.replace(temporary, weights)
             mark = os.path.join(self.directory, f"{name}.json")
             with open(mark + ".tmp", "w") as f:
-                json.dump({"epoch": epoch, "batch": batch, "step": self._global_step()}, f)
+                if input_position is None and self._input is not None:
+                    input_position = self._input.now()
+                json.dump({"epoch": epoch, "batch": batch, "step": self._global_step(),
+                           "input": input_position}, f)
             os.replace(mark + ".tmp", mark)  # complete from here on
             saves = complete_saves(self.directory)
             for old in saves[:-_KEEP]:  # another worker may be one save point behind

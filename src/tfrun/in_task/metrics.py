@@ -39,7 +39,7 @@ from ..contract import METRICS_LINE
 from ._post_import import when_imported
 
 __all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder",
-           "sample_resources"]
+           "sample_resources", "record_training_event"]
 
 
 def enabled() -> bool:
@@ -73,6 +73,23 @@ def _emit(record: dict) -> None:
         sys.stdout.write(f"{METRICS_LINE}{json.dumps(record, separators=(',', ':'))}\n")
         sys.stdout.flush()
     except (OSError, ValueError):  # stdout closed: recording must never fail training
+        pass
+
+
+def record_training_event(event: str, **fields: int) -> None:
+    """Tell the launcher about a turn in training (``preempted``, ``resumed``): a
+    ``tfrun:metrics`` record it keeps for the attempt it happens in, even with metrics
+    recording off (the summary's attempts need it). Outside tfrun: nothing.
+
+        >>> record_training_event("resumed", step=40, epoch=2, batch=10)  # doctest: +SKIP
+    """
+    if not os.environ.get(contract.RUN_DIR):
+        return
+    record = {"time": round(time.time(), 3), "event": event, **fields}
+    try:
+        sys.stdout.write(f"{METRICS_LINE}{json.dumps(record, separators=(',', ':'))}\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):  # stdout closed: reporting must never fail training
         pass
 
 

@@ -284,7 +284,7 @@ def _tasks_html(summary: dict, t0: float) -> str:
 def _attempts_html(summary: dict, t0: float) -> str:
     """One row per attempt (the first run and each gang restart): how it ended and why."""
     columns = ["attempt", "started (s)", "ended (s)", "ended by", "task", "exit code",
-               "failure class"]
+               "failure class", "resumed at step", "preempted at step"]
     out = ["<table class='attempts'><tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"]
     for attempt in summary.get("attempts") or []:
         def at(key: str) -> str:
@@ -292,7 +292,8 @@ def _attempts_html(summary: dict, t0: float) -> str:
             return f"{value - t0:.1f}" if isinstance(value, (int, float)) else "-"
 
         cells = [attempt.get("attempt"), at("started_at"), at("ended_at"), attempt.get("ended"),
-                 attempt.get("task"), attempt.get("exit_code"), attempt.get("failure_class")]
+                 attempt.get("task"), attempt.get("exit_code"), attempt.get("failure_class"),
+                 attempt.get("resumed_at_step"), attempt.get("preempted_at_step")]
         out.append("<tr>" + "".join(f"<td>{html.escape('-' if c is None else str(c))}</td>"
                                     for c in cells) + "</tr>")
     return "\n".join(out + ["</table>"])

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
-from ...contract import DEVICES_REPLACED
+from ...contract import DEVICES_REPLACED, TRAINING_EVENTS
 from .console import ConsoleSink
 from .noise import NoiseFilter
 from .splitter import OutputSplitter, read_chunks
@@ -64,6 +64,9 @@ class TaskLogger:
     metrics_path: Path | None = None
     #: the newest epoch record of the task (the live status line reads it)
     last_epoch: dict | None = None
+    #: the task's training events (``preempted``, ``resumed``: see record_training_event),
+    #: oldest first; the supervisor notes them in the attempt they happened in
+    training_events: list = field(default_factory=list)
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -125,6 +128,8 @@ class TaskLogger:
         record = {"task": self.task, **record}
         if record.get("event") == "epoch":
             self.last_epoch = record
+        elif record.get("event") in TRAINING_EVENTS:
+            self.training_events.append(record)
         if self.metrics_path is not None:
             try:
                 self.metrics_path.parent.mkdir(parents=True, exist_ok=True)

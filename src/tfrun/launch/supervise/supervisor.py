@@ -105,6 +105,8 @@ class Supervisor:
         #: one entry per ended attempt: when, which task ended it, its failure class
         self.attempts: list[dict] = _earlier_attempts(run_dir)  # a resumed run's go on
         self._attempt_started = time.time()
+        #: per task, how many of its training events came before this attempt
+        self._events_before: dict[int, int] = {}
         self._last_error: tuple[str, str] | None = None  # (role, exception line) last attempt
         self._signal: int | None = None
         self._events = run_dir / "events.jsonl"
@@ -240,6 +242,7 @@ class Supervisor:
                     budget = f"restart {self.charged_restarts} of {self.config.max_restarts}"
                 self._end_attempt(record, "restart")
                 pause = backoff_seconds(self.restarts + 1)
+                ended = self.attempts[-1]
                 self.console.info(f"{record.task} exited with code {record.exit_code} "
                                   f"({failure}); restarting the whole group ({budget})"
                                   + (f" in {pause:g}s" if pause else ""))
@@ -248,6 +251,10 @@ class Supervisor:
                             backoff_seconds=pause)
                 self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                            grace=self.config.stop_grace)
+                self._note_training_events(ended)
+                if "preempted_at_step" in ended:
+                    self.console.info(f"preempted at step {ended['preempted_at_step']}: every "
+                                      "worker backed up there; the restart resumes from it")
                 self._pause(pause)
                 if self._signal is not None:  # Ctrl-C while restarting: do not start again
                     outcome = _Outcome(Watch.SIGNAL)
@@ -279,10 +286,17 @@ class Supervisor:
             return self._result(HANG_TIMEOUT_EXIT_CODE, RunStatus.HANG_TIMEOUT, outcome.record,
                                 outcome.message)
         assert self._signal is not None
-        return self._result(128 + self._signal, RunStatus.INTERRUPTED, None,
-                            f"stopped by {signal.Signals(self._signal).name}")
+        message = f"stopped by {signal.Signals(self._signal).name}"
+        for record in self.records:
+            record.logger.join(timeout=2.0)
+        step = self._note_training_events(self.attempts[-1]).get("preempted_at_step")
+        if step is not None:
+            message += (f"; preempted at step {step}: every worker backed up there, and the "
+                        "same command (same --run-dir) resumes from it")
+        return self._result(128 + self._signal, RunStatus.INTERRUPTED, None, message)
 
     def _start_all(self) -> None:
+        self._events_before = {id(r): len(r.logger.training_events) for r in self.records}
         for record in self.records:
             self._start(record, restart_count=self.restarts)
 
@@ -573,6 +587,18 @@ class Supervisor:
             "failure_class": None if record is None or record.failure is None
             else str(record.failure)})
 
+    def _note_training_events(self, attempt: dict) -> dict:
+        """Add the attempt's ``preempted_at_step`` / ``resumed_at_step`` (the steps its
+        tasks reported: every worker saves and resumes at the same one) to ``attempt``,
+        once its tasks have ended; returns it."""
+        for record in self.records:
+            record.logger.join(timeout=1.0)  # the last lines of tasks that just ended
+            events = record.logger.training_events[self._events_before.get(id(record), 0):]
+            for event in events:
+                if isinstance(event.get("step"), int):
+                    attempt.setdefault(f"{event['event']}_at_step", event["step"])
+        return attempt
+
     def _pause(self, seconds: float) -> None:
         """Sleep before a restart; a signal to tfrun cuts it short."""
         deadline = time.monotonic() + seconds
@@ -591,6 +617,8 @@ class Supervisor:
                 message: str, failed_because: TaskRecord | None = None) -> RunResult:
         for record in self.records:
             record.logger.join()
+        if self.attempts and self.attempts[-1].get("earlier_launch") is not True:
+            self._note_training_events(self.attempts[-1])
         traceback, traceback_of = None, None
         # The root cause's traceback, else (a culprit that died silently) the error it caused.
         for record in (root, failed_because):
