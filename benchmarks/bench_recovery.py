@@ -1,6 +1,6 @@
 """Recovery from a lost worker: SIGKILL one of 2 local workers mid-epoch, then measure.
 
-    python benchmarks/bench_recovery.py [--rounds 3] [--epochs 4] [--steps 60] [--save-freq 10]
+    python benchmarks/bench_recovery.py [--rounds 3] [--epochs 4] [--steps 60] [--save-freq 10] [--keep DIR]
 
 Each round runs the same 2-worker Keras 3 MWMS fit (--max-restarts 1) four times,
 interleaved: uninterrupted with epoch backups (the baseline), the same without the
@@ -15,6 +15,7 @@ backups at most --save-freq.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -31,6 +32,8 @@ parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--steps", type=int, default=60, help="steps per epoch")
 parser.add_argument("--save-freq", type=int, default=10, help="steps between step backups")
+parser.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR "
+                    "(default: a temporary directory, removed)")
 args = parser.parse_args()
 
 
@@ -94,7 +97,8 @@ configs = [("uninterrupted", None, "epoch", "auto"),
            ("killed, epoch backups", kill_at, "epoch", "auto"),
            (f"killed, save_freq={args.save_freq}", kill_at, str(args.save_freq), "auto")]
 results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
-with tempfile.TemporaryDirectory(prefix="tfrun-bench-recovery-") as scratch:
+with (contextlib.nullcontext(args.keep) if args.keep
+      else tempfile.TemporaryDirectory(prefix="tfrun-bench-recovery-")) as scratch:
     for r in range(args.rounds):
         for i, (name, kill, save_freq, check) in enumerate(configs):
             results[name].append(launch(Path(scratch) / f"{i}-{r}", kill, save_freq, check))

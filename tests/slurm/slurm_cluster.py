@@ -58,6 +58,20 @@ class Job:
             result = subprocess.run(command, capture_output=True, text=True, timeout=30)
             assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
 
+    def wait_requeued(self, timeout: float = 120) -> None:
+        """Until the job has requeued itself: its restart count is 1 and it is pending."""
+        deadline = time.monotonic() + timeout
+        while not (self.info().get("Restarts") == "1"
+                   and self.info().get("JobState") == "PENDING"):
+            assert time.monotonic() < deadline, f"job {self.id} was not requeued:\n{self.output()}"
+            time.sleep(0.5)
+
+    def start_now(self) -> None:
+        """Start a requeued job at once instead of after Slurm's ~2 minute hold."""
+        command = ["scontrol", "update", f"JobId={self.id}", "StartTime=now"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
+
     def info(self) -> dict[str, str]:
         text = subprocess.run(["scontrol", "show", "job", "-o", self.id], capture_output=True,
                               text=True, timeout=30).stdout

@@ -6,6 +6,7 @@ tells its node by $SLURMD_NODENAME, which the scripts report.
 """
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -154,6 +155,57 @@ def test_a_requeued_generated_job_resumes_its_run_with_no_edit(slurm, tmp_path):
     assert finished["status"] == "succeeded"
     assert [bool(a.get("earlier_launch")) for a in finished["attempts"]] == [True, False]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [run_dir.name]
+    assert job.processes() == []
+
+
+def test_the_time_limit_warning_saves_at_one_step_and_the_requeued_job_resumes_there(
+        slurm, tmp_path):
+    """Issue 32: the USR1 Slurm sends `--notice` seconds before the time limit (sent here
+    with scancel) is turned into a preemption notice by `tfrun slurm`'s script: tfrun
+    stops, both workers (one per node, Keras 3 MWMS, a dataset reshuffled every epoch)
+    back up at one step, and only then the job requeues itself; started again, the same
+    line resumes at the next step -- nothing redone -- and succeeds."""
+    out = tmp_path / "usr1"
+    script = subprocess.run(
+        [sys.executable, "-m", "tfrun", "slurm", "--nodes", "2", "--job-name", "usr1",
+         str(ROOT / "tests" / "scripts" / "step_backup.py"), str(out), "3", "1000", "0.05"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0, script.stderr
+    job = slurm.submit(tmp_path, script.stdout, nodes=2, name="usr1", chdir=tmp_path)
+    steps = tmp_path / "usr1-steps-worker-0.log"
+
+    def trained() -> list[tuple[int, int]]:
+        return [tuple(map(int, line.split())) for line in steps.read_text().splitlines()] \
+            if steps.exists() else []
+
+    deadline = time.monotonic() + 240
+    while max((s for _, s in trained()), default=0) < 20:
+        assert time.monotonic() < deadline, job.output()[-4000:]
+        time.sleep(0.1)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job.id], check=True, timeout=30)
+    job.wait_requeued()
+    before = trained()  # the first start's steps (tfrun has ended before the requeue)
+    job.start_now()
+    state, code = job.wait()
+    output = job.output()
+    assert (state, code) == ("COMPLETED", 0), output[-4000:]
+    saved = {int(m) for m in re.findall(r"preempted at step (\d+): every worker backed up "
+                                        r"there, and the same command", output)}
+    assert len(saved) == 1, output[-4000:]
+    saved = saved.pop()
+    assert 20 <= saved < 90, saved
+    resumed = [step for _, step in trained()[len(before):]]
+    assert max(s for _, s in before) in (saved - 1, saved), before[-5:]
+    assert resumed and resumed[0] == saved + 1, (saved, resumed[:3])  # nothing redone
+    run_dir = tmp_path / "runs" / f"slurm-{job.id}-step_backup"
+    finished = summary(run_dir)
+    assert finished["status"] == "succeeded"
+    earlier, last = finished["attempts"]
+    assert earlier["earlier_launch"] and earlier["preempted_at_step"] == saved
+    assert last["resumed_at_step"] == saved
+    for i in range(2):
+        log = (run_dir / "logs" / f"worker-{i}.log").read_text()
+        assert f"tfrun: preempted: every worker saved at step {saved}" in log
     assert job.processes() == []
 
 

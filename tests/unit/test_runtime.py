@@ -4,6 +4,10 @@ import json
 import os
 
 import re
+import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -122,3 +126,21 @@ def test_the_resume_position_is_the_newest_every_replica_backed_up(capsys):
     assert "no backup is complete on every worker" in capsys.readouterr().out
     with pytest.raises(RuntimeError, match=r"share no backup .*remove runs/x/backup"):
         _common_position([[1, 2], [3, 4]], "runs/x/backup")
+
+
+def test_the_preemption_watch_thread_ends_its_process_as_sigterm_would():
+    """The watch thread cannot reset a handler through Python (main thread only): it still
+    ends the process by SIGTERM at once, past the script's own handler, while the main
+    thread is blocked (here in a sleep; in a task, in a collective on a dead peer)."""
+    script = textwrap.dedent("""
+        import signal, threading, time
+        from tfrun.in_task.callbacks import _die_of_sigterm
+        signal.signal(signal.SIGTERM, lambda *a: print("handled", flush=True))
+        threading.Thread(target=_die_of_sigterm).start()
+        time.sleep(60)
+        print("still alive", flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == -signal.SIGTERM, (out.returncode, out.stdout, out.stderr)
+    assert out.stdout == "", out.stdout

@@ -290,6 +290,30 @@ class _InputPosition:
         dropped.clear()
 
 
+def _die_of_sigterm() -> None:
+    """End this process as an unhandled SIGTERM would (exit 143), from any thread.
+
+    Python lets only the main thread change a signal's handler, and the preemption watch
+    runs in its own thread (the main one may be blocked in a collective on a dead peer):
+    there the handler is reset to the default through the C library instead.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    else:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            libc.signal.restype = ctypes.c_void_p
+            libc.signal(int(signal.SIGTERM), None)  # None: NULL, which is SIG_DFL
+        except (OSError, AttributeError):
+            os._exit(PREEMPTED_EXIT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5.0)  # the signal ends the process; never go on training after this
+    os._exit(PREEMPTED_EXIT)
+
+
 def _consistent_backup_class(keras):
     """``ConsistentBackup`` for this Keras (built lazily: importing Keras is slow)."""
 
@@ -474,9 +498,12 @@ def _consistent_backup_class(keras):
                         received = os.read(read_end, 64)
                         if not received:
                             return  # training ended: the write end was closed
-                        if signal.SIGTERM in received:
-                            if self._stop_asked:
-                                self._die_of_sigterm()
+                        notices = received.count(int(signal.SIGTERM))
+                        if notices:
+                            # A second SIGTERM (tfrun sends one when a peer has failed:
+                            # no coordinated save can happen): stop now.
+                            if self._stop_asked or notices > 1:
+                                _die_of_sigterm()
                             self._stop_asked = True
                             print("tfrun: SIGTERM: backing up at the next step every worker "
                                   "agrees on, then stopping", flush=True)
@@ -486,14 +513,10 @@ def _consistent_backup_class(keras):
                         if idle > limit:
                             print(f"tfrun: no training step for {idle:.1f}s after SIGTERM: "
                                   "stopping without a backup", flush=True)
-                            self._die_of_sigterm()
+                            _die_of_sigterm()
             finally:
                 os.close(read_end)
 
-        @staticmethod
-        def _die_of_sigterm():
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
 
         def _check(self, step: int) -> bool:
             """Whether any worker was asked to stop; also sets the next check's step from

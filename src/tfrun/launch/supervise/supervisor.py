@@ -40,6 +40,8 @@ __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Sup
            "TaskRecord"]
 
 _POLL_SECONDS = 0.1
+#: Between the two SIGTERMs of a stop "at once" (see ``Supervisor._stop``).
+_SECOND_SIGTERM_SECONDS = 0.2
 #: After SIGKILL, how long to wait for a (remote) backend to confirm the exit.
 _KILL_CONFIRM_SECONDS = 5.0
 #: How long a hung task gets to write its stack dump (SIGUSR1) before it is stopped.
@@ -250,7 +252,8 @@ class Supervisor:
                             restart=self.restarts + 1, failure_class=str(failure),
                             backoff_seconds=pause)
                 self._stop([r for r in self.records if r.state == TaskState.RUNNING],
-                           grace=self.config.stop_grace)
+                           grace=self.config.stop_grace,
+                           at_once=failure is not FailureClass.PREEMPTED)
                 self._note_training_events(ended)
                 if "preempted_at_step" in ended:
                     self.console.info(f"preempted at step {ended['preempted_at_step']}: every "
@@ -269,7 +272,7 @@ class Supervisor:
             self._finish_untracked()
             return self._result(0, RunStatus.SUCCEEDED, None, "")
         self._stop([r for r in self.records if r.state == TaskState.RUNNING],
-                   grace=self.config.stop_grace)
+                   grace=self.config.stop_grace, at_once=outcome.kind is not Watch.SIGNAL)
         if outcome.kind is Watch.FAIL:
             record = outcome.record
             assert record is not None and record.exit_code is not None
@@ -540,9 +543,14 @@ class Supervisor:
                 time.sleep(_POLL_SECONDS)
             self._stop(evaluators, grace=self.config.stop_grace)
 
-    def _stop(self, records: list[TaskRecord], *, grace: float) -> None:
+    def _stop(self, records: list[TaskRecord], *, grace: float, at_once: bool = False) -> None:
         """SIGTERM each running task's tree, wait up to ``grace``, SIGKILL what is left;
         then release all (nothing of them may remain, on any host).
+
+        ``at_once``: a second SIGTERM shortly after the first, for when a peer has failed:
+        a task that backs up on a preemption notice (``tfrun.backup_and_restore``) takes
+        the first as one and would wait for a step its dead peer never makes; a second
+        one ends it at once (the coordinated save needs every worker).
 
         Only tasks still RUNNING are signalled: a finished task was released when it
         exited, and signalling it later could hit a reused process group.
@@ -560,6 +568,13 @@ class Supervisor:
             self._backend(record).signal(record.handle, signal.SIGTERM)  # type: ignore[arg-type]
             # A SIGSTOPped task would keep SIGTERM pending until the SIGKILL: wake it up.
             self._backend(record).signal(record.handle, signal.SIGCONT)  # type: ignore[arg-type]
+        if at_once:
+            # Apart, so that the two are not merged into one pending signal.
+            time.sleep(_SECOND_SIGTERM_SECONDS)
+            poll_all()
+            for record in live:
+                if codes.get(id(record)) is None:
+                    self._backend(record).signal(record.handle, signal.SIGTERM)  # type: ignore[arg-type]
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and not poll_all():
             time.sleep(0.05)

@@ -4,10 +4,14 @@ The script asks for whole nodes (or ``--cpus-per-node``) and runs one tfrun comm
 given, which places the cluster on the allocation when the job runs. It survives the end
 of its time slot and preemption: the job may be requeued (``--requeue``), Slurm warns the
 script ``--notice`` seconds before the time limit (``--signal=B:USR1@N``) and the script
-then requeues its own job; Slurm stops tfrun (SIGTERM: the tasks stop, the run is marked
-interrupted) and later starts the job again, whose same tfrun line resumes in the run
-directory the job id names (``runs/slurm-<id>-<name>``) from the run's backups. Output
-of every start goes to the same file (``--open-mode=append``).
+turns the warning into a preemption notice: it sends tfrun SIGTERM (the tasks back up at
+one step with ``tfrun.backup_and_restore``, stop, and the run is marked interrupted),
+waits for tfrun to end -- the whole notice is there for the save, not only Slurm's
+``KillWait`` -- then requeues its own job. Slurm starts the job again later, whose same
+tfrun line resumes in the run directory the job id names (``runs/slurm-<id>-<name>``)
+from the run's backups. A job preempted by Slurm itself (``PreemptMode=REQUEUE``) gets
+SIGTERM directly and comes back the same way. Output of every start goes to the same
+file (``--open-mode=append``).
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ def _build_sbatch_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-name", default=None, help="default: the script's name")
     parser.add_argument("--output", default="slurm-%j.out", help="default slurm-%%j.out")
     parser.add_argument("--notice", type=non_negative_int, default=DEFAULT_NOTICE,
-                        help="seconds before the time limit at which the job requeues itself "
-                             f"and stops tfrun, to resume later (default {DEFAULT_NOTICE}; "
+                        help="seconds before the time limit at which the job stops tfrun "
+                             "(the tasks back up) and requeues itself, to resume later "
+                             f"(default {DEFAULT_NOTICE}; "
                              "Slurm is exact to about a minute); 0: no requeue")
     return parser
 
@@ -96,15 +101,16 @@ def sbatch_script(*, nodes: int, tfrun_args: Sequence[str], job_name: str,
     #SBATCH --signal=B:USR1@120
     # tfrun places the cluster on the allocated nodes (srun starts one agent per node)
     # and exits with the failing task's exit code.
-    # 120 s before the time limit Slurm sends USR1: requeue this job. Slurm then stops
-    # tfrun (the run is marked interrupted) and starts the job again later; the same
+    # 120 s before the time limit Slurm sends USR1: tfrun stops (SIGTERM: the tasks back
+    # up at one step), then this job is requeued; Slurm starts it again later and the same
     # command resumes in runs/slurm-<job id>-<name>. A preempted job comes back the same way.
-    trap 'scontrol requeue "$SLURM_JOB_ID"' USR1
+    trap 'requeue=1; kill -TERM "$tfrun_pid"' USR1
     tfrun train.py &
     tfrun_pid=$!
     # wait returns early when the trap runs: wait again until tfrun has exited.
     wait "$tfrun_pid"; status=$?
     while kill -0 "$tfrun_pid" 2>/dev/null; do wait "$tfrun_pid"; status=$?; done
+    if [ -n "${requeue:-}" ]; then scontrol requeue "$SLURM_JOB_ID"; fi
     exit "$status"
     <BLANKLINE>
     """
@@ -133,14 +139,15 @@ def sbatch_script(*, nodes: int, tfrun_args: Sequence[str], job_name: str,
         "#SBATCH --open-mode=append", "#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{notice}",
         "# tfrun places the cluster on the allocated nodes (srun starts one agent per node)",
         "# and exits with the failing task's exit code.",
-        f"# {notice} s before the time limit Slurm sends USR1: requeue this job. Slurm then stops",
-        "# tfrun (the run is marked interrupted) and starts the job again later; the same",
+        f"# {notice} s before the time limit Slurm sends USR1: tfrun stops (SIGTERM: the tasks back",
+        "# up at one step), then this job is requeued; Slurm starts it again later and the same",
         "# command resumes in runs/slurm-<job id>-<name>. A preempted job comes back the same way.",
-        "trap 'scontrol requeue \"$SLURM_JOB_ID\"' USR1",
+        "trap 'requeue=1; kill -TERM \"$tfrun_pid\"' USR1",
         f"{command} &",
         "tfrun_pid=$!",
         "# wait returns early when the trap runs: wait again until tfrun has exited.",
         'wait "$tfrun_pid"; status=$?',
         'while kill -0 "$tfrun_pid" 2>/dev/null; do wait "$tfrun_pid"; status=$?; done',
+        'if [ -n "${requeue:-}" ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
         'exit "$status"', ""]
     return "\n".join(lines)
