@@ -203,29 +203,38 @@ def test_sbatch_script_options():
     assert "#SBATCH --partition=gpu\n#SBATCH --time=1:00:00\n" in text
     assert "\ntfrun --chief train.py --lr '0.1 0.2' &\n" in text
     assert "#SBATCH --requeue\n#SBATCH --signal=B:USR1@120\n" in text
-    assert "trap 'scontrol requeue \"$SLURM_JOB_ID\"' USR1\n" in text
+    assert "trap 'requeue=1; kill -TERM \"$tfrun_pid\"' USR1\n" in text
+    assert 'if [ -n "${requeue:-}" ]; then scontrol requeue "$SLURM_JOB_ID"; fi\n' in text
     bare = sbatch_script(nodes=1, tfrun_args=["train.py"], job_name="t", notice=0)
     assert bare.endswith("\ntfrun train.py\n") and "requeue" not in bare
 
 
-def test_sbatch_script_runs_and_returns_tfruns_exit_code(tmp_path):
+@pytest.mark.parametrize("warned", [False, True], ids=["runs-out", "usr1"])
+def test_sbatch_script_runs_and_returns_tfruns_exit_code(tmp_path, warned):
     """The script's wait loop, run by bash with a stand-in tfrun: its exit code comes
-    back, also when USR1 interrupts the first wait (a stand-in scontrol records the
-    requeue)."""
+    back. With USR1 (the time-limit warning), the script stops tfrun with SIGTERM, waits
+    for it to end (its save), and only then requeues the job (a stand-in scontrol)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "tfrun").write_text("#!/bin/bash\nsleep 1\nexit 7\n")
-    (bin_dir / "scontrol").write_text(f"#!/bin/bash\necho \"$@\" >> {tmp_path}/requeued\n")
+    events = tmp_path / "events"
+    (bin_dir / "tfrun").write_text(
+        f"#!/bin/bash\ntrap 'sleep 0.5; echo stopped >> {events}; exit 143' TERM\n"
+        "sleep 2 & wait $!\nexit 7\n")
+    (bin_dir / "scontrol").write_text(f"#!/bin/bash\necho \"$@\" >> {events}\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     script = tmp_path / "job.sh"
     script.write_text(sbatch_script(nodes=1, tfrun_args=["train.py"], job_name="t"))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42"}
     job = subprocess.Popen(["bash", str(script)], env=env)
-    time.sleep(0.3)
-    job.send_signal(signal.SIGUSR1)
-    assert job.wait(timeout=20) == 7
-    assert (tmp_path / "requeued").read_text() == "requeue 42\n"
+    if warned:
+        time.sleep(0.5)
+        job.send_signal(signal.SIGUSR1)
+        assert job.wait(timeout=20) == 143
+        assert events.read_text() == "stopped\nrequeue 42\n"  # saved, then requeued
+    else:
+        assert job.wait(timeout=20) == 7
+        assert not events.exists()
 
 
 def test_tfrun_slurm_prints_the_script(capsys):
