@@ -1,6 +1,7 @@
 """Tier 3 + fault injection: parameter-server training with roles handled by tfrun."""
 
 import json
+import re
 import time
 
 import pytest
@@ -89,6 +90,67 @@ def test_ps_sigkilled_mid_training_fails_with_ps_as_root_cause(tmp_path):
     assert run.summary["root_cause"]["task"] == "ps:0"
     assert "FAILED: ps:0 exited with signal SIGKILL" in run.stdout
     assert_nothing_left(run)
+
+
+BACKUP_SCRIPT = str(ROOT / "tests" / "scripts" / "ps_backup.py")
+
+
+def _final_step(run: Run) -> int:
+    return int(re.findall(r"FINAL_STEP (\d+)", run.stdout)[-1])
+
+
+def test_ps_sigkilled_with_backups_restarts_and_resumes_from_the_last_epoch(tmp_path):
+    """Issue 32 under PS (Keras 3, tfrun.fit): the coordinator backs the state up (read
+    from the ps) at every epoch end; the ps SIGKILLed mid-run ends the attempt, the
+    restart resumes from the newest epoch backup, and the run trains exactly
+    epochs x steps steps in all (none lost, none counted twice)."""
+    import os
+    import signal
+
+    run = Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", "--max-restarts", "1",
+                         BACKUP_SCRIPT, "6", "20", "0.3"]).start()
+    wait_for_line(run, "chief-0.log", "epoch 3 begins")
+    os.kill(pid_of(run, "ps:0"), signal.SIGKILL)
+    assert run.wait(300) == 0, run.stdout[-3000:]
+    assert run.summary["restarts"] == 1
+    log = (run.run_dir / "logs" / "chief-0.log").read_text()
+    resumed = re.findall(r"tfrun: resuming from the backup of epoch (\d+) \(the coordinator's\)",
+                         log)
+    assert resumed and int(resumed[0]) >= 2, log[-3000:]
+    assert _final_step(run) == 6 * 20
+    assert_nothing_left(run)
+
+
+def test_sigterm_to_tfrun_under_ps_saves_at_the_epoch_end_then_the_same_command_resumes(
+        tmp_path):
+    """Issue 32 under PS: SIGTERM to tfrun stops the coordinator first; it waits for the
+    epoch's scheduled steps, backs up there and exits 143 (then the ps and workers are
+    stopped); tfrun exits 143 naming the step. The same command again resumes at the next
+    epoch: nothing redone, nothing lost."""
+    import signal
+
+    def launch():
+        return Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", BACKUP_SCRIPT, "6",
+                              "20", "0.3"], name="stopped")
+
+    first = launch().start()
+    wait_for_line(first, "chief-0.log", "epoch 3 begins")
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(120) == 143, first.stdout[-3000:]
+    saved = {int(m) for m in re.findall(r"preempted at step (\d+): backed up there, and the same "
+                                        r"command", first.stdout)}
+    assert len(saved) == 1, first.stdout[-3000:]
+    saved = saved.pop()
+    assert saved % 20 == 0 and 60 <= saved < 120, saved
+    log = (first.run_dir / "logs" / "chief-0.log").read_text()
+    assert f"tfrun: preempted: the coordinator saved at step {saved}" in log
+    again = launch()
+    assert again.run(600) == 0, again.stdout[-3000:]
+    log = (again.run_dir / "logs" / "chief-0.log").read_text()
+    assert f"tfrun: resuming from the backup of epoch {saved // 20} (the coordinator's)" in log
+    assert _final_step(again) == 6 * 20
+    assert again.summary["attempts"][-1]["resumed_at_step"] == saved
+    assert_nothing_left(again)
 
 
 def test_seed_001_uai_layout_on_three_local_hosts_runs_to_completion(tmp_path):

@@ -313,7 +313,7 @@ def test_sigterm_to_a_worker_saves_everyone_at_one_step_and_costs_no_restart(
     assert max(s for r, s in steps if r == 0) in (saved - 1, saved)
     assert resumed_at == saved + 1, steps[-20:]  # nothing redone
     # tfrun says where the preemption left training, and the attempts record it
-    assert f"preempted at step {saved}: every worker backed up there" in run.stdout
+    assert f"preempted at step {saved}: backed up there; the restart resumes" in run.stdout
     first, second = run.summary["attempts"]
     assert first["failure_class"] == "preempted" and first["preempted_at_step"] == saved
     assert second["resumed_at_step"] == saved and "preempted_at_step" not in second
@@ -349,7 +349,7 @@ def test_sigterm_to_tfrun_saves_then_the_same_command_resumes_at_that_step(
     before = _steps(log)
     saved = _saved_step(first.stdout)
     assert max(s for _, s in before) in (saved - 1, saved)
-    assert f"preempted at step {saved}: every worker backed up there, and the same command" \
+    assert f"preempted at step {saved}: backed up there, and the same command" \
         in first.stdout, first.stdout[-3000:]
     assert first.summary["attempts"][-1]["preempted_at_step"] == saved
     again = launch()

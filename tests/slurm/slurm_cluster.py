@@ -53,18 +53,27 @@ class Job:
         """What a preemption with PreemptMode=REQUEUE does (Slurm stops the job and queues
         it again), then start it at once: Slurm holds a requeued job for about two
         minutes (its BeginTime), which a test need not wait for."""
-        for command in (["scontrol", "requeue", self.id],
-                        ["scontrol", "update", f"JobId={self.id}", "StartTime=now"]):
-            result = subprocess.run(command, capture_output=True, text=True, timeout=30)
-            assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
+        command = ["scontrol", "requeue", self.id]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
+        self.wait_requeued()
+        self.start_now()
 
     def wait_requeued(self, timeout: float = 120) -> None:
-        """Until the job has requeued itself: its restart count is 1 and it is pending."""
+        """Until the job has been requeued (its restart count is 1 and it is pending) and
+        its first start has left the nodes (both idle), then 2 s more: slurmd refuses a
+        start whose credential is from the same second as the requeue ("Job credential
+        revoked": it compares whole seconds), which Slurm's own ~2 minute hold avoids."""
         deadline = time.monotonic() + timeout
         while not (self.info().get("Restarts") == "1"
                    and self.info().get("JobState") == "PENDING"):
             assert time.monotonic() < deadline, f"job {self.id} was not requeued:\n{self.output()}"
             time.sleep(0.5)
+        while set(subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True,
+                                 text=True, timeout=30).stdout.split()) != {"idle"}:
+            assert time.monotonic() < deadline, f"job {self.id}'s nodes never became idle"
+            time.sleep(0.5)
+        time.sleep(2.0)
 
     def start_now(self) -> None:
         """Start a requeued job at once instead of after Slurm's ~2 minute hold."""

@@ -189,8 +189,8 @@ def test_the_time_limit_warning_saves_at_one_step_and_the_requeued_job_resumes_t
     state, code = job.wait()
     output = job.output()
     assert (state, code) == ("COMPLETED", 0), output[-4000:]
-    saved = {int(m) for m in re.findall(r"preempted at step (\d+): every worker backed up "
-                                        r"there, and the same command", output)}
+    saved = {int(m) for m in re.findall(r"preempted at step (\d+): backed up there, and "
+                                        r"the same command", output)}
     assert len(saved) == 1, output[-4000:]
     saved = saved.pop()
     assert 20 <= saved < 90, saved

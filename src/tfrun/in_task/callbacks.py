@@ -42,6 +42,14 @@ not by the main thread, which may be blocked in a collective on a dead peer: a t
 makes no step after the SIGTERM ends after ``_STALL_SECONDS`` or three step times, as
 SIGTERM would.
 
+Parameter-server training (Keras 3, ``tfrun.fit`` or ``model.fit`` routed to it): the
+coordinator alone runs callbacks, at epoch level. It backs up the state it reads from the
+ps at every epoch end (``save_freq`` steps do not apply: the steps run asynchronously on
+the workers) and resumes from its newest backup; a SIGTERM makes it save at the end of
+the epoch's scheduled steps and exit 143 (tfrun stops the coordinator before the ps
+when it is itself stopped). The workers' input is not positioned: each reads its own
+stream, asynchronously.
+
     >>> model.fit(data, epochs=10, callbacks=[tfrun.backup_and_restore()])  # doctest: +SKIP
 """
 
@@ -51,13 +59,14 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import weakref
 
 from .. import contract
 from .metrics import record_training_event
-from .runtime import task
+from .runtime import is_parameter_server_strategy, task
 
 __all__ = ["backup_and_restore", "complete_epochs", "complete_saves", "default_backup_dir"]
 
@@ -216,7 +225,8 @@ class _InputPosition:
     before it. The position is ``(iterator, batches)``: the 1-based number of the iterator
     the next step reads and how many batches it has given. Tracked by patching Keras'
     ``TFEpochIterator`` (made once per process, then the training one is looked up at
-    ``on_train_begin``: the newest made, as ``fit`` makes its validation iterators later).
+    ``on_train_begin``: the newest one ``fit`` made, as it makes its validation iterators
+    later).
 
         >>> _InputPosition.install()  # doctest: +SKIP
         >>> position = _InputPosition.of_training()  # in on_train_begin  # doctest: +SKIP
@@ -245,7 +255,9 @@ class _InputPosition:
         def __init__(self, *args, **kwargs):
             original_init(self, *args, **kwargs)
             self._tfrun_iterators_made = 0
-            cls._newest = weakref.ref(self)
+            # Only fit's own (the training input; evaluate's are made elsewhere).
+            if sys._getframe(1).f_code.co_name == "fit":
+                cls._newest = weakref.ref(self)
 
         def _get_iterator(self):
             dataset = original_get(self)
@@ -263,6 +275,7 @@ class _InputPosition:
         """The position of the training input of the ``fit`` that is starting (None when
         not tracked)."""
         epoch_iterator = cls._newest() if cls._newest is not None else None
+        cls._newest = None  # taken: a later fit that makes none gets no stale one
         if epoch_iterator is None or not hasattr(epoch_iterator, "_distributed_dataset"):
             return None
         return cls(epoch_iterator)
@@ -341,11 +354,15 @@ def _consistent_backup_class(keras):
             self._last_step_at = time.monotonic()
             self._step_seconds = 0.0
             self._input = None  # _InputPosition of the training input, once fit starts
+            #: parameter-server training: only the coordinator runs the callbacks, at
+            #: epoch level (tfrun.fit's trainer): no replicas to agree with, no step hooks
+            self._ps = False
 
         # ---------------------------------------------------------------- resume
 
         def on_train_begin(self, logs=None):
-            self._input = _InputPosition.of_training()
+            self._ps = is_parameter_server_strategy(self.model.distribute_strategy)
+            self._input = None if self._ps else _InputPosition.of_training()
             self._resume()
             step = self._global_step()
             self._checked = (step, time.monotonic())
@@ -388,7 +405,8 @@ def _consistent_backup_class(keras):
                 self._skip_batches(save["batch"], read)
                 return
             if save["batch"] == 0:
-                print(f"tfrun: resuming {where} (complete on every worker)", flush=True)
+                whose = "the coordinator's" if self._ps else "complete on every worker"
+                print(f"tfrun: resuming {where} ({whose})", flush=True)
                 return
             print(f"tfrun: resuming {where} (complete on every worker). Its first "
                   f"{save['batch']} batches are read and skipped: exact when the dataset "
@@ -402,6 +420,8 @@ def _consistent_backup_class(keras):
             import numpy as np
             import tensorflow as tf
 
+            if self._ps:  # the coordinator alone holds the training state's backups
+                return max(keys) if keys else None
             strategy = self.model.distribute_strategy
             padded = np.full(_KEEP + 1, -1, dtype=np.int64)
             newest = sorted(set(keys))[-(_KEEP + 1):]
@@ -507,7 +527,9 @@ def _consistent_backup_class(keras):
                             self._stop_asked = True
                             print("tfrun: SIGTERM: backing up at the next step every worker "
                                   "agrees on, then stopping", flush=True)
-                    if self._stop_asked:
+                    # (Under PS the coordinator makes no steps itself: it waits for the
+                    # epoch's scheduled steps, then saves.)
+                    if self._stop_asked and not self._ps:
                         limit = max(_STALL_SECONDS, 3 * self._step_seconds)
                         idle = time.monotonic() - self._last_step_at
                         if idle > limit:
@@ -543,6 +565,15 @@ def _consistent_backup_class(keras):
             self._epoch = done  # also where Keras' hooks reach us without on_epoch_begin
             self._save(f"epoch-{done}", done, 0,
                        self._input.at_epoch_end() if self._input is not None else None)
+            if self._ps and self._stop_asked:
+                # Parameter-server training: the coordinator has waited for the epoch's
+                # scheduled steps (the next point where the state is whole) and saved it.
+                step = self._global_step()
+                print(f"tfrun: preempted: the coordinator saved at step {step} (the end of "
+                      f"epoch {done}); stopping", flush=True)
+                record_training_event(contract.PREEMPTED_EVENT, step=step, epoch=done,
+                                      batch=0)
+                raise SystemExit(PREEMPTED_EXIT)
 
         def on_train_end(self, logs=None):
             self._stop_listening()

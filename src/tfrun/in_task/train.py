@@ -243,8 +243,10 @@ def _warn_batch_hooks(callbacks) -> None:
     base = keras.callbacks.Callback
     hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
     for callback in callbacks:
-        if type(callback).__module__.startswith("keras"):
-            continue  # Keras' own callbacks work at epoch level (TensorBoard, checkpoints, ...)
+        if type(callback).__module__.startswith(("keras", "tfrun.")):
+            # Keras' own callbacks work at epoch level (TensorBoard, checkpoints, ...), and
+            # so do tfrun's under PS (tfrun.backup_and_restore saves at epoch ends there).
+            continue
         overridden = [h for h in hooks if getattr(type(callback), h, None) is not getattr(base, h)]
         if overridden:
             warnings.warn(f"tfrun.fit: {type(callback).__name__} implements {', '.join(overridden)}, "
@@ -303,6 +305,8 @@ class _PsTrainer:
             epochs=epochs, steps=steps_per_epoch, verbose=verbose)
         model.stop_training = False
         callback_list.on_train_begin()
+        # A backup restored in on_train_begin sets where to go on (as Keras 3's fit reads it).
+        initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
         for epoch in range(initial_epoch, epochs):
             model.reset_metrics()
             callback_list.on_epoch_begin(epoch)

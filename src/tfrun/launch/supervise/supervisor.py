@@ -256,8 +256,8 @@ class Supervisor:
                            at_once=failure is not FailureClass.PREEMPTED)
                 self._note_training_events(ended)
                 if "preempted_at_step" in ended:
-                    self.console.info(f"preempted at step {ended['preempted_at_step']}: every "
-                                      "worker backed up there; the restart resumes from it")
+                    self.console.info(f"preempted at step {ended['preempted_at_step']}: "
+                                      "backed up there; the restart resumes from it")
                 self._pause(pause)
                 if self._signal is not None:  # Ctrl-C while restarting: do not start again
                     outcome = _Outcome(Watch.SIGNAL)
@@ -271,6 +271,11 @@ class Supervisor:
         if outcome.kind is Watch.SUCCESS:
             self._finish_untracked()
             return self._result(0, RunStatus.SUCCEEDED, None, "")
+        if outcome.kind is Watch.SIGNAL and self.plan.cluster.ps:
+            # The coordinator backs up the variables it reads from the ps on its way out
+            # (tfrun.backup_and_restore): it goes first, the ps and workers after it.
+            self._stop([r for r in self.records if r.state == TaskState.RUNNING
+                        and r.task.role == "chief"], grace=self.config.stop_grace)
         self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                    grace=self.config.stop_grace, at_once=outcome.kind is not Watch.SIGNAL)
         if outcome.kind is Watch.FAIL:
@@ -294,8 +299,8 @@ class Supervisor:
             record.logger.join(timeout=2.0)
         step = self._note_training_events(self.attempts[-1]).get("preempted_at_step")
         if step is not None:
-            message += (f"; preempted at step {step}: every worker backed up there, and the "
-                        "same command (same --run-dir) resumes from it")
+            message += (f"; preempted at step {step}: backed up there, and the same "
+                        "command (same --run-dir) resumes from it")
         return self._result(128 + self._signal, RunStatus.INTERRUPTED, None, message)
 
     def _start_all(self) -> None:
