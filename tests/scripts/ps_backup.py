@@ -10,22 +10,11 @@ Prints "epoch N begins" at each epoch's start, sleeps SLOW seconds at each epoch
 import sys
 import time
 
-import numpy as np
-import tensorflow as tf
-
 import keras
 import tfrun
+from _ps_data import dataset_fn
 
 epochs, steps, slow = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-rng = np.random.default_rng(0)
-x = rng.normal(size=(1024, 8)).astype("float32")
-y = (x[:, :4].sum(axis=1) > x[:, 4:].sum(axis=1)).astype("int32")
-
-
-def dataset_fn(ctx):
-    batch = ctx.get_per_replica_batch_size(32)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024, seed=ctx.input_pipeline_id)
-    return ds.repeat().batch(batch).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
 
 
 class EpochMarks(keras.callbacks.Callback):

@@ -8,23 +8,14 @@ final evaluation.
 import json
 import sys
 
-import numpy as np
 import tensorflow as tf
 
 import keras
 import tfrun
+from _ps_data import dataset_fn, x, y
 
 epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
-rng = np.random.default_rng(0)
-x = rng.normal(size=(1024, 8)).astype("float32")
-y = (x[:, :4].sum(axis=1) > x[:, 4:].sum(axis=1)).astype("int32")
-
-
-def dataset_fn(ctx):
-    batch = ctx.get_per_replica_batch_size(32)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024, seed=ctx.input_pipeline_id)
-    return ds.repeat().batch(batch).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
 
 
 def val_fn(ctx):

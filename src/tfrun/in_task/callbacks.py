@@ -327,6 +327,13 @@ def _die_of_sigterm() -> None:
     os._exit(PREEMPTED_EXIT)
 
 
+def _stop_preempted(who: str, step: int, where: str, *, epoch: int, batch: int) -> None:
+    """After the preemption save: say so, tell the launcher, end the task with 143."""
+    print(f"tfrun: preempted: {who} saved at step {step} ({where}); stopping", flush=True)
+    record_training_event(contract.PREEMPTED_EVENT, step=step, epoch=epoch, batch=batch)
+    raise SystemExit(PREEMPTED_EXIT)
+
+
 def _consistent_backup_class(keras):
     """``ConsistentBackup`` for this Keras (built lazily: importing Keras is slow)."""
 
@@ -477,11 +484,9 @@ def _consistent_backup_class(keras):
                 if self._check(step):
                     if self._last_saved_step != step:
                         self._save(f"step-{step}", self._epoch, batch + 1)
-                    print(f"tfrun: preempted: every worker saved at step {step} (epoch "
-                          f"{self._epoch + 1}, batch {batch + 1}); stopping", flush=True)
-                    record_training_event(contract.PREEMPTED_EVENT, step=step, epoch=self._epoch + 1,
-                                          batch=batch + 1)
-                    raise SystemExit(PREEMPTED_EXIT)
+                    _stop_preempted("every worker", step,
+                                    f"epoch {self._epoch + 1}, batch {batch + 1}",
+                                    epoch=self._epoch + 1, batch=batch + 1)
 
         # ---------------------------------------------------------------- preemption
 
@@ -539,7 +544,6 @@ def _consistent_backup_class(keras):
             finally:
                 os.close(read_end)
 
-
         def _check(self, step: int) -> bool:
             """Whether any worker was asked to stop; also sets the next check's step from
             the workers' mean step time (the same answer everywhere: one all-reduce)."""
@@ -568,12 +572,8 @@ def _consistent_backup_class(keras):
             if self._ps and self._stop_asked:
                 # Parameter-server training: the coordinator has waited for the epoch's
                 # scheduled steps (the next point where the state is whole) and saved it.
-                step = self._global_step()
-                print(f"tfrun: preempted: the coordinator saved at step {step} (the end of "
-                      f"epoch {done}); stopping", flush=True)
-                record_training_event(contract.PREEMPTED_EVENT, step=step, epoch=done,
-                                      batch=0)
-                raise SystemExit(PREEMPTED_EXIT)
+                _stop_preempted("the coordinator", self._global_step(),
+                                f"the end of epoch {done}", epoch=done, batch=0)
 
         def on_train_end(self, logs=None):
             self._stop_listening()

@@ -66,8 +66,12 @@ def _numbers(values: dict) -> dict[str, float]:
 
 
 def _emit(record: dict) -> None:
-    if not enabled():
-        return
+    if enabled():
+        _write(record)
+
+
+def _write(record: dict) -> None:
+    """One ``tfrun:metrics`` line on stdout, time-stamped."""
     record = {"time": round(time.time(), 3), **record}
     try:
         sys.stdout.write(f"{METRICS_LINE}{json.dumps(record, separators=(',', ':'))}\n")
@@ -83,14 +87,8 @@ def record_training_event(event: str, **fields: int) -> None:
 
         >>> record_training_event("resumed", step=40, epoch=2, batch=10)  # doctest: +SKIP
     """
-    if not os.environ.get(contract.RUN_DIR):
-        return
-    record = {"time": round(time.time(), 3), "event": event, **fields}
-    try:
-        sys.stdout.write(f"{METRICS_LINE}{json.dumps(record, separators=(',', ':'))}\n")
-        sys.stdout.flush()
-    except (OSError, ValueError):  # stdout closed: reporting must never fail training
-        pass
+    if os.environ.get(contract.RUN_DIR):
+        _write({"event": event, **fields})
 
 
 def log_metrics(step: int | None = None, **values: float) -> None:

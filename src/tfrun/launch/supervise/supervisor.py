@@ -295,8 +295,6 @@ class Supervisor:
                                 outcome.message)
         assert self._signal is not None
         message = f"stopped by {signal.Signals(self._signal).name}"
-        for record in self.records:
-            record.logger.join(timeout=2.0)
         step = self._note_training_events(self.attempts[-1]).get("preempted_at_step")
         if step is not None:
             message += (f"; preempted at step {step}: backed up there, and the same "
