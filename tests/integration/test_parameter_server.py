@@ -99,8 +99,9 @@ def _final_step(run: Run) -> int:
     return int(re.findall(r"FINAL_STEP (\d+)", run.stdout)[-1])
 
 
-def test_ps_sigkilled_with_backups_restarts_and_resumes_from_the_last_epoch(tmp_path):
-    """Issue 32 under PS (Keras 3, tfrun.fit): the coordinator backs the state up (read
+@pytest.mark.parametrize("flavour", ["3", "2"], ids=["keras3", "tf_keras"])
+def test_ps_sigkilled_with_backups_restarts_and_resumes_from_the_last_epoch(tmp_path, flavour):
+    """Issue 32 under PS (both Keras flavours, tfrun.fit): the coordinator backs the state up (read
     from the ps) at every epoch end; the ps SIGKILLed mid-run ends the attempt, the
     restart resumes from the newest epoch backup, and the run trains exactly
     epochs x steps steps in all (none lost, none counted twice)."""
@@ -108,7 +109,7 @@ def test_ps_sigkilled_with_backups_restarts_and_resumes_from_the_last_epoch(tmp_
     import signal
 
     run = Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", "--max-restarts", "1",
-                         BACKUP_SCRIPT, "6", "20", "0.3"]).start()
+                         "--keras", flavour, BACKUP_SCRIPT, "6", "20", "0.3"]).start()
     wait_for_line(run, "chief-0.log", "epoch 3 begins")
     os.kill(pid_of(run, "ps:0"), signal.SIGKILL)
     assert run.wait(300) == 0, run.stdout[-3000:]
@@ -121,8 +122,9 @@ def test_ps_sigkilled_with_backups_restarts_and_resumes_from_the_last_epoch(tmp_
     assert_nothing_left(run)
 
 
+@pytest.mark.parametrize("flavour", ["3", "2"], ids=["keras3", "tf_keras"])
 def test_sigterm_to_tfrun_under_ps_saves_at_the_epoch_end_then_the_same_command_resumes(
-        tmp_path):
+        tmp_path, flavour):
     """Issue 32 under PS: SIGTERM to tfrun stops the coordinator first; it waits for the
     epoch's scheduled steps, backs up there and exits 143 (then the ps and workers are
     stopped); tfrun exits 143 naming the step. The same command again resumes at the next
@@ -130,8 +132,8 @@ def test_sigterm_to_tfrun_under_ps_saves_at_the_epoch_end_then_the_same_command_
     import signal
 
     def launch():
-        return Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", BACKUP_SCRIPT, "6",
-                              "20", "0.3"], name="stopped")
+        return Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", "--keras", flavour,
+                              BACKUP_SCRIPT, "6", "20", "0.3"], name="stopped")
 
     first = launch().start()
     wait_for_line(first, "chief-0.log", "epoch 3 begins")

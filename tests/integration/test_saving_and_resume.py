@@ -180,16 +180,28 @@ def test_tfrun_stopped_then_the_same_command_again_resumes_from_the_backups(tmp_
 STEP_SCRIPT = str(ROOT / "tests" / "scripts" / "step_backup.py")
 
 
-def test_the_input_is_put_back_where_it_was_in_every_epoch_form(tmp_path):
+#: iterator numbers input_position.py's resumes report, per Keras flavour: Keras 3 makes 2
+#: iterators per epoch; tf_keras one unused first, then one per epoch, and it stops when a
+#: finite input runs out instead of remaking it (the uninterrupted run does the same).
+_ITERATORS = {"3": {"reshuffled-epochs": "iterator 5 of the dataset, 4 batches",
+                    "repeated-steps-per-epoch": "iterator 1 of the dataset, 16 batches",
+                    "finite-steps-per-epoch": "iterator 1 of the dataset, 8 batches"},
+              "2": {"reshuffled-epochs": "iterator 4 of the dataset, 4 batches",
+                    "repeated-steps-per-epoch": "iterator 1 of the dataset, 16 batches",
+                    "finite-steps-per-epoch": "iterator 1 of the dataset, 8 batches"}}
+
+
+@pytest.mark.parametrize("flavour", ["3", "2"], ids=["keras3", "tf_keras"])
+def test_the_input_is_put_back_where_it_was_in_every_epoch_form(tmp_path, flavour):
     """Issue 32: a fit stopped mid-epoch and resumed from save_freq=4 backups ends with the
     uninterrupted run's weights for a dataset reshuffled each epoch with a seed (Keras'
     earlier iterators are made and dropped first), an endless one with steps_per_epoch
     (one iterator across epochs: the resume reads past 2 epochs and more) and a finite one
-    shorter than epochs x steps_per_epoch (remade when it runs out). One process, plain
-    Keras 3 loop (two iterators per epoch). The shuffle order matters: another seed gives
-    other weights."""
+    shorter than epochs x steps_per_epoch. One process, each flavour's plain loop. The
+    shuffle order matters: another seed gives other weights."""
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1" if flavour == "2" else "0"}
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "input_position.py"),
-                          str(tmp_path)], capture_output=True, text=True, timeout=300)
+                          str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     forms = {row["form"]: row for row in map(json.loads, (
         line for line in out.stdout.splitlines() if line.startswith("{")))}
@@ -199,9 +211,7 @@ def test_the_input_is_put_back_where_it_was_in_every_epoch_form(tmp_path):
         assert row["resumed_vs_uninterrupted"] <= 1e-6, row
         assert row["other_shuffle_vs_uninterrupted"] > 1e-3, row
         assert "the input is put back where it was" in row["printed"], row
-    assert "iterator 5 of the dataset, 4 batches" in forms["reshuffled-epochs"]["printed"]
-    assert "iterator 1 of the dataset, 16 batches" in forms["repeated-steps-per-epoch"]["printed"]
-    assert "iterator 1 of the dataset, 8 batches" in forms["finite-steps-per-epoch"]["printed"]
+        assert _ITERATORS[flavour][row["form"]] in row["printed"], row
 
 
 def _steps(path) -> list[tuple[int, int]]:
@@ -209,18 +219,20 @@ def _steps(path) -> list[tuple[int, int]]:
     return [tuple(map(int, line.split())) for line in open(path).read().splitlines()]
 
 
-def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path):
+@pytest.mark.parametrize("flavour", ["3", "2"], ids=["keras3", "tf_keras"])
+def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path, flavour):
     """Issue 32: save_freq=10, 3 epochs x 30 steps; worker:1 SIGKILLed mid-epoch 2 (after
     global step 45). The gang restarts, resumes at the newest step backup every worker
     completed (inside epoch 2, its first batches read and skipped), redoes at most 10
-    steps, and ends with the weights of an uninterrupted run (Keras 3, MWMS, Adam)."""
+    steps, and ends with the weights of an uninterrupted run (both Keras flavours, MWMS,
+    Adam)."""
     import signal
     import time
 
-    clean = Run(tmp_path, ["--workers", "2", "--quiet-tasks", STEP_SCRIPT,
+    clean = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--quiet-tasks", STEP_SCRIPT,
                            str(tmp_path / "clean"), "3", "10"], name="clean")
     assert clean.run(600) == 0, clean.stdout[-3000:]
-    run = Run(tmp_path, ["--workers", "2", "--max-restarts", "1", STEP_SCRIPT,
+    run = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--max-restarts", "1", STEP_SCRIPT,
                          str(tmp_path / "killed"), "3", "10", "0.05"], name="killed").start()
     log = tmp_path / "killed-steps-worker-0.log"
     deadline = time.monotonic() + 300
@@ -275,14 +287,16 @@ def _assert_same_weights(tmp_path, name: str, clean: str) -> None:
             np.testing.assert_allclose(got[f"arr_{k}"], want[f"arr_{k}"], atol=1e-6, rtol=0)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The reference: step_backup.py's 3 epochs without an interruption."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    clean = Run(tmp, ["--workers", "2", "--quiet-tasks", STEP_SCRIPT, str(tmp / "clean"), "3",
-                      "1000"], name="clean")
+@pytest.fixture(scope="module", params=["3", "2"], ids=["keras3", "tf_keras"])
+def uninterrupted(request, tmp_path_factory):
+    """The reference: step_backup.py's 3 epochs without an interruption, per Keras flavour
+    (the directory and the flavour: the tests using it run once per flavour)."""
+    flavour = request.param
+    tmp = tmp_path_factory.mktemp(f"uninterrupted-keras{flavour}")
+    clean = Run(tmp, ["--workers", "2", "--keras", flavour, "--quiet-tasks", STEP_SCRIPT,
+                      str(tmp / "clean"), "3", "1000"], name="clean")
     assert clean.run(600) == 0, clean.stdout[-3000:]
-    return tmp
+    return tmp, flavour
 
 
 def test_sigterm_to_a_worker_saves_everyone_at_one_step_and_costs_no_restart(
@@ -295,8 +309,9 @@ def test_sigterm_to_a_worker_saves_everyone_at_one_step_and_costs_no_restart(
     import shutil
     import signal
 
-    shutil.copy(uninterrupted / "clean-worker-0.npz", tmp_path / "clean-worker-0.npz")
-    run = Run(tmp_path, ["--workers", "2", "--max-restarts", "0", STEP_SCRIPT,
+    reference, flavour = uninterrupted
+    shutil.copy(reference / "clean-worker-0.npz", tmp_path / "clean-worker-0.npz")
+    run = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--max-restarts", "0", STEP_SCRIPT,
                          str(tmp_path / "preempted"), "3", "1000", "0.05", "10"],
               name="preempted").start()
     log = tmp_path / "preempted-steps-worker-0.log"
@@ -334,11 +349,12 @@ def test_sigterm_to_tfrun_saves_then_the_same_command_resumes_at_that_step(
     import shutil
     import signal
 
-    shutil.copy(uninterrupted / "clean-worker-0.npz", tmp_path / "clean-worker-0.npz")
+    reference, flavour = uninterrupted
+    shutil.copy(reference / "clean-worker-0.npz", tmp_path / "clean-worker-0.npz")
 
     def launch():
-        return Run(tmp_path, ["--workers", "2", STEP_SCRIPT, str(tmp_path / "stopped"), "3",
-                              "1000", "0.05"], name="stopped")
+        return Run(tmp_path, ["--workers", "2", "--keras", flavour, STEP_SCRIPT,
+                              str(tmp_path / "stopped"), "3", "1000", "0.05"], name="stopped")
 
     first = launch().start()
     log = tmp_path / "stopped-steps-worker-0.log"
@@ -359,4 +375,38 @@ def test_sigterm_to_tfrun_saves_then_the_same_command_resumes_at_that_step(
     assert second and second[0] == saved + 1, (saved, second[:3])  # nothing redone
     assert 42 <= saved < 90, saved  # stopped after the signal, before the end
     _assert_same_weights(tmp_path, "stopped", "clean")
+    assert_nothing_left(again)
+
+
+@pytest.mark.parametrize("flavour", ["3", "2"], ids=["keras3", "tf_keras"])
+def test_mirrored_in_one_process_sigterm_to_tfrun_then_the_same_command_resumes_at_that_step(
+        tmp_path, flavour):
+    """Issue 32, MirroredStrategy (one process, 2 CPU devices), both Keras flavours: SIGTERM
+    to tfrun mid-epoch 2 backs up at one step and exits 143; the same command resumes at
+    the next step and ends with the weights of an uninterrupted Mirrored run."""
+    import signal
+
+    def launch(name, slow):
+        return Run(tmp_path, ["--devices", "2", "--strategy", "mirrored", "--keras", flavour,
+                              STEP_SCRIPT, str(tmp_path / name), "3", "1000", slow], name=name)
+
+    clean = launch("clean", "0")
+    assert clean.run(300) == 0, clean.stdout[-3000:]
+    first = launch("stopped", "0.1").start()
+    log = tmp_path / "stopped-steps-worker-0.log"
+    _wait_for_step(first, log, 40)
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(120) == 143, first.stdout[-3000:]
+    saved = _saved_step(first.stdout)
+    assert 40 <= saved < 90, saved
+    before = len(_steps(log))
+    again = launch("stopped", "0")
+    assert again.run(300) == 0, again.stdout[-3000:]
+    second = [s for _, s in _steps(log)[before:]]
+    assert second and second[0] == saved + 1, (saved, second[:3])  # nothing redone
+    assert "the input is put back where it was" in \
+        (again.run_dir / "logs" / "worker-0.log").read_text()
+    want, got = np.load(tmp_path / "clean-worker-0.npz"), np.load(tmp_path / "stopped-worker-0.npz")
+    for k in range(4):
+        np.testing.assert_allclose(got[f"arr_{k}"], want[f"arr_{k}"], atol=1e-6, rtol=0)
     assert_nothing_left(again)

@@ -3,7 +3,8 @@
     python input_position.py WORKDIR
 
 One process, no cluster, plain Keras 3 loop (two dataset iterators per epoch: Keras makes
-an unused one after each epoch's last step). For each input form below: an uninterrupted
+an unused one after each epoch's last step), or tf_keras' with TF_USE_LEGACY_KERAS=1 (one
+unused iterator first, then one per epoch). For each input form below: an uninterrupted
 3-epoch fit, then the same fit stopped by an exception after global step STOP and a fresh
 model resumed from the backups. Prints one JSON line per form: the largest weight
 difference between the resumed and the uninterrupted run, the difference between two
@@ -20,8 +21,12 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-import keras
 import tfrun
+
+if os.environ.get("TF_USE_LEGACY_KERAS") == "1":  # tf_keras, as tfrun --keras 2 gives
+    import tf_keras as keras
+else:
+    import keras
 
 workdir = sys.argv[1]
 rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
-"""tfrun.fit under ParameterServerStrategy (Keras 3) with tfrun.backup_and_restore().
+"""tfrun.fit under ParameterServerStrategy with tfrun.backup_and_restore().
 
-    tfrun --chief --workers 2 --ps 1 [--max-restarts K] ps_backup.py EPOCHS STEPS SLOW
+    tfrun --chief --workers 2 --ps 1 [--keras 2] [--max-restarts K] ps_backup.py EPOCHS STEPS SLOW
 
 Prints "epoch N begins" at each epoch's start, sleeps SLOW seconds at each epoch's end
 (after the backup: a test can stop the run between two of them), and at the end

@@ -102,17 +102,24 @@ def test_backup_and_restore_refuses_a_save_freq_that_is_not_steps(save_freq):
         tfrun.backup_and_restore(save_freq=save_freq)
 
 
-def test_backup_and_restore_takes_step_backups_under_keras3_and_refuses_them_under_tf_keras(
-        monkeypatch, tmp_path):
-    """Keras 3: a consistent backup every N steps (resumed exactly: the integration test).
-    tf_keras resumes at the step but starts the epoch's data over: refused, saying why."""
+def test_backup_and_restore_takes_step_backups_in_both_keras_flavours(monkeypatch, tmp_path):
+    """save_freq=N gives the consistent backup in both flavours (each resumed exactly: the
+    integration tests); outside a cluster, epoch backups stay Keras' own BackupAndRestore,
+    whose extra arguments still pass through."""
+    import tf_keras
+
+    import keras
     import tfrun
 
-    callback = tfrun.backup_and_restore(str(tmp_path), save_freq=5)
-    assert type(callback).__name__ == "ConsistentBackup" and callback.save_freq == 5
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
-    with pytest.raises(ValueError, match=r"save_freq=5\) cannot resume exactly under tf_keras"):
-        tfrun.backup_and_restore(str(tmp_path), save_freq=5)
+    for flavour, module in (("0", keras), ("1", tf_keras)):
+        monkeypatch.setenv("TF_USE_LEGACY_KERAS", flavour)
+        callback = tfrun.backup_and_restore(str(tmp_path), save_freq=5)
+        assert type(callback).__name__ == "ConsistentBackup" and callback.save_freq == 5
+        assert isinstance(callback, module.callbacks.Callback)
+        plain = tfrun.backup_and_restore(str(tmp_path))
+        assert type(plain) is module.callbacks.BackupAndRestore
+        with pytest.raises(ValueError, match=r"Received: \['save_before_preemption'\]"):
+            tfrun.backup_and_restore(str(tmp_path), save_freq=5, save_before_preemption=True)
 
 
 def test_the_resume_position_is_the_newest_every_replica_backed_up(capsys):

@@ -5,11 +5,10 @@ restarted group (``tfrun --max-restarts``) resumes from the last finished epoch 
 of starting over. The default directory is ``contract.RUN_DIR/backup``: the run directory
 is the same for every restart.
 
-* tf_keras handles multi-worker backups itself (the chief writes, the others use
-  temporary directories): it gets Keras' own ``BackupAndRestore`` on ``<dir>``.
-* Keras 3 outside a cluster: Keras' own ``BackupAndRestore``.
-* Keras 3 in a cluster (MultiWorkerMirroredStrategy): a shared directory fails (every
-  worker writes it) and per-worker directories alone are not enough -- a worker killed
+* Outside a cluster, epoch backups only: Keras' own ``BackupAndRestore`` on ``<dir>``.
+* In a cluster (MultiWorkerMirroredStrategy, parameter-server training), or with
+  ``save_freq=N``, both Keras flavours: ``ConsistentBackup``. A shared directory fails
+  (every Keras 3 worker writes it) and per-worker directories alone are not enough -- a worker killed
   between two workers' epoch-end backups leaves them at different epochs, and resuming
   each from its own would silently mix epochs. ``ConsistentBackup`` keeps per-worker
   backups of the last two epochs (``<dir>/<role>-<index>/epoch-<E>.*``, each written to a
@@ -28,10 +27,13 @@ reshuffles each iteration draws its order from that count) and how many batches 
 current one had given. A resume makes and drops as many iterators first, so the resumed
 epoch is shuffled as the interrupted one was: exact for any dataset whose order depends
 only on its seeds (said once at the resume), in every epoch form (``steps_per_epoch``
-or not). tf_keras refuses ``save_freq=N``: its resume starts the interrupted epoch's
-data over.
+or not). Weights and optimizer state are saved as ``<name>.weights.h5`` (Keras 3) or as
+a TensorFlow checkpoint in ``<name>.ckpt/`` (tf_keras: its ``.h5`` weights leave the
+optimizer out). tf_keras resumes inside an epoch through its own fault-tolerance hook
+(``model._training_state``, which sets the loop's first epoch and step) and tfrun puts its
+input back as for Keras 3 (its ``DataHandler`` counts iterators and batches).
 
-Preemption (Keras 3): a SIGTERM to a task (a preempted node, a pod eviction, tfrun
+Preemption (both flavours): a SIGTERM to a task (a preempted node, a pod eviction, tfrun
 stopping on its own SIGTERM) no longer ends it at once. About once a second
 (``preemption_check="auto"``; or every N steps) the workers exchange, in one small
 all-reduce, their "asked to stop" flags and how long their steps take (which sets the next
@@ -42,8 +44,9 @@ not by the main thread, which may be blocked in a collective on a dead peer: a t
 makes no step after the SIGTERM ends after ``_STALL_SECONDS`` or three step times, as
 SIGTERM would.
 
-Parameter-server training (Keras 3, ``tfrun.fit`` or ``model.fit`` routed to it): the
-coordinator alone runs callbacks, at epoch level. It backs up the state it reads from the
+Parameter-server training (``tfrun.fit``; Keras 3 ``model.fit`` is routed to it): the
+coordinator alone runs callbacks, at epoch level (tf_keras refuses batch-level callbacks
+there: under PS this one says it has none). It backs up the state it reads from the
 ps at every epoch end (``save_freq`` steps do not apply: the steps run asynchronously on
 the workers) and resumes from its newest backup; a SIGTERM makes it save at the end of
 the epoch's scheduled steps and exit 143 (tfrun stops the coordinator before the ps
@@ -58,6 +61,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -106,9 +110,8 @@ def backup_and_restore(backup_dir: str | None = None, *, save_freq="epoch",
                        delete_checkpoint: bool = True, preemption_check="auto", **kwargs):
     """A backup-and-restore callback for this task (see the module docstring).
 
-    ``save_freq``: ``"epoch"`` (default) or a number of steps (Keras 3). Raises ValueError
-    for anything else, and for steps under tf_keras (it cannot resume them exactly).
-    ``preemption_check``: how often the workers check for a SIGTERM (Keras 3 in a
+    ``save_freq``: ``"epoch"`` (default) or a number of steps. Raises ValueError for
+    anything else. ``preemption_check``: how often the workers check for a SIGTERM (in a
     cluster, or with ``save_freq=N``): ``"auto"`` (about once a second), a number of steps,
     or 0 (off: a SIGTERM ends the task at once, as without tfrun).
     """
@@ -125,26 +128,23 @@ def backup_and_restore(backup_dir: str | None = None, *, save_freq="epoch",
                          f"Received: save_freq={save_freq!r}")
     keras = _keras()
     backup_dir = backup_dir or default_backup_dir()
-    if keras.__version__.startswith("2."):
-        if save_freq != "epoch":
-            raise ValueError(
-                f"tfrun.backup_and_restore(save_freq={save_freq!r}) cannot resume exactly "
-                "under tf_keras (--keras 2): it resumes at the saved step but starts the "
-                "interrupted epoch's data over, so some batches are trained twice and others "
-                "skipped. Expected save_freq='epoch' under tf_keras. Fix: drop save_freq, or "
-                f"run with Keras 3. Received: save_freq={save_freq!r}")
-        return keras.callbacks.BackupAndRestore(backup_dir=backup_dir,
-                                                delete_checkpoint=delete_checkpoint, **kwargs)
     if not task().in_cluster and save_freq == "epoch":
         return keras.callbacks.BackupAndRestore(backup_dir=backup_dir,
                                                 delete_checkpoint=delete_checkpoint, **kwargs)
     if kwargs:
-        raise ValueError(f"tfrun.backup_and_restore with Keras 3 takes backup_dir, save_freq "
-                         f"and delete_checkpoint only. Received: {sorted(kwargs)}")
+        raise ValueError(f"tfrun.backup_and_restore in a cluster or with save_freq=N takes "
+                         f"backup_dir, save_freq, delete_checkpoint and preemption_check only. "
+                         f"Received: {sorted(kwargs)}")
     info = task()
     return _consistent_backup_class(keras)(os.path.join(backup_dir, f"{info.role}-{info.index}"),
                                           delete_checkpoint=delete_checkpoint,
                                           save_freq=save_freq, preemption_check=preemption_check)
+
+
+def _has_weights(directory: str, stem: str) -> bool:
+    """Whether the backup ``stem`` has its weights on disk (either flavour's form)."""
+    return (os.path.exists(os.path.join(directory, f"{stem}.weights.h5"))
+            or os.path.isdir(os.path.join(directory, f"{stem}.ckpt")))
 
 
 def complete_epochs(directory: str) -> list[int]:
@@ -154,7 +154,7 @@ def complete_epochs(directory: str) -> list[int]:
     except FileNotFoundError:
         return []
     return sorted(int(m.group(1)) for n in names if (m := _EPOCH_FILE.fullmatch(n))
-                  and os.path.exists(os.path.join(directory, f"epoch-{m.group(1)}.weights.h5")))
+                  and _has_weights(directory, f"epoch-{m.group(1)}"))
 
 
 def complete_saves(directory: str) -> list[dict]:
@@ -171,7 +171,7 @@ def complete_saves(directory: str) -> list[dict]:
     for name in names:
         match = _SAVE_FILE.fullmatch(name)
         stem = name[:-len(".json")]
-        if not match or not os.path.exists(os.path.join(directory, f"{stem}.weights.h5")):
+        if not match or not _has_weights(directory, stem):
             continue
         try:
             with open(os.path.join(directory, name)) as f:
@@ -293,14 +293,115 @@ class _InputPosition:
             return made + 1, 0
         return made, seen
 
-    def restore(self, iterator: int) -> None:
+    def restore(self, iterator: int, read: int) -> None:
         """Make and drop ``iterator - 1`` iterators, so that the next one Keras makes is
-        number ``iterator`` (the caller skips its first batches)."""
+        number ``iterator`` (the caller skips its first ``read`` batches, which Keras'
+        ``_steps_seen`` counts)."""
         made = self._epoch_iterator._tfrun_iterators_made
         dropped = [iter(self._epoch_iterator._distributed_dataset)
                    for _ in range(max(iterator - 1 - made, 0))]
         self._epoch_iterator._tfrun_iterators_made = max(made, iterator - 1)
         dropped.clear()
+
+
+class _LegacyInputPosition:
+    """``_InputPosition`` for tf_keras, whose ``fit`` reads its input through a
+    ``DataHandler``: ``enumerate_epochs`` makes one iterator first and, when the input is
+    remade each epoch (no ``steps_per_epoch``, or one that matches the data), one more per
+    epoch; ``steps`` yields once per train call (``steps_per_execution`` batches). The
+    patched handler counts both: ``_tfrun_iterators_made`` and ``_tfrun_batches`` (read
+    from the iterator in use, the train call about to run included).
+
+        >>> _LegacyInputPosition.install()  # doctest: +SKIP
+        >>> _LegacyInputPosition.of_training().now()  # 3rd batch of the 1st epoch  # doctest: +SKIP
+        (2, 3)
+    """
+
+    _installed = False
+    _newest = None  # weakref to the newest DataHandler fit made
+
+    def __init__(self, handler) -> None:
+        self._handler = handler
+
+    @classmethod
+    def install(cls) -> bool:
+        if cls._installed:
+            return True
+        try:
+            from tf_keras.src.engine.data_adapter import DataHandler
+        except ImportError:
+            return False
+        original_init = DataHandler.__init__
+        original_epochs, original_steps = DataHandler.enumerate_epochs, DataHandler.steps
+
+        def __init__(self, *args, **kwargs):
+            original_init(self, *args, **kwargs)
+            # fit -> get_data_handler -> DataHandler(...): fit's training input only (its
+            # validation handler is made later; the PS handler is a subclass, not counted).
+            if type(self) is DataHandler and sys._getframe(2).f_code.co_name == "fit":
+                cls._newest = weakref.ref(self)
+
+        def enumerate_epochs(self):
+            current = None
+            for epoch, iterator in original_epochs(self):
+                if iterator is not current:
+                    if current is None:  # the first, and a wasted one before it if remade
+                        self._tfrun_iterators_made = getattr(self, "_tfrun_dropped", 0) + (
+                            2 if self._adapter.should_recreate_iterator() else 1)
+                        self._tfrun_batches = getattr(self, "_tfrun_skipped", 0)
+                    else:
+                        self._tfrun_iterators_made += 1
+                        self._tfrun_batches = 0
+                    current = iterator
+                yield epoch, iterator
+
+        def steps(self):
+            for step in original_steps(self):
+                self._tfrun_batches = getattr(self, "_tfrun_batches", 0) + self._step_increment + 1
+                yield step
+
+        DataHandler.__init__ = __init__
+        DataHandler.enumerate_epochs, DataHandler.steps = enumerate_epochs, steps
+        cls._installed = True
+        return True
+
+    @classmethod
+    def of_training(cls) -> "_LegacyInputPosition | None":
+        handler = cls._newest() if cls._newest is not None else None
+        cls._newest = None
+        return None if handler is None else cls(handler)
+
+    def _remade_each_epoch(self) -> bool:
+        return bool(self._handler._adapter.should_recreate_iterator())
+
+    def now(self) -> tuple[int, int]:
+        return (getattr(self._handler, "_tfrun_iterators_made", 0),
+                getattr(self._handler, "_tfrun_batches", 0))
+
+    def at_epoch_end(self) -> tuple[int, int]:
+        made, read = self.now()
+        return (made + 1, 0) if self._remade_each_epoch() else (made, read)
+
+    def restore(self, iterator: int, read: int) -> None:
+        """Make and drop iterators so that the one the resumed epoch reads is number
+        ``iterator``; its count of batches starts at ``read`` (the caller skips them).
+        Call before ``fit`` starts its epochs (``on_train_begin``)."""
+        made_by_fit = 2 if self._remade_each_epoch() else 1
+        dropped = max(iterator - made_by_fit, 0)
+        for _ in range(dropped):
+            iter(self._handler._dataset)
+        self._handler._tfrun_dropped, self._handler._tfrun_skipped = dropped, read
+
+
+class _ResumePoint:
+    """What tf_keras' ``fit`` asks ``model._training_state`` (its fault-tolerance hook,
+    read right after ``on_train_begin``): the epoch and step its loop starts at."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        self.epoch, self.step = epoch, step
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
+        return self.epoch, self.step
 
 
 def _die_of_sigterm() -> None:
@@ -337,7 +438,9 @@ def _stop_preempted(who: str, step: int, where: str, *, epoch: int, batch: int) 
 def _consistent_backup_class(keras):
     """``ConsistentBackup`` for this Keras (built lazily: importing Keras is slow)."""
 
-    _InputPosition.install()
+    legacy = keras.__version__.startswith("2.")  # tf_keras
+    input_position = _LegacyInputPosition if legacy else _InputPosition
+    input_position.install()
 
     class ConsistentBackup(keras.callbacks.Callback):
         """Per-worker backups (every epoch, and every ``save_freq`` steps); resume from the
@@ -369,7 +472,7 @@ def _consistent_backup_class(keras):
 
         def on_train_begin(self, logs=None):
             self._ps = is_parameter_server_strategy(self.model.distribute_strategy)
-            self._input = None if self._ps else _InputPosition.of_training()
+            self._input = None if self._ps else input_position.of_training()
             self._resume()
             step = self._global_step()
             self._checked = (step, time.monotonic())
@@ -390,10 +493,11 @@ def _consistent_backup_class(keras):
                                    f"from position {divmod(key, 2**32)}, but {self.directory} "
                                    f"holds {[save['name'] for save in mine]}")
             save = chosen[-1]  # the epoch form when the same point was saved twice
-            if self.model.optimizer is not None and not self.model.optimizer.built:
-                self.model.optimizer.build(self.model.trainable_variables)
-            self.model.load_weights(os.path.join(self.directory, f"{save['name']}.weights.h5"))
-            self.model._initial_epoch = save["epoch"]
+            self._load(save["name"])
+            if legacy:  # tf_keras' fault-tolerance hook: fit starts at this epoch and step
+                self.model._training_state = _ResumePoint(save["epoch"], save["batch"])
+            else:
+                self.model._initial_epoch = save["epoch"]
             self._epoch = save["epoch"]
             self._last_saved_step = self._global_step()
             record_training_event(contract.RESUMED_EVENT, step=self._last_saved_step,
@@ -404,12 +508,12 @@ def _consistent_backup_class(keras):
             position = save["input"]
             if position is not None and self._input is not None:
                 iterator, read = position
-                self._input.restore(iterator)
+                self._input.restore(iterator, read)
                 print(f"tfrun: resuming {where} (complete on every worker); the input is put "
                       f"back where it was (iterator {iterator} of the dataset, {read} batches "
                       f"read and skipped): exact when the dataset's order depends only on its "
                       f"seeds (shuffle(seed=...)), not on unseeded randomness", flush=True)
-                self._skip_batches(save["batch"], read)
+                self._skip_batches(0 if legacy else save["batch"], read)
                 return
             if save["batch"] == 0:
                 whose = "the coordinator's" if self._ps else "complete on every worker"
@@ -419,7 +523,7 @@ def _consistent_backup_class(keras):
                   f"{save['batch']} batches are read and skipped: exact when the dataset "
                   f"gives the same batches every epoch (no shuffle, or "
                   f"reshuffle_each_iteration=False)", flush=True)
-            self._skip_batches(save["batch"], save["batch"])
+            self._skip_batches(0 if legacy else save["batch"], save["batch"])
 
         def _agree(self, keys: list[int]) -> int | None:
             """The newest position every replica has backed up (None: none), by gathering
@@ -433,7 +537,9 @@ def _consistent_backup_class(keras):
             padded = np.full(_KEEP + 1, -1, dtype=np.int64)
             newest = sorted(set(keys))[-(_KEEP + 1):]
             padded[:len(newest)] = newest
-            gathered = strategy.gather(strategy.run(lambda: tf.constant(padded[None, :])),
+            # tf.identity: one tensor per replica (MirroredStrategy hands a value every
+            # replica returned as the same object back undistributed, and refuses it).
+            gathered = strategy.gather(strategy.run(lambda: tf.identity(padded[None, :])),
                                        axis=0).numpy()
             return _common_position([[int(k) for k in row if k >= 0] for row in gathered],
                                     os.path.dirname(self.directory))
@@ -442,12 +548,14 @@ def _consistent_backup_class(keras):
             """Make Keras' next ``steps`` steps fetch batches without training on them, and
             read ``batches`` batches in all before training again (more than ``steps`` when
             ``steps_per_epoch`` keeps one iterator across epochs). Keras looks
-            train_function up at every step."""
+            train_function up at every step. (tf_keras: ``steps`` is 0, its loop starts at
+            the resumed step itself.)"""
             if steps <= 0 and batches <= 0:
                 return
             model = self.model
             train = model.train_function
-            per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+            per_call = getattr(model, "steps_per_execution", 1) or 1
+            per_call = int(per_call.numpy() if hasattr(per_call, "numpy") else per_call)  # tf_keras: a variable
             extra = [max(batches - steps, 0)]  # read before the first step
             left = [steps]
 
@@ -554,7 +662,8 @@ def _consistent_backup_class(keras):
             now = time.monotonic()
             seconds_per_step = (now - last_time) / max(step - last_step, 1)
             mine = tf.constant([1.0 if self._stop_asked else 0.0, seconds_per_step])
-            total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: mine),
+            total = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                    strategy.run(lambda: tf.identity(mine)),
                                     axis=None).numpy()
             self._checked = (step, now)
             if isinstance(self.preemption_check, int):
@@ -575,8 +684,17 @@ def _consistent_backup_class(keras):
                 _stop_preempted("the coordinator", self._global_step(),
                                 f"the end of epoch {done}", epoch=done, batch=0)
 
+        def _implements_train_batch_hooks(self):
+            # tf_keras refuses batch-level callbacks under parameter-server training (where
+            # this one only works at epoch ends).
+            import tensorflow as tf
+
+            return not is_parameter_server_strategy(tf.distribute.get_strategy())
+
         def on_train_end(self, logs=None):
             self._stop_listening()
+            if legacy:
+                self.model._training_state = None
             if self.delete_checkpoint:
                 for save in complete_saves(self.directory):
                     self._remove(save["name"])
@@ -587,10 +705,7 @@ def _consistent_backup_class(keras):
         def _save(self, name: str, epoch: int, batch: int,
                   input_position: tuple[int, int] | None = None) -> None:
             os.makedirs(self.directory, exist_ok=True)
-            weights = os.path.join(self.directory, f"{name}.weights.h5")
-            temporary = os.path.join(self.directory, f"{name}.tmp.weights.h5")
-            self.model.save_weights(temporary, overwrite=True)
-            os.replace(temporary, weights)
+            self._save_weights(name)
             mark = os.path.join(self.directory, f"{name}.json")
             with open(mark + ".tmp", "w") as f:
                 if input_position is None and self._input is not None:
@@ -602,11 +717,46 @@ def _consistent_backup_class(keras):
             for old in saves[:-_KEEP]:  # another worker may be one save point behind
                 self._remove(old["name"])
 
+        def _save_weights(self, name: str) -> None:
+            """Weights and optimizer state, under a temporary name then renamed: a backup
+            killed mid-write is never taken for a whole one."""
+            if not legacy:
+                temporary = os.path.join(self.directory, f"{name}.tmp.weights.h5")
+                self.model.save_weights(temporary, overwrite=True)
+                os.replace(temporary, os.path.join(self.directory, f"{name}.weights.h5"))
+                return
+            # tf_keras: a TensorFlow checkpoint (its .h5 weights leave the optimizer out).
+            temporary = os.path.join(self.directory, f"{name}.tmp.ckpt")
+            final = os.path.join(self.directory, f"{name}.ckpt")
+            shutil.rmtree(temporary, ignore_errors=True)
+            self.model.save_weights(os.path.join(temporary, "weights"), save_format="tf")
+            shutil.rmtree(final, ignore_errors=True)  # the same point saved again
+            os.replace(temporary, final)
+
+        def _load(self, name: str) -> None:
+            """Load ``_save_weights``' files; the optimizer is built first, so that its
+            state is restored into it (inside the strategy's scope: tf_keras makes
+            per-replica optimizer variables there only)."""
+            optimizer = self.model.optimizer
+            if optimizer is not None and not (getattr(optimizer, "built", False)
+                                              or getattr(optimizer, "_built", False)):
+                if legacy:
+                    with self.model.distribute_strategy.scope():
+                        optimizer.build(self.model.trainable_variables)
+                else:
+                    optimizer.build(self.model.trainable_variables)
+            if legacy:
+                self.model.load_weights(os.path.join(self.directory, f"{name}.ckpt", "weights"))
+            else:
+                self.model.load_weights(os.path.join(self.directory, f"{name}.weights.h5"))
+
         def _remove(self, name: str) -> None:
-            for suffix in ("json", "weights.h5"):  # the mark first: never a mark without data
+            # the mark first: never a mark without data
+            for suffix in ("json", "weights.h5"):
                 try:
                     os.remove(os.path.join(self.directory, f"{name}.{suffix}"))
                 except FileNotFoundError:
                     pass
+            shutil.rmtree(os.path.join(self.directory, f"{name}.ckpt"), ignore_errors=True)
 
     return ConsistentBackup
