@@ -63,18 +63,28 @@ def test_chief_two_workers_and_ps_train_and_everything_exits(tmp_path, flavour, 
 
 
 def test_worker_sigkilled_mid_training_is_restarted_and_training_completes(tmp_path):
-    run = Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", SCRIPT, "12", "60"]).start()
+    """worker:1 SIGKILLed (charged to --max-worker-restarts 1), then worker:0 SIGTERMed
+    from outside (preempted: restarted alone without a charge, though the budget is
+    spent); the coordinator carries on and training completes."""
+    run = Run(tmp_path, ["--chief", "--workers", "2", "--ps", "1", "--max-worker-restarts", "1",
+                         SCRIPT, "12", "60"]).start()
     wait_for_line(run, "chief-0.log", "Epoch 3/12")
     import os
     import signal
 
     os.kill(pid_of(run, "worker:1"), signal.SIGKILL)
+    wait_for_line(run, "chief-0.log", "Epoch 5/12")
+    os.kill(pid_of(run, "worker:0"), signal.SIGTERM)
     assert run.wait(300) == 0, run.stdout[-3000:]
     result = fit_result(run)
     assert len(result["loss"]) == 12 and result["loss"][-1] < result["loss"][0]
-    assert run.tasks()["worker:1"]["task_restarts"] == 1
+    tasks = run.tasks()
+    assert (tasks["worker:1"]["task_restarts"], tasks["worker:1"]["task_preemptions"]) == (1, 0)
+    assert (tasks["worker:0"]["task_restarts"], tasks["worker:0"]["task_preemptions"]) == (0, 1)
     restarts = [e for e in run.events() if e["event"] == "task-restart"]
-    assert [(e["task"], e["exit_code"]) for e in restarts] == [("worker:1", 137)]
+    assert [(e["task"], e["exit_code"], e["failure_class"]) for e in restarts] == [
+        ("worker:1", 137, "infrastructure"), ("worker:0", 143, "preempted")]
+    assert "preempted: not counted against --max-worker-restarts" in run.stdout
     assert_nothing_left(run)
 
 

@@ -54,6 +54,24 @@ def test_parameter_server_workers_are_restarted_alone(code, task_restarts, max_t
     assert policy.decide(event) is expected
 
 
+def test_a_preempted_parameter_server_worker_is_restarted_alone_without_its_budget():
+    """Issue 32: a preemption is not the worker's fault: it does not use up
+    --max-worker-restarts (0 here), up to max_preemptions in a row."""
+    from tfrun.launch.supervise.policy import FailureClass
+
+    policy = FailurePolicy(max_restarts=0, max_task_restarts=0, max_preemptions=2)
+
+    def decide(failure, task_preemptions=0):
+        return policy.decide(TaskExit(role="worker", exit_code=143, tracked=False, restarts=0,
+                                      failure=failure, task_preemptions=task_preemptions))
+
+    assert decide(FailureClass.PREEMPTED) is Decision.RESTART_TASK
+    assert decide(FailureClass.PREEMPTED, task_preemptions=1) is Decision.RESTART_TASK
+    # then the whole group, as any preemption (not charged either)
+    assert decide(FailureClass.PREEMPTED, task_preemptions=2) is R
+    assert decide(FailureClass.INFRASTRUCTURE) is F  # charged: its budget is 0
+
+
 def test_exit_codes_follow_the_shell_convention():
     assert exit_code_of(-9) == 137 and exit_code_of(-15) == 143 and exit_code_of(0) == 0
     assert exit_code_of(3) == 3

@@ -133,6 +133,7 @@ class TaskExit:
     task_restarts: int = 0  # restarts of this task alone so far
     failure: FailureClass | None = None  # classify_exit's answer (None: not classified)
     preemptions: int = 0    # gang restarts after a preemption so far (not charged)
+    task_preemptions: int = 0  # restarts of this task alone after a preemption so far
     repeated: bool = False  # the same error (exception line) as the attempt before
 
 
@@ -147,8 +148,9 @@ class FailurePolicy:
     3. a usage error (exit 2) is deterministic: FAIL, never restart;
     4. an untracked worker (a parameter-server cluster's worker: a server the chief's
        ClusterCoordinator schedules steps on) that dies is restarted *alone*, up to
-       ``max_task_restarts`` times: the coordinator re-runs the lost steps on the other
-       workers meanwhile and takes the worker back when it returns at the same address;
+       ``max_task_restarts`` times (a preempted one up to ``max_preemptions`` times, not
+       charged): the coordinator re-runs the lost steps on the other workers meanwhile
+       and takes the worker back when it returns at the same address;
     5. a preemption (SIGTERM tfrun did not send) RESTARTs the whole group without
        charging ``max_restarts``, up to ``max_preemptions`` times (capacity comes back;
        a bug does not turn into one);
@@ -170,8 +172,12 @@ class FailurePolicy:
             return Decision.IGNORE
         if event.exit_code == USAGE_ERROR_EXIT_CODE:
             return Decision.FAIL
-        if event.role == "worker" and not event.tracked and event.task_restarts < self.max_task_restarts:
-            return Decision.RESTART_TASK
+        if event.role == "worker" and not event.tracked:
+            if event.failure is FailureClass.PREEMPTED and \
+                    event.task_preemptions < self.max_preemptions:
+                return Decision.RESTART_TASK
+            if event.task_restarts < self.max_task_restarts:
+                return Decision.RESTART_TASK
         if event.failure is FailureClass.PREEMPTED and event.preemptions < self.max_preemptions:
             return Decision.RESTART
         if event.failure is FailureClass.SCRIPT_ERROR and event.repeated:

@@ -58,7 +58,8 @@ class TaskRecord:
     started_at: float | None = None
     ended_at: float | None = None
     starts: int = 0          # every start, gang restarts included
-    task_restarts: int = 0   # restarts of this task alone
+    task_restarts: int = 0   # restarts of this task alone (charged to --max-worker-restarts)
+    task_preemptions: int = 0  # restarts of this task alone after a preemption (not charged)
     joined: bool = False
     stopped_by_tfrun: bool = False
     note: str | None = None  # why it ended when the code alone does not say
@@ -79,6 +80,7 @@ class TaskRecord:
             "stopped_by_tfrun": self.stopped_by_tfrun,
             "started_at": self.started_at, "ended_at": self.ended_at,
             "restarts": max(self.starts - 1, 0), "task_restarts": self.task_restarts,
+            "task_preemptions": self.task_preemptions,
             "pid": self.handle.pid if self.handle else None,
             "host": self.handle.host if self.handle and self.handle.host else self.host,
             "note": self.note,

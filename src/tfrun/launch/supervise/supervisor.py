@@ -139,7 +139,7 @@ class Supervisor:
             rate = epoch.get("steady_steps_per_s") or epoch.get("steps_per_s")
             if rate:
                 parts.append(f"{rate:,.1f} steps/s")
-        restarts = self.restarts + sum(r.task_restarts for r in self.records)
+        restarts = self.restarts + sum(r.task_restarts + r.task_preemptions for r in self.records)
         parts.append(f"{restarts} restart{'s' if restarts != 1 else ''}")
         elapsed = int(time.time() - self._start_time)
         parts.append(f"{elapsed // 60}:{elapsed % 60:02d}")
@@ -356,14 +356,21 @@ class Supervisor:
                 if decision is Decision.RESTART:
                     return _Outcome(Watch.RESTART, record)
                 if decision is Decision.RESTART_TASK:
-                    record.task_restarts += 1
+                    if record.failure is FailureClass.PREEMPTED:
+                        record.task_preemptions += 1
+                        budget = "preempted: not counted against --max-worker-restarts"
+                    else:
+                        record.task_restarts += 1
+                        budget = f"restart {record.task_restarts} of " \
+                                 f"{self.config.max_worker_restarts}"
                     self.console.info(f"{record.task} exited with code {record.exit_code}; "
-                                      f"restarting it alone (restart {record.task_restarts} of "
-                                      f"{self.config.max_worker_restarts}); the coordinator "
+                                      f"restarting it alone ({budget}); the coordinator "
                                       "carries on with the other workers meanwhile")
                     self._event("task-restart", task=str(record.task), exit_code=record.exit_code,
-                                restart=record.task_restarts)
-                    self._start(record, restart_count=self.restarts + record.task_restarts)
+                                restart=record.task_restarts,
+                                failure_class=str(record.failure))
+                    self._start(record, restart_count=self.restarts + record.task_restarts
+                                + record.task_preemptions)
             tracked = [r for r in self.records if r.tracked]
             if tracked and all(r.state == TaskState.SUCCEEDED for r in tracked):
                 return _Outcome(Watch.SUCCESS)
@@ -405,6 +412,7 @@ class Supervisor:
                                                tracked=record.tracked,
                                                restarts=self.charged_restarts,
                                                task_restarts=record.task_restarts,
+                                               task_preemptions=record.task_preemptions,
                                                failure=record.failure,
                                                preemptions=self.preemptions,
                                                repeated=repeated))
