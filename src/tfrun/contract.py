@@ -14,7 +14,7 @@ spells a ``TFRUN_*`` variable name: a script started by hand with these variable
 """
 
 __all__ = [
-    "BATCH_REPLICAS", "BREAKDOWN", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE",
+    "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE",
     "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
@@ -62,6 +62,10 @@ COMM = "TFRUN_COMM"
 MMAP_THRESHOLD = "TFRUN_MMAP_THRESHOLD"
 #: How many replicas ``global_batch_size`` counts (set by ``tfrun bench --strong``).
 BATCH_REPLICAS = "TFRUN_BATCH_REPLICAS"
+#: The training workers the run started with (``--keep-global-batch``): after an elastic
+#: re-form, ``global_batch_size`` scales by it over the workers left, so the global batch
+#: stays what it was.
+BATCH_WORKERS = "TFRUN_BATCH_WORKERS"
 #: "0" turns the per-epoch metrics records off; the seconds between resource samples.
 METRICS = "TFRUN_METRICS"
 METRICS_INTERVAL = "TFRUN_METRICS_INTERVAL"

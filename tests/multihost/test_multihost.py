@@ -411,3 +411,133 @@ def test_readme_several_machines_commands_run_as_written(fake_hosts, tmp_path):
     assert re.search(r"\[worker:0\] final loss: [0-9.]+", nodes[0].stdout)
     assert re.search(r"\[worker:1\] final loss: [0-9.]+", nodes[1].stdout)
     assert_nothing_left(fake_hosts)
+
+
+# --------------------------------------------------------------------------- elastic
+
+STEP_BACKUP = str(ROOT / "tests" / "scripts" / "step_backup.py")
+
+
+def _logged_steps(path: Path) -> list[tuple[int, int]]:
+    """(restart count, global step) per trained batch, from step_backup.py's log."""
+    if not path.exists():
+        return []
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()
+            if len(line.split()) == 2]
+
+
+@pytest.mark.tf
+def test_elastic_a_host_that_vanishes_mid_epoch_leaves_two_that_finish(fake_hosts, tmp_path):
+    """Issue 33: 3 hosts, --min-nodes 2, SSH launch from node-1. node-3 vanishes mid-epoch
+    2 (its link cut, then its tfrun processes SIGKILLed: no goodbye reaches anyone). The
+    launcher notices (heartbeat), stops the survivors, re-forms the cluster on node-1 and
+    node-2 (2 workers, a new TF_CONFIG, restart count 1), they resume from the newest
+    backup both can see and finish with exit 0 and equal weights. The console, summary
+    and report name the change."""
+    out = tmp_path / "out"
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--hosts", "node-1,node-2,node-3", "--min-nodes", "2",
+                                  "--heartbeat-timeout", "3", "--stop-grace", "3",
+                                  STEP_BACKUP, str(out), "3", "10", "0.1"])
+    log = Path(f"{out}-steps-worker-0.log")
+    deadline = time.monotonic() + 240
+    while max((s for _, s in _logged_steps(log)), default=0) < 45:
+        assert run.proc.poll() is None, run.stdout[-4000:]
+        assert time.monotonic() < deadline, "worker:0 never reached step 45"
+        time.sleep(0.05)
+    try:
+        fake_hosts.link(3, up=False)
+        for proc in fake_hosts.tfrun_processes(3):
+            proc.kill()
+        lost = time.monotonic()
+        while not any(r >= 1 for r, _ in _logged_steps(log)):
+            assert run.proc.poll() is None, run.stdout[-4000:]
+            assert time.monotonic() < lost + 240, run.stdout[-4000:]
+            time.sleep(0.05)
+        running_again = time.monotonic() - lost
+        assert run.wait(300) == 0, run.stdout[-4000:]
+    finally:
+        fake_hosts.link(3, up=True)
+    print(f"training ran again {running_again:.1f}s after node-3 vanished")
+    stdout = run.stdout
+    assert "node-3 lost (worker:2" in stdout and \
+        "re-forming the cluster on node-1, node-2: 2 tasks (was 3; --min-nodes 2)" in stdout, \
+        stdout[-4000:]
+    steps = _logged_steps(log)
+    before = max(s for r, s in steps if r == 0)
+    resumed_at = min(s for r, s in steps if r == 1)
+    assert resumed_at - 1 <= before and (resumed_at - 1) % 10 == 0, (before, resumed_at)
+    # the two survivors end with the same weights (one synchronous cluster of 2)
+    w0, w1 = np.load(f"{out}-worker-0.npz"), np.load(f"{out}-worker-1.npz")
+    for k in range(4):
+        np.testing.assert_array_equal(w0[f"arr_{k}"], w1[f"arr_{k}"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1
+    (change,) = summary["membership"]
+    assert change["left"] == ["node-3"]
+    assert change["tasks_after"] == ["worker:0@node-1", "worker:1@node-2"]
+    assert change["resumed_at_step"] == resumed_at - 1
+    # the launcher's account: from noticing the loss (up to --heartbeat-timeout after it)
+    # to the survivors' resume (before their first step, which the test's stopwatch waits for)
+    assert 0 < change["seconds_to_resume"] <= running_again, (change, running_again)
+    assert [t["task"] for t in summary["departed_tasks"]] == ["worker:2"]
+    assert [(a["ended"], a["failure_class"]) for a in summary["attempts"]] == [
+        ("reform", "node-lost"), ("success", None)]
+    tf_configs = json.loads((tmp_path / "run" / "config.json").read_text())["tf_configs"]
+    assert sorted(tf_configs) == ["worker:0", "worker:1"]  # the TF_CONFIGs in force now
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert "Membership" in report and "node-3" in report
+    assert_nothing_left(fake_hosts)
+
+
+def _kill_task_on(hosts, i: int) -> None:
+    tasks = [p for p in hosts.tfrun_processes(i) if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())]
+    assert len(tasks) == 1, tasks
+    tasks[0].kill()
+
+
+def _wait_for_step(run, log: Path, restart: int, step: int) -> None:
+    deadline = time.monotonic() + 240
+    while max((s for r, s in _logged_steps(log) if r == restart), default=0) < step:
+        assert run.proc.poll() is None, run.stdout[-4000:]
+        assert time.monotonic() < deadline, f"no step {step} in attempt {restart}"
+        time.sleep(0.05)
+
+
+@pytest.mark.tf
+def test_elastic_a_host_failing_twice_is_excluded_and_the_spare_takes_its_place(fake_hosts,
+                                                                              tmp_path):
+    """Issue 33: --workers 2 on node-1, node-2, with node-3 listed as a spare. worker:1 on
+    node-2 is SIGKILLed from outside (infrastructure): a gang restart (--max-restarts 1);
+    SIGKILLed again on the same host: node-2 is excluded (--exclude-after 2) and the
+    cluster re-forms on node-1 and the spare node-3, which finish with equal weights."""
+    out = tmp_path / "out"
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--workers", "2", "--hosts", "node-1,node-2,node-3",
+                                  "--min-nodes", "2", "--max-restarts", "1",
+                                  "--stop-grace", "3", STEP_BACKUP, str(out), "3", "10", "0.1"])
+    log = Path(f"{out}-steps-worker-0.log")
+    _wait_for_step(run, log, 0, 25)
+    _kill_task_on(fake_hosts, 2)
+    _wait_for_step(run, log, 1, 45)
+    _kill_task_on(fake_hosts, 2)
+    assert run.wait(300) == 0, run.stdout[-4000:]
+    stdout = run.stdout
+    assert "restarting the whole group (restart 1 of 1)" in stdout, stdout[-4000:]
+    assert ("node-2 excluded after 2 infrastructure failures in a row (worker:1: " in stdout
+            and "re-forming the cluster on node-1, node-3 (node-3 joining from the spares): "
+                "2 tasks (was 2; --min-nodes 2)" in stdout), stdout[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["excluded_hosts"] == ["node-2"] and summary["restarts"] == 2
+    (change,) = summary["membership"]
+    assert change["left"] == ["node-2"] and change["joined"] == ["node-3"]
+    assert change["tasks_after"] == ["worker:0@node-1", "worker:1@node-3"]
+    assert [(a["ended"], a["failure_class"]) for a in summary["attempts"]] == [
+        ("restart", "infrastructure"), ("reform", "infrastructure"), ("success", None)]
+    w0, w1 = np.load(f"{out}-worker-0.npz"), np.load(f"{out}-worker-1.npz")
+    for k in range(4):
+        np.testing.assert_array_equal(w0[f"arr_{k}"], w1[f"arr_{k}"])
+    # the whole run trained its 3 x 30 steps
+    steps = _logged_steps(log)
+    assert max(s for _, s in steps) == 90
+    assert_nothing_left(fake_hosts)

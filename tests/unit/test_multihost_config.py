@@ -183,3 +183,29 @@ def test_an_engine_option_from_the_environment_is_an_ambient_default_not_refused
     with pytest.raises(ConfigError, match="--ssh-opt applies to the ssh engine only"):
         config_from_args(["--hosts", "a,b", "--node-rank", "auto", "--ssh-opt", "-F /x", "t.py"],
                          environ=env)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--min-nodes", "0", "--hosts", "node-1,node-2"], "--min-nodes must be a number of hosts >= 1"),
+    (["--min-nodes", "3", "--hosts", "node-1,node-2"], r"--min-nodes 3 asks for more hosts than --hosts names \(2\)"),
+    (["--min-nodes", "2", "--workers", "2"], "--min-nodes applies to the ssh engine only"),
+    (["--min-nodes", "2", "--hosts", "node-1,node-2", "--node-rank", "0"],
+     "--min-nodes applies to the ssh engine only"),
+    (["--keep-global-batch", "--hosts", "node-1,node-2"], "this run has no --min-nodes"),
+    (["--min-nodes", "1", "--chief", "--workers", "1", "--hosts", "node-1,node-2"],
+     "re-forms a cluster of workers only"),
+])
+def test_bad_elastic_flags_are_named(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_args([*argv, "train.py"])
+
+
+def test_the_elastic_plan_drops_the_lost_hosts_entries_and_renumbers():
+    from tfrun.launch.run import elastic_plan
+
+    given = config(hosts=("a", "b", "b", "c"), topology=Topology(workers=4), min_nodes=2)
+    smaller, plan = elastic_plan(given, {"b"})
+    assert smaller.hosts == ("a", "c") and smaller.topology.workers == 2
+    assert plan.cluster.as_dict() == {"worker": ["a:2222", "c:2222"]}
+    assert plan.task_config(TaskId("worker", 1)).to_dict()["task"] == {"type": "worker",
+                                                                       "index": 1}

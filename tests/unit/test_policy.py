@@ -135,3 +135,36 @@ def test_restart_policy_by_failure_class(failure, restarts, preemptions, repeate
 def test_backoff_grows_exponentially_from_an_immediate_first_restart():
     assert [backoff_seconds(n) for n in range(1, 9)] == [0, 1, 2, 4, 8, 16, 32, 60]
     assert backoff_seconds(3, base=0.5, cap=1.5) == 1.0 and backoff_seconds(9, cap=5) == 5
+
+
+def test_a_lost_host_reforms_the_cluster_while_min_nodes_are_left():
+    """Issue 33: NODE_LOST with --min-nodes: REFORM while enough hosts are left (not
+    charged to --max-restarts 0); below the floor, or without --min-nodes, the usual
+    rules (here: fail, no restarts left)."""
+    from tfrun.launch.supervise.policy import FailureClass
+
+    def decide(min_nodes, nodes_left, failure=FailureClass.NODE_LOST):
+        return FailurePolicy(max_restarts=0, min_nodes=min_nodes).decide(TaskExit(
+            role="worker", exit_code=255, tracked=True, restarts=0, failure=failure,
+            nodes_left=nodes_left))
+
+    assert decide(2, 2) is Decision.REFORM
+    assert decide(2, 1) is F
+    assert decide(None, None) is F
+    assert decide(2, 2, failure=FailureClass.SCRIPT_ERROR) is F  # a bug is not a lost host
+
+
+def test_a_host_failing_for_the_infrastructure_in_a_row_is_excluded():
+    """Issue 33: SIGKILLed from outside --exclude-after (2) times in a row on one host:
+    REFORM without it (a spare joins); the first time, the usual restart."""
+    from tfrun.launch.supervise.policy import FailureClass
+
+    def decide(host_failures, nodes_left=2):
+        return FailurePolicy(max_restarts=1, min_nodes=2, exclude_after=2).decide(TaskExit(
+            role="worker", exit_code=137, tracked=True, restarts=0,
+            failure=FailureClass.INFRASTRUCTURE, nodes_left=nodes_left,
+            host_failures=host_failures))
+
+    assert decide(1) is R
+    assert decide(2) is Decision.REFORM
+    assert decide(2, nodes_left=1) is R  # below the floor: the usual rules

@@ -150,6 +150,20 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     hosts.add_argument("--heartbeat-timeout", type=positive_float, default=10.0,
                        help="seconds of silence after which another host counts as lost "
                             "(default 10)")
+    hosts.add_argument("--min-nodes", type=int, default=None, metavar="N",
+                       help="elastic (SSH launch): when a host is lost, re-form the cluster "
+                            "on the hosts left and resume from the newest backup, while at "
+                            "least N hosts are left (default: a lost host is a failure)")
+    hosts.add_argument("--exclude-hosts", default=None, metavar="H1,H2",
+                       help="with --min-nodes: hosts of --hosts never to use this run")
+    hosts.add_argument("--exclude-after", type=int, default=2, metavar="N",
+                       help="with --min-nodes: a host whose task fails N times in a row for "
+                            "infrastructure reasons (killed from outside, agent lost) is "
+                            "excluded and the cluster re-formed without it (default 2)")
+    hosts.add_argument("--keep-global-batch", action="store_true", default=False,
+                       help="with --min-nodes: after a re-form, tfrun.global_batch_size() "
+                            "stays what it was at the start (bigger per-replica batches) "
+                            "instead of per-replica x the replicas left")
     explicit = [engine.name for engine in ENGINES if engine.explicit]
     hosts.add_argument("--backend", choices=backend_choices(), default="auto",
                        help="auto (default): the engine follows from the other flags (local, "
@@ -234,6 +248,9 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         base_port=args.base_port, run_id=args.run_id,
         python=args.python, forward_env=tuple(args.forward_env or ()),
         heartbeat_timeout=args.heartbeat_timeout, backend=args.backend,
+        min_nodes=args.min_nodes, keep_global_batch=args.keep_global_batch,
+        exclude_hosts=tuple(h for h in (args.exclude_hosts or "").split(",") if h),
+        exclude_after=args.exclude_after,
         cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task,
         entrypoint=entrypoint, script_args=tuple(script_args), topology=topology_from(args),
         hosts=tuple(args.hosts) if args.hosts else None, layout=args.layout,

@@ -162,7 +162,8 @@ def complete_saves(directory: str) -> list[dict]:
     with ``epoch`` (where Keras' loop resumes), ``batch`` (batches of that epoch already
     trained), ``name`` (the files' stem), ``key`` (the position, comparable) and
     ``input`` (``(iterator, batches)``: the input's position, see ``_InputPosition``; None
-    in backups that did not record it)."""
+    in backups that did not record it), ``replicas`` (replicas in sync when it was taken;
+    None: not recorded) and ``directory``."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -180,10 +181,12 @@ def complete_saves(directory: str) -> list[dict]:
             input_position = mark.get("input")
             input_position = (None if input_position is None
                               else (int(input_position[0]), int(input_position[1])))
+            replicas = mark.get("replicas")
+            replicas = None if replicas is None else int(replicas)
         except (OSError, ValueError, KeyError, TypeError, IndexError):
             continue  # unreadable: as if absent (the mark is written last)
         saves.append({"epoch": epoch, "batch": batch, "name": stem, "key": _key(epoch, batch),
-                      "input": input_position})
+                      "input": input_position, "replicas": replicas, "directory": directory})
     return sorted(saves, key=lambda save: (save["key"], save["name"].startswith("epoch")))
 
 
@@ -482,18 +485,48 @@ def _consistent_backup_class(keras):
             if self.preemption_check and threading.current_thread() is threading.main_thread():
                 self._listen_for_sigterm()
 
-        def _resume(self):
+        def _visible_saves(self) -> list[dict]:
+            """This worker's backups, then those of the other workers' directories it can
+            see (a shared run dir, or a host that ran another worker): synchronous workers
+            hold the same state at the same step, so any of them serves. After an elastic
+            re-form a worker may have been renumbered onto a directory that is not there."""
             mine = complete_saves(self.directory)
-            key = self._agree([save["key"] for save in mine])
+            if self._ps:
+                return mine
+            parent, own = os.path.split(self.directory)
+            try:
+                others = sorted(n for n in os.listdir(parent) if n != own
+                                and re.fullmatch(r"(worker|chief)-\d+", n))
+            except FileNotFoundError:
+                others = []
+            seen = {save["key"] for save in mine}
+            for name in others:
+                for save in complete_saves(os.path.join(parent, name)):
+                    if save["key"] not in seen or save["name"].startswith("epoch"):
+                        mine.append(save)
+                        seen.add(save["key"])
+            return sorted(mine, key=lambda save: (save["key"], save["name"].startswith("epoch")))
+
+        def _resume(self):
+            visible = self._visible_saves()
+            key = self._agree([save["key"] for save in visible])
             if key is None:
                 return
-            chosen = [save for save in mine if save["key"] == key]
+            chosen = [save for save in visible if save["key"] == key]
             if not chosen:  # cannot happen with synchronous workers; never guess
                 raise RuntimeError(f"tfrun.backup_and_restore: the workers agreed to resume "
                                    f"from position {divmod(key, 2**32)}, but {self.directory} "
-                                   f"holds {[save['name'] for save in mine]}")
-            save = chosen[-1]  # the epoch form when the same point was saved twice
-            self._load(save["name"])
+                                   f"holds {[save['name'] for save in visible]}")
+            # the epoch form when the same point was saved twice; this worker's own first
+            save = sorted(chosen, key=lambda s: (s["name"].startswith("epoch"),
+                                                 s["directory"] == self.directory))[-1]
+            self._load(save["directory"], save["name"])
+            replicas = self.model.distribute_strategy.num_replicas_in_sync
+            if save["replicas"] is not None and save["replicas"] != replicas:
+                print(f"tfrun: the cluster has {replicas} replicas now, {save['replicas']} when "
+                      "this backup was taken (re-formed): training goes on from its step; "
+                      "the input's position inside the epoch is approximate (each replica's "
+                      "share of the data changed)", flush=True)
             if legacy:  # tf_keras' fault-tolerance hook: fit starts at this epoch and step
                 self.model._training_state = _ResumePoint(save["epoch"], save["batch"])
             else:
@@ -711,7 +744,8 @@ def _consistent_backup_class(keras):
                 if input_position is None and self._input is not None:
                     input_position = self._input.now()
                 json.dump({"epoch": epoch, "batch": batch, "step": self._global_step(),
-                           "input": input_position}, f)
+                           "input": input_position,
+                           "replicas": self.model.distribute_strategy.num_replicas_in_sync}, f)
             os.replace(mark + ".tmp", mark)  # complete from here on
             saves = complete_saves(self.directory)
             for old in saves[:-_KEEP]:  # another worker may be one save point behind
@@ -733,7 +767,7 @@ def _consistent_backup_class(keras):
             shutil.rmtree(final, ignore_errors=True)  # the same point saved again
             os.replace(temporary, final)
 
-        def _load(self, name: str) -> None:
+        def _load(self, directory: str, name: str) -> None:
             """Load ``_save_weights``' files; the optimizer is built first, so that its
             state is restored into it (inside the strategy's scope: tf_keras makes
             per-replica optimizer variables there only)."""
@@ -746,9 +780,9 @@ def _consistent_backup_class(keras):
                 else:
                     optimizer.build(self.model.trainable_variables)
             if legacy:
-                self.model.load_weights(os.path.join(self.directory, f"{name}.ckpt", "weights"))
+                self.model.load_weights(os.path.join(directory, f"{name}.ckpt", "weights"))
             else:
-                self.model.load_weights(os.path.join(self.directory, f"{name}.weights.h5"))
+                self.model.load_weights(os.path.join(directory, f"{name}.weights.h5"))
 
         def _remove(self, name: str) -> None:
             # the mark first: never a mark without data

@@ -152,7 +152,9 @@ def global_batch_size(per_replica: int) -> int:
     """``per_replica`` times the number of replicas in sync (all workers, all devices).
 
     ``contract.BATCH_REPLICAS=K`` (set by ``tfrun bench --strong``) uses K instead, so every
-    cluster size trains with the same global batch.
+    cluster size trains with the same global batch. ``contract.BATCH_WORKERS=W`` (``tfrun
+    --keep-global-batch``: the workers the run started with) scales the answer by W over the
+    training workers in this cluster, so a cluster re-formed smaller keeps the global batch.
     """
     if per_replica < 1:
         raise ConfigError("Per-replica batch size must be at least 1", expected="1 or more",
@@ -160,7 +162,12 @@ def global_batch_size(per_replica: int) -> int:
     fixed = os.environ.get(contract.BATCH_REPLICAS)
     if fixed:
         return per_replica * int(fixed)
-    return per_replica * strategy().num_replicas_in_sync
+    replicas = strategy().num_replicas_in_sync
+    started_with = os.environ.get(contract.BATCH_WORKERS)
+    workers = task().num_workers
+    if started_with and workers and int(started_with) != workers:
+        return per_replica * replicas * int(started_with) // workers
+    return per_replica * replicas
 
 
 _private_dirs: list[str] = []

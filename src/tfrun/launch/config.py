@@ -84,6 +84,16 @@ class LaunchConfig:
     remote_dir: str | None = None       # working directory on other hosts (default: cwd)
     forward_env: tuple[str, ...] = ()   # --env NAME[=VALUE] for tasks on other hosts
     heartbeat_timeout: float = 10.0     # silence after which a host counts as lost
+    #: elastic membership (SSH launch): a lost host re-forms the cluster on the others while
+    #: at least this many hosts are left (None: a lost host is a failure like any other)
+    min_nodes: int | None = None
+    #: after a re-form, keep tfrun.global_batch_size() what it was at the start (the
+    #: per-replica batch grows) instead of per-replica x the replicas left
+    keep_global_batch: bool = False
+    #: with min_nodes: hosts never used (by hand), and after how many infrastructure
+    #: failures in a row (a SIGKILL from outside, a lost agent) a host is excluded
+    exclude_hosts: tuple[str, ...] = ()
+    exclude_after: int = 2
     doctor: bool = True                 # preflight checks before an SSH launch
     # ---- local runs: auto/private put the tasks in a private network (see netns.py)
     network: str = "auto"
@@ -187,6 +197,19 @@ class LaunchConfig:
                 raise ConfigError(f"--env {entry!r} does not start with a variable name",
                                   expected="NAME or NAME=VALUE (letters, digits, '_')",
                                   fix="Pass e.g. --env WANDB_MODE=offline", received=repr(entry))
+        if self.min_nodes is not None and (isinstance(self.min_nodes, bool)
+                                           or not isinstance(self.min_nodes, int)
+                                           or self.min_nodes < 1):
+            raise ConfigError("--min-nodes must be a number of hosts >= 1",
+                              expected="how many hosts the run needs to go on, e.g. 2",
+                              fix="Pass e.g. --min-nodes 2 with --hosts a,b,c",
+                              received=repr(self.min_nodes))
+        if isinstance(self.exclude_after, bool) or not isinstance(self.exclude_after, int) \
+                or self.exclude_after < 1:
+            raise ConfigError("--exclude-after must be a number of failures >= 1",
+                              expected="how many infrastructure failures in a row exclude a "
+                                       "host, e.g. 2", fix="Pass e.g. --exclude-after 2",
+                              received=repr(self.exclude_after))
         if self.devices is not None and self.devices < 1:
             raise ConfigError("--devices must be at least 1", expected="1, 2, ...",
                               fix="Pass e.g. --devices 2", received=self.devices)

@@ -299,6 +299,23 @@ def _attempts_html(summary: dict, t0: float) -> str:
     return "\n".join(out + ["</table>"])
 
 
+def _membership_html(summary: dict, t0: float) -> str:
+    """One row per re-form of the cluster (``--min-nodes``): who left, the tasks after."""
+    columns = ["at (s)", "hosts lost", "why", "tasks before", "tasks after",
+               "resumed at step", "seconds to resume", "global batch"]
+    out = ["<table class='attempts'><tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"]
+    for change in summary.get("membership") or []:
+        when = change.get("time")
+        cells = [f"{when - t0:.1f}" if isinstance(when, (int, float)) else None,
+                 ", ".join(change.get("left") or []), change.get("reason"),
+                 ", ".join(change.get("tasks_before") or []),
+                 ", ".join(change.get("tasks_after") or []), change.get("resumed_at_step"),
+                 change.get("seconds_to_resume"), change.get("global_batch")]
+        out.append("<tr>" + "".join(f"<td>{html.escape('-' if c is None else str(c))}</td>"
+                                    for c in cells) + "</tr>")
+    return "\n".join(out + ["</table>"])
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write ``report.html`` and ``report/*.png`` in ``run_dir``; return the HTML's path."""
     data = load_run(run_dir)
@@ -333,6 +350,9 @@ def write_report(run_dir: str | Path) -> Path:
         parts.append(f"<h2>Attempts ({summary.get('restarts', 0)} restart(s), "
                      f"{summary.get('preemptions', 0)} after a preemption)</h2>"
                      + _attempts_html(summary, data.started))
+    if summary.get("membership"):
+        parts.append(f"<h2>Membership ({len(summary['membership'])} re-form(s) of the "
+                     "cluster)</h2>" + _membership_html(summary, data.started))
     parts.append("<h2>Tasks</h2>" + _tasks_html(summary, data.started))
     parts.append("<h2>Resolved configuration</h2><pre>"
                  + html.escape(json.dumps(data.config.get("launch", data.config), indent=1))

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from .. import contract
-from ..cluster import ClusterPlan, TaskId, plan_cluster
+from ..cluster import ClusterPlan, TaskId, Topology, plan_cluster
 from ..comm import CommOptions
 from ..errors import ConfigError
 from .config import LaunchConfig
@@ -129,6 +129,8 @@ def _check_compiles(config: LaunchConfig, path: str) -> None:
 
 
 def plan_for(config: LaunchConfig) -> ClusterPlan:
+    if config.min_nodes is not None and config.hosts:
+        return elastic_plan(config)[1]  # the spares and --exclude-hosts left out
     hosts = list(config.hosts) if config.hosts is not None else None
     return plan_cluster(config.topology, hosts=hosts, layout=config.layout,
                         base_port=config.base_port)
@@ -224,11 +226,13 @@ def write_config(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: 
 
 def supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
               backends: dict[TaskId, Backend], make_spec, console: ConsoleSink,
-              started: float) -> RunResult:
-    """Run the Supervisor over ``backends`` (one per task), then summarise and report."""
+              started: float, reform=None) -> RunResult:
+    """Run the Supervisor over ``backends`` (one per task), then summarise and report.
+    ``reform``: see ``Supervisor`` (elastic engines)."""
     tensorboard = TensorBoardServer.start(run_dir, console) if config.tensorboard else None
     try:
-        result = Supervisor(config, plan, run_dir, backends, console, make_spec).run()
+        result = Supervisor(config, plan, run_dir, backends, console, make_spec,
+                            reform=reform).run()
     finally:
         if tensorboard is not None:
             tensorboard.stop()
@@ -254,15 +258,94 @@ def _write_report(run_dir: Path, console: ConsoleSink) -> None:
 def supervise_through_one_backend(config: LaunchConfig, plan: ClusterPlan, console: ConsoleSink,
                                   started: float, mode: str, make_backend) -> RunResult:
     """Supervise every task through one backend that reaches every host (an agent per host
-    started by ssh or srun): the run dir, the banner, then ``supervise``."""
+    started by ssh or srun): the run dir, the banner, then ``supervise``. With
+    ``--min-nodes`` the cluster is re-planned on the hosts left when one is lost
+    (``elastic_plan``), through the same backend."""
     with run_dir_for(config) as locked:
         run_dir = locked.path
         write_config(config, plan, run_dir, True)
         console.info(resolved_block(config, plan, run_dir, True, mode=mode, heartbeat=True))
         backend = make_backend()
-        make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
+        batch_env = _batch_env(config, plan)
+        make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True,
+                                 task_env=batch_env(plan))
+        reform = None
+        if config.min_nodes is not None:
+            def replan(smaller: LaunchConfig, new_plan: ClusterPlan):
+                write_config(smaller, new_plan, run_dir, True)  # the TF_CONFIGs in force
+                return new_plan, {t: backend for t in new_plan.tasks}, spec_factory(
+                    smaller, new_plan, run_dir, with_tf_config=True, remote=True,
+                    task_env=batch_env(new_plan))
+
+            reform = ElasticPlanner(config, replan)
         return supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
-                         console, started)
+                         console, started, reform=reform)
+
+
+def elastic_hosts(config: LaunchConfig, away=frozenset()) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the ``--hosts`` entries an elastic run uses, its spares): entries of hosts neither
+    ``away`` (lost, excluded) nor in ``--exclude-hosts``, in ``--hosts`` order; one per
+    worker the run started with, the rest spares.
+
+    >>> config = LaunchConfig(entrypoint=("script", "t.py"), hosts=("a", "b", "c"),
+    ...                       topology=Topology(workers=2), min_nodes=1)
+    >>> elastic_hosts(config), elastic_hosts(config, {"a"}), elastic_hosts(config, {"a", "b"})
+    ((('a', 'b'), ('c',)), (('b', 'c'), ()), (('c',), ()))
+    """
+    from ..cluster import parse_address
+
+    gone = set(away) | set(config.exclude_hosts)
+    usable = tuple(h for h in config.hosts or () if parse_address(h)[0] not in gone)
+    wanted = config.topology.workers
+    return usable[:wanted], usable[wanted:]
+
+
+def elastic_plan(config: LaunchConfig, away=frozenset()) -> tuple[LaunchConfig, ClusterPlan]:
+    """The config and plan of ``config``'s cluster without the hosts ``away``: spares fill
+    in for them first, then the cluster shrinks (workers renumbered in ``--hosts`` order).
+
+    >>> config = LaunchConfig(entrypoint=("script", "t.py"), topology=Topology(workers=3),
+    ...                       hosts=("a", "b", "c"), min_nodes=2)
+    >>> smaller, plan = elastic_plan(config, {"b"})
+    >>> plan.cluster.as_dict()
+    {'worker': ['a:2222', 'c:2222']}
+    """
+    from dataclasses import replace
+
+    used, _ = elastic_hosts(config, away)
+    smaller = replace(config, hosts=used, topology=replace(config.topology, workers=len(used)))
+    return smaller, plan_cluster(smaller.topology, hosts=list(used), layout=smaller.layout,
+                                 base_port=smaller.base_port)
+
+
+class ElasticPlanner:
+    """The supervisor's view of an elastic run (``--min-nodes``): how many hosts a cluster
+    without some would have, and the plan, backends and spec maker of that cluster
+    (``replan(config, plan)`` makes the latter two)."""
+
+    def __init__(self, config: LaunchConfig, replan) -> None:
+        self.config, self.replan = config, replan
+
+    def hosts_after(self, away) -> int:
+        from ..cluster import parse_address
+
+        used, _ = elastic_hosts(self.config, away)
+        return len({parse_address(h)[0] for h in used})
+
+    def __call__(self, away):
+        return self.replan(*elastic_plan(self.config, away))
+
+
+def _batch_env(config: LaunchConfig, first: ClusterPlan):
+    """Per-task variables for ``--keep-global-batch``: the workers the run started with."""
+    started_with = first.cluster.size("chief") + first.cluster.size("worker")
+
+    def env(plan: ClusterPlan) -> dict:
+        if not config.keep_global_batch:
+            return {}
+        return {t: {contract.BATCH_WORKERS: str(started_with)} for t in plan.tasks}
+
+    return env
 
 
 def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:

@@ -97,6 +97,9 @@ class PipedAgentBackend(RemoteBackend):
         process.stderr.close()
 
     def link_for(self, spec: TaskSpec) -> NodeLink:
+        if spec.host is not None and spec.host not in self.links:
+            # A host the run did not use so far (an elastic run's spare): its agent now.
+            self.links[spec.host] = self._connect(spec.host)
         link = super().link_for(spec)
         if link.lost_reason is not None:
             # A gang restart after the host came back: try a new agent.

@@ -2,7 +2,8 @@
 
 The supervisor never decides anything itself: when a task exits it classifies the exit
 (``classify_exit``: the script's error, preempted, node lost, infrastructure), builds a
-``TaskExit`` and asks ``FailurePolicy.decide``, which returns RESTART, FAIL or IGNORE.
+``TaskExit`` and asks ``FailurePolicy.decide``, which returns RESTART, REFORM, FAIL or
+IGNORE.
 This keeps every rule table-testable without processes::
 
     >>> policy = FailurePolicy(max_restarts=1)
@@ -118,6 +119,7 @@ ALLOWED_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 class Decision(str, enum.Enum):
     RESTART = "restart"  # stop every task, start the whole group again
     RESTART_TASK = "restart-task"  # start this one task again; the others carry on
+    REFORM = "reform"    # stop every task, start the group again without the lost host(s)
     FAIL = "fail"        # stop every task, exit with this task's code
     IGNORE = "ignore"    # note it and carry on
 
@@ -135,6 +137,10 @@ class TaskExit:
     preemptions: int = 0    # gang restarts after a preemption so far (not charged)
     task_preemptions: int = 0  # restarts of this task alone after a preemption so far
     repeated: bool = False  # the same error (exception line) as the attempt before
+    #: distinct hosts the run would have without this task's host (None: not elastic)
+    nodes_left: int | None = None
+    #: infrastructure failures of this task's host in a row, this one included
+    host_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,10 @@ class FailurePolicy:
        ``max_task_restarts`` times (a preempted one up to ``max_preemptions`` times, not
        charged): the coordinator re-runs the lost steps on the other workers meanwhile
        and takes the worker back when it returns at the same address;
+    5a. a lost host (NODE_LOST) with ``min_nodes`` set (``--min-nodes``), or one whose
+       tasks failed for infrastructure reasons ``exclude_after`` times in a row: REFORM
+       the cluster without it (spares first) while at least ``min_nodes`` hosts are left
+       (not charged: the floor bounds it); with fewer left, the rules below apply;
     5. a preemption (SIGTERM tfrun did not send) RESTARTs the whole group without
        charging ``max_restarts``, up to ``max_preemptions`` times (capacity comes back;
        a bug does not turn into one);
@@ -164,6 +174,8 @@ class FailurePolicy:
     max_restarts: int = 0
     max_task_restarts: int = 3
     max_preemptions: int = 100
+    min_nodes: int | None = None
+    exclude_after: int = 2
 
     def decide(self, event: TaskExit) -> Decision:
         if event.exit_code == 0 and (event.tracked or event.role == "worker"):
@@ -178,6 +190,12 @@ class FailurePolicy:
                 return Decision.RESTART_TASK
             if event.task_restarts < self.max_task_restarts:
                 return Decision.RESTART_TASK
+        if self.min_nodes is not None and event.nodes_left is not None and \
+                event.nodes_left >= self.min_nodes and (
+                    event.failure is FailureClass.NODE_LOST
+                    or (event.failure is FailureClass.INFRASTRUCTURE
+                        and event.host_failures >= self.exclude_after)):
+            return Decision.REFORM
         if event.failure is FailureClass.PREEMPTED and event.preemptions < self.max_preemptions:
             return Decision.RESTART
         if event.failure is FailureClass.SCRIPT_ERROR and event.repeated:

@@ -111,3 +111,9 @@ class RunResult:
     preemptions: int = 0
     #: what TensorFlow's errors in the failed tasks' logs mean, and the fix (explain.py)
     hints: list[str] = field(default_factory=list)
+    #: each re-form of the cluster (--min-nodes): when, which hosts left, the tasks after
+    membership: list[dict] = field(default_factory=list)
+    #: tasks of earlier memberships that are not in the last one (their hosts were lost)
+    departed: list = field(default_factory=list)
+    #: hosts excluded for failing --exclude-after times in a row
+    excluded_hosts: list = field(default_factory=list)

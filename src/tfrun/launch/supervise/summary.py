@@ -42,6 +42,9 @@ def write_summary(result: RunResult, run_dir: Path, started_at: float,
             else str(result.failed_because.task),
             "hints": result.hints},
         "tasks": [r.to_dict() for r in result.tasks],
+        "membership": result.membership,
+        "departed_tasks": [r.to_dict() for r in result.departed],
+        "excluded_hosts": result.excluded_hosts,
     }
     path = run_dir / "summary.json"
     tmp = path.with_suffix(".json.tmp")

@@ -20,12 +20,13 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path
 
 from ...cluster import ClusterPlan, TaskId
 from ..engines.base import Backend, TaskSpec
 from ..config import LaunchConfig
-from ...contract import TF_CONFIG_REPLACED
+from ...contract import RESUMED_EVENT, TF_CONFIG_REPLACED
 from .diagnose import culprits
 from .explain import explain
 from ..output import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
@@ -40,6 +41,8 @@ __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Sup
            "TaskRecord"]
 
 _POLL_SECONDS = 0.1
+#: Failure classes that are a host's fault, not the script's (elastic runs act on them).
+_HOST_FAULTS = (FailureClass.NODE_LOST, FailureClass.INFRASTRUCTURE)
 #: Between the two SIGTERMs of a stop "at once" (see ``Supervisor._stop``).
 _SECOND_SIGTERM_SECONDS = 0.2
 #: After SIGKILL, how long to wait for a (remote) backend to confirm the exit.
@@ -54,10 +57,22 @@ class Watch(enum.Enum):
     SUCCESS = "success"            # every tracked task exited 0
     FAIL = "fail"                  # the policy said fail
     RESTART = "restart"            # the policy said restart the group
+    REFORM = "reform"              # the policy said re-form the group without a lost host
     JOIN_TIMEOUT = "join-timeout"  # the cluster never formed
     HANG = "hang"                  # a tracked task printed nothing for --hang-timeout
     STORAGE = "storage"            # the run dir's disk is full
     SIGNAL = "signal"              # Ctrl-C / SIGTERM to tfrun
+
+
+class Reform(Protocol):
+    """An elastic engine's re-planning (``--min-nodes``; ``run.ElasticPlanner``)."""
+
+    def hosts_after(self, away: frozenset) -> int:
+        """How many hosts the cluster would have without the hosts ``away``."""
+
+    def __call__(self, away: frozenset) -> tuple[ClusterPlan, Mapping[TaskId, Backend],
+                                                 Callable[[TaskId, int], TaskSpec]]:
+        """The plan of the cluster without ``away``, a backend per task, the spec maker."""
 
 
 @dataclass
@@ -80,27 +95,26 @@ def _earlier_attempts(run_dir: Path) -> list[dict]:
 class Supervisor:
     def __init__(self, config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
                  backends: Mapping[TaskId, Backend], console: ConsoleSink,
-                 make_spec: Callable[[TaskId, int], TaskSpec]) -> None:
+                 make_spec: Callable[[TaskId, int], TaskSpec],
+                 reform: Reform | None = None) -> None:
         """``backends`` runs each task (every task of ``plan`` has one); ``make_spec(task,
-        restart_count)`` says what to start."""
+        restart_count)`` says what to start. ``reform`` (an elastic engine,
+        ``--min-nodes``) re-plans the cluster without lost or excluded hosts."""
         self.config = config
-        self.plan = plan
         self.run_dir = run_dir
-        self.backends = dict(backends)
         self.console = console
-        self.make_spec = make_spec
+        self.reform = reform
         self.policy = FailurePolicy(max_restarts=config.max_restarts,
-                                    max_task_restarts=config.max_worker_restarts)
-        ps_cluster = bool(plan.cluster.ps)
-        addresses = plan.cluster.addresses()
-        self.records = [
-            TaskRecord(task=t, tracked=config.tracked(t, ps_cluster=ps_cluster, has_chief=bool(plan.cluster.chief)),
-                       address=addresses.get(t),
-                       logger=TaskLogger(str(t), i, run_dir / "logs" / f"{t.slug}.log", console,
-                                         peers_left_cleanly=self._peers_left_cleanly,
-                                         metrics_path=run_dir / "metrics" / f"{t.slug}.jsonl"))
-            for i, t in enumerate(plan.tasks)
-        ]
+                                    max_task_restarts=config.max_worker_restarts,
+                                    min_nodes=config.min_nodes if reform is not None else None,
+                                    exclude_after=config.exclude_after)
+        self.membership: list[dict] = []  # each re-form: when, who left, the tasks after
+        self.departed: list[TaskRecord] = []  # tasks of lost hosts, for the summary
+        self._lost_hosts: set[str] = set()  # lost or excluded: never used again this run
+        self.excluded_hosts: list[str] = []  # excluded after failures in a row
+        self._host_streak: tuple[str | None, int] = (None, 0)
+        self._opened: list[Backend] = []
+        self._adopt(plan, backends, make_spec)
         self.restarts = 0           # gang restarts, all (the tasks see this count)
         self.charged_restarts = 0   # those charged to --max-restarts (not preemptions)
         self.preemptions = 0        # gang restarts after a preemption
@@ -119,6 +133,39 @@ class Supervisor:
             console.lead = self.lead_task()
         self._status_at = 0.0
         self._status_epoch: dict | None = None  # the lead's epoch record last shown
+
+    def _adopt(self, plan: ClusterPlan, backends: Mapping[TaskId, Backend],
+               make_spec: Callable[[TaskId, int], TaskSpec]) -> None:
+        """Run ``plan``'s tasks from now on (at the start, and after a re-form: a task of
+        the same name logs on into the same file)."""
+        self.plan, self.backends, self.make_spec = plan, dict(backends), make_spec
+        ps_cluster = bool(plan.cluster.ps)
+        addresses = plan.cluster.addresses()
+        self.records = [
+            TaskRecord(task=t, tracked=self.config.tracked(t, ps_cluster=ps_cluster,
+                                                           has_chief=bool(plan.cluster.chief)),
+                       address=addresses.get(t),
+                       logger=TaskLogger(str(t), i, self.run_dir / "logs" / f"{t.slug}.log",
+                                         self.console, peers_left_cleanly=self._peers_left_cleanly,
+                                         metrics_path=self.run_dir / "metrics" / f"{t.slug}.jsonl"))
+            for i, t in enumerate(plan.tasks)
+        ]
+        self._every_record = getattr(self, "_every_record", []) + self.records
+
+    def _complete_membership(self) -> None:
+        """Each re-form's ``resumed_at_step`` and ``seconds_to_resume`` (from tfrun noticing
+        the loss -- up to --heartbeat-timeout after it -- to the survivors' resume), from the
+        first ``resumed`` event after it."""
+        for change in self.membership:
+            if "resumed_at_step" in change:
+                continue
+            resumed = [e for r in self._every_record for e in r.logger.training_events
+                       if e.get("event") == RESUMED_EVENT and isinstance(e.get("time"), float)
+                       and e["time"] > change["time"]]
+            if resumed:
+                first = min(resumed, key=lambda e: e["time"])
+                change["resumed_at_step"] = first.get("step")
+                change["seconds_to_resume"] = round(first["time"] - change["time"], 1)
 
     def _backend(self, record: TaskRecord) -> Backend:
         return self.backends[record.task]
@@ -206,7 +253,7 @@ class Supervisor:
 
     def run(self) -> RunResult:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        opened: list[Backend] = []
+        opened = self._opened = []
         result: RunResult | None = None
         try:
             for backend in self._distinct_backends():
@@ -232,6 +279,13 @@ class Supervisor:
         while True:
             self._start_all()
             outcome = self._watch()
+            if outcome.kind is Watch.REFORM:
+                assert outcome.record is not None
+                self._reform(outcome.record)
+                if self._signal is not None:  # Ctrl-C while re-forming: do not start again
+                    outcome = _Outcome(Watch.SIGNAL)
+                    break
+                continue
             if outcome.kind is Watch.RESTART:
                 record = outcome.record
                 assert record is not None
@@ -301,6 +355,61 @@ class Supervisor:
                         "command (same --run-dir) resumes from it")
         return self._result(128 + self._signal, RunStatus.INTERRUPTED, None, message)
 
+    def _reform(self, record: TaskRecord) -> None:
+        """``record``'s host is lost (``--min-nodes``): stop every task, re-plan the cluster
+        on the hosts left (tasks renumbered, a new TF_CONFIG), and go on with a bumped
+        restart count; the tasks resume from their newest common backup."""
+        assert self.reform is not None and record.host is not None
+        lost_at = time.time()
+        lost = sorted({r.host for r in self.records if r.host is not None
+                       and r.failure is FailureClass.NODE_LOST})
+        excluded = record.failure is not FailureClass.NODE_LOST
+        if excluded:  # failed --exclude-after times in a row (infrastructure)
+            lost = sorted(set(lost) | {record.host})
+            self.excluded_hosts.append(record.host)
+        why = (f"excluded after {self.config.exclude_after} infrastructure failures in a row"
+               if excluded else "lost")
+        self._end_attempt(record, "reform")
+        ended = self.attempts[-1]
+        self._stop([r for r in self.records if r.state == TaskState.RUNNING],
+                   grace=self.config.stop_grace, at_once=True)
+        self._note_training_events(ended)
+        before = self.records
+        for old in before:
+            old.logger.join()  # a task of the same name logs on into the same file
+        self._lost_hosts = self._lost_hosts | set(lost)
+        plan, backends, make_spec = self.reform(frozenset(self._lost_hosts))
+        self.departed += [r for r in before if r.host in self._lost_hosts]
+        self._adopt(plan, backends, make_spec)
+        for backend in self._distinct_backends():
+            if all(backend is not b for b in self._opened):
+                backend.open(self.run_dir)
+                self._opened.append(backend)
+        hosts = sorted({r.host for r in self.records if r.host is not None})
+        joined = sorted(set(hosts) - {r.host for r in before})
+        change = {"time": lost_at, "left": lost, "joined": joined, "how": why,
+                  "reason": record.note or str(record.failure),
+                  "tasks_before": [f"{r.task}@{r.host}" for r in before],
+                  "tasks_after": [f"{r.task}@{r.host}" for r in self.records],
+                  "restart": self.restarts + 1, "min_nodes": self.config.min_nodes,
+                  "global_batch": "kept" if self.config.keep_global_batch
+                  else "per-replica x replicas"}
+        if "preempted_at_step" in ended:
+            change["saved_at_step"] = ended["preempted_at_step"]
+        self.membership.append(change)
+        self._event("membership", **change)
+        self.console.info(
+            f"{', '.join(lost)} {why} ({record.task}: {record.note or record.failure}); "
+            f"re-forming the cluster on {', '.join(hosts)}"
+            + (f" ({', '.join(joined)} joining from the spares)" if joined else "")
+            + f": {len(self.records)} tasks (was "
+            f"{len(before)}; --min-nodes {self.config.min_nodes}); the tasks resume from "
+            "their newest common backup; the global batch "
+            + ("stays what it was (per-replica batches grow)" if self.config.keep_global_batch
+               else "is per-replica x the replicas left"))
+        self.restarts += 1
+        self._attempt_started = time.time()
+
     def _start_all(self) -> None:
         self._events_before = {id(r): len(r.logger.training_events) for r in self.records}
         for record in self.records:
@@ -351,6 +460,16 @@ class Supervisor:
                 if code is None:
                     continue
                 decision = self._on_exit(record, code)
+                if decision in (Decision.FAIL, Decision.RESTART) and self.reform is not None \
+                        and record.failure not in _HOST_FAULTS + (FailureClass.USAGE,):
+                    # Elastic: a survivor's collective often fails before the lost host's
+                    # heartbeat runs out (or the killed peer's exit arrives); give the host's
+                    # fault a chance to show before deciding whose failure this is.
+                    faulty = self._host_fault_within(self.config.heartbeat_timeout + 1.0)
+                    if faulty is not None:
+                        record, decision = faulty
+                if decision is Decision.REFORM:
+                    return _Outcome(Watch.REFORM, record)
                 if decision is Decision.FAIL:
                     return _Outcome(Watch.FAIL, record, culprit=self._culprit_of(record))
                 if decision is Decision.RESTART:
@@ -408,6 +527,16 @@ class Supervisor:
         repeated = error is not None and error == self._last_error
         if error is not None:
             self._last_error = error
+        nodes_left, streak = None, 0
+        if self.reform is not None and record.host is not None:
+            nodes_left = self.reform.hosts_after(frozenset(self._lost_hosts | {record.host}))
+            if record.failure in (FailureClass.INFRASTRUCTURE, FailureClass.NODE_LOST):
+                # failures of one host in a row (another host's, or the script's, ends it)
+                held, count = self._host_streak
+                streak = count + 1 if held == record.host else 1
+                self._host_streak = (record.host, streak)
+            elif record.failure is not None:
+                self._host_streak = (None, 0)
         decision = self.policy.decide(TaskExit(role=record.task.role, exit_code=code,
                                                tracked=record.tracked,
                                                restarts=self.charged_restarts,
@@ -415,7 +544,8 @@ class Supervisor:
                                                task_preemptions=record.task_preemptions,
                                                failure=record.failure,
                                                preemptions=self.preemptions,
-                                               repeated=repeated))
+                                               repeated=repeated, nodes_left=nodes_left,
+                                               host_failures=streak))
         self._event("decision", task=str(record.task), exit_code=code, decision=decision.value,
                     **({"failure_class": str(record.failure)} if record.failure else {}))
         if repeated and decision is Decision.FAIL:
@@ -467,6 +597,21 @@ class Supervisor:
         self._event("hang-timeout", task=str(hung.task), silent_for=silent_for,
                     others=[str(r.task) for r in others])
         return _Outcome(Watch.HANG, hung, message)
+
+    def _host_fault_within(self, seconds: float) -> tuple[TaskRecord, Decision] | None:
+        """A running task that ends within ``seconds`` for its host's sake (lost, killed
+        from outside), its exit handled with the decision; or None."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self._signal is None:
+            for record in self.records:
+                if record.state != TaskState.RUNNING or record.handle is None:
+                    continue
+                code = self._backend(record).poll(record.handle)
+                if code is not None and classify_exit(code, note=record.handle.note) \
+                        in _HOST_FAULTS:
+                    return record, self._on_exit(record, code)
+            time.sleep(_POLL_SECONDS)
+        return None
 
     def _culprit_of(self, failed: TaskRecord) -> TaskRecord | None:
         """The task TensorFlow's coordination service blames in ``failed``'s log (it
@@ -645,6 +790,7 @@ class Supervisor:
             record.logger.join()
         if self.attempts and self.attempts[-1].get("earlier_launch") is not True:
             self._note_training_events(self.attempts[-1])
+        self._complete_membership()
         traceback, traceback_of = None, None
         # The root cause's traceback, else (a culprit that died silently) the error it caused.
         for record in (root, failed_because):
@@ -661,6 +807,8 @@ class Supervisor:
         result = RunResult(exit_code=exit_code, status=status, root_cause=root, hints=hints,
                            tasks=self.records, restarts=self.restarts, message=message,
                            attempts=self.attempts, preemptions=self.preemptions,
+                           membership=self.membership, departed=self.departed,
+                           excluded_hosts=self.excluded_hosts,
                            traceback=traceback, failed_because=failed_because,
                            traceback_of=traceback_of)
         result.summary_path = write_summary(result, self.run_dir, self._start_time, self.console)
