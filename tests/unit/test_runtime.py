@@ -93,6 +93,24 @@ def test_global_batch_size_rejects_nonsense(env):
         runtime.global_batch_size(0)
 
 
+def test_keep_global_batch_scales_by_the_workers_the_run_started_with(env):
+    """--keep-global-batch (issue 33): 3 workers at the start, 2 after a re-form: the
+    global batch stays 3 x 64 (each of the 2 replicas reads 96); without it, 2 x 64.
+    (The strategy is a stand-in with 2 replicas: a real one would need the cluster.)"""
+    class TwoReplicas:
+        num_replicas_in_sync = 2
+
+    env.setattr(runtime, "strategy", lambda: TwoReplicas())
+    env.delenv("TFRUN_BATCH_REPLICAS", raising=False)
+    env.setenv("TF_CONFIG", tf_config({"worker": ["a:1", "b:1"]}, "worker", 0))
+    assert runtime.global_batch_size(64) == 128
+    env.setenv("TFRUN_BATCH_WORKERS", "3")
+    assert runtime.global_batch_size(64) == 192
+    env.setenv("TF_CONFIG", tf_config({"worker": ["a:1", "b:1", "c:1"]}, "worker", 0))
+    env.setattr(TwoReplicas, "num_replicas_in_sync", 3)
+    assert runtime.global_batch_size(64) == 192  # before any re-form: unchanged
+
+
 @pytest.mark.parametrize("save_freq", ["batch", 0, -5, 2.5, True])
 def test_backup_and_restore_refuses_a_save_freq_that_is_not_steps(save_freq):
     import tfrun
