@@ -14,7 +14,7 @@ spells a ``TFRUN_*`` variable name: a script started by hand with these variable
 """
 
 __all__ = [
-    "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE",
+    "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE",
     "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
@@ -66,6 +66,9 @@ BATCH_REPLICAS = "TFRUN_BATCH_REPLICAS"
 #: re-form, ``global_batch_size`` scales by it over the workers left, so the global batch
 #: stays what it was.
 BATCH_WORKERS = "TFRUN_BATCH_WORKERS"
+#: Hosts an elastic run has lost or excluded so far (comma list; unset: none). Also how a
+#: per-node hub tells the other nodes which cluster to start their tasks in.
+HOSTS_AWAY = "TFRUN_HOSTS_AWAY"
 #: "0" turns the per-epoch metrics records off; the seconds between resource samples.
 METRICS = "TFRUN_METRICS"
 METRICS_INTERVAL = "TFRUN_METRICS_INTERVAL"

@@ -541,3 +541,38 @@ def test_elastic_a_host_failing_twice_is_excluded_and_the_spare_takes_its_place(
     steps = _logged_steps(log)
     assert max(s for _, s in steps) == 90
     assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_elastic_per_node_a_node_that_vanishes_leaves_the_hub_and_one_node_to_finish(
+        fake_hosts, tmp_path):
+    """Issue 33, per-node launch: one tfrun per host (node-1 the hub), --min-nodes 2.
+    node-3 vanishes mid-epoch 2; the hub re-forms the cluster on node-1 and node-2 and
+    tells node-2 which hosts are away (node-2 plans the smaller cluster itself); both
+    finish with exit 0 and equal weights."""
+    out = tmp_path / "out"
+    args = ["--run-dir", str(tmp_path / "run"), "--hosts", "node-1,node-2,node-3",
+            "--node-rank", "auto", "--min-nodes", "2", "--heartbeat-timeout", "3",
+            "--stop-grace", "3", STEP_BACKUP, str(out), "3", "10", "0.1"]
+    node3, node2, hub = (HostRun(fake_hosts, i, args) for i in (3, 2, 1))
+    log = Path(f"{out}-steps-worker-0.log")
+    _wait_for_step(hub, log, 0, 45)
+    try:
+        fake_hosts.link(3, up=False)
+        for proc in fake_hosts.tfrun_processes(3):
+            proc.kill()
+        assert hub.wait(300) == 0, hub.stdout[-4000:]
+        assert node2.wait(60) == 0, node2.stdout[-4000:]
+    finally:
+        fake_hosts.link(3, up=True)
+    node3.wait(30)
+    assert "node-3 lost (worker:2" in hub.stdout and \
+        "re-forming the cluster on node-1, node-2: 2 tasks (was 3" in hub.stdout, hub.stdout[-4000:]
+    assert "tfrun: run succeeded" in node2.stdout
+    w0, w1 = np.load(f"{out}-worker-0.npz"), np.load(f"{out}-worker-1.npz")
+    for k in range(4):
+        np.testing.assert_array_equal(w0[f"arr_{k}"], w1[f"arr_{k}"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["membership"][0]["tasks_after"] == ["worker:0@node-1", "worker:1@node-2"]
+    assert max(s for _, s in _logged_steps(log)) == 90
+    assert_nothing_left(fake_hosts)

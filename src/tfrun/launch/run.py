@@ -33,8 +33,9 @@ from .specs import spec_factory
 from .supervise import RunResult, Supervisor, describe_result
 from .tensorboard import TensorBoardServer
 
-__all__ = ["check_entrypoint", "check_python", "check_show", "console_for", "dry_run", "plan_for", "resolved_block",
-           "supervise", "supervise_through_one_backend", "write_config"]
+__all__ = ["ElasticPlanner", "batch_env_for", "check_entrypoint", "check_python", "check_show",
+           "console_for", "dry_run", "elastic_env", "elastic_hosts", "elastic_plan", "plan_for",
+           "resolved_block", "supervise", "supervise_through_one_backend", "write_config"]
 
 
 def check_python(config: LaunchConfig) -> None:
@@ -266,20 +267,25 @@ def supervise_through_one_backend(config: LaunchConfig, plan: ClusterPlan, conso
         write_config(config, plan, run_dir, True)
         console.info(resolved_block(config, plan, run_dir, True, mode=mode, heartbeat=True))
         backend = make_backend()
-        batch_env = _batch_env(config, plan)
+        batch_env = batch_env_for(config, plan)
         make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True,
                                  task_env=batch_env(plan))
         reform = None
         if config.min_nodes is not None:
-            def replan(smaller: LaunchConfig, new_plan: ClusterPlan):
+            def replan(smaller: LaunchConfig, new_plan: ClusterPlan, away):
                 write_config(smaller, new_plan, run_dir, True)  # the TF_CONFIGs in force
                 return new_plan, {t: backend for t in new_plan.tasks}, spec_factory(
                     smaller, new_plan, run_dir, with_tf_config=True, remote=True,
-                    task_env=batch_env(new_plan))
+                    task_env=elastic_env(batch_env(new_plan), away))
 
             reform = ElasticPlanner(config, replan)
         return supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
                          console, started, reform=reform)
+
+
+def elastic_env(task_env: dict, away) -> dict:
+    """``task_env`` with ``contract.HOSTS_AWAY`` added to every task's variables."""
+    return {t: {**env, contract.HOSTS_AWAY: ",".join(sorted(away))} for t, env in task_env.items()}
 
 
 def elastic_hosts(config: LaunchConfig, away=frozenset()) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -324,6 +330,7 @@ class ElasticPlanner:
     (``replan(config, plan)`` makes the latter two)."""
 
     def __init__(self, config: LaunchConfig, replan) -> None:
+        """``replan(smaller_config, plan, away)`` -> (plan, backends, make_spec)."""
         self.config, self.replan = config, replan
 
     def hosts_after(self, away) -> int:
@@ -333,16 +340,16 @@ class ElasticPlanner:
         return len({parse_address(h)[0] for h in used})
 
     def __call__(self, away):
-        return self.replan(*elastic_plan(self.config, away))
+        return self.replan(*elastic_plan(self.config, away), away)
 
 
-def _batch_env(config: LaunchConfig, first: ClusterPlan):
+def batch_env_for(config: LaunchConfig, first: ClusterPlan):
     """Per-task variables for ``--keep-global-batch``: the workers the run started with."""
     started_with = first.cluster.size("chief") + first.cluster.size("worker")
 
     def env(plan: ClusterPlan) -> dict:
         if not config.keep_global_batch:
-            return {}
+            return {t: {} for t in plan.tasks}
         return {t: {contract.BATCH_WORKERS: str(started_with)} for t in plan.tasks}
 
     return env

@@ -16,8 +16,10 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from ...cluster import parse_address
 from ...errors import ConfigError
 from ..config import LaunchConfig
+from ..rendezvous import distinct_hosts
 from .base import Engine, Subcommand
 from .kubernetes import KubernetesEngine
 from .local import LocalEngine
@@ -75,9 +77,60 @@ def check_options(config: LaunchConfig) -> type[Engine]:
     for engine in ENGINES:
         engine.check(config, engine is chosen)
     _refuse_options_of_other_engines(config, chosen)
+    _check_elastic(config, chosen)
     if not chosen.reserves_devices:
         _check_whole_local_devices(config)
     return chosen
+
+
+def _check_elastic(config: LaunchConfig, chosen: type[Engine]) -> None:
+    """``--min-nodes``/``--keep-global-batch``: workers only (a lost ps or chief cannot be
+    planned around), and no more hosts needed than given."""
+    if config.min_nodes is not None and not chosen.elastic:
+        elastic = ", ".join(e.name for e in ENGINES if e.elastic)
+        raise ConfigError(f"--min-nodes re-forms the cluster when a host is lost, which the "
+                          f"{chosen.name} engine cannot do yet",
+                          expected=f"a launch on the {elastic} engine(s)",
+                          fix="Drop --min-nodes, or launch over SSH (--hosts naming other "
+                              "machines) or per node (--node-rank)",
+                          received=f"--min-nodes {config.min_nodes}")
+    if config.min_nodes is None:
+        for given, flag in ((config.keep_global_batch, "--keep-global-batch"),
+                            (config.exclude_hosts, "--exclude-hosts"),
+                            (config.exclude_after != 2, "--exclude-after")):
+            if given:
+                raise ConfigError(f"{flag} applies to elastic runs, and this run has no "
+                                  "--min-nodes", expected=f"{flag} with --min-nodes N",
+                                  fix=f"Add --min-nodes N, or drop {flag}", received=flag)
+        return
+    topology = config.topology
+    if topology.chief or topology.ps or topology.evaluator or config.layout != "default":
+        raise ConfigError("--min-nodes re-forms a cluster of workers only (MultiWorkerMirrored"
+                          "Strategy): a lost chief, ps or evaluator cannot be planned around yet",
+                          expected="--hosts with --workers (no --chief/--ps/--evaluator, "
+                                   "--layout default)",
+                          fix="Drop --min-nodes, or the other roles", received=topology)
+    names = [parse_address(h)[0] for h in config.hosts or ()]
+    unknown = sorted(set(config.exclude_hosts) - set(names))
+    if unknown:
+        raise ConfigError(f"--exclude-hosts names {', '.join(unknown)}, not in --hosts",
+                          expected=f"hosts among {', '.join(distinct_hosts(names))}",
+                          fix="Check the spelling (the names as --hosts gives them)",
+                          received=",".join(config.exclude_hosts))
+    nodes = distinct_hosts(n for n in names if n not in config.exclude_hosts)
+    if config.min_nodes > len(nodes):
+        raise ConfigError(f"--min-nodes {config.min_nodes} asks for more hosts than --hosts "
+                          f"names ({len(nodes)}"
+                          + (", without --exclude-hosts)" if config.exclude_hosts else ")"),
+                          expected=f"a number of hosts from 1 to {len(nodes)}",
+                          fix=f"Pass e.g. --min-nodes {max(len(nodes) - 1, 1)}",
+                          received=f"--min-nodes {config.min_nodes}")
+    if config.topology.workers > len(config.hosts or ()):
+        raise ConfigError(f"--workers {config.topology.workers} needs as many --hosts entries "
+                          f"({len(config.hosts or ())} given)",
+                          expected="one --hosts entry per worker, and any beyond as spares",
+                          fix="Add hosts, or lower --workers",
+                          received=",".join(config.hosts or ()))
 
 
 #: The flag of a LaunchConfig field, where it is not ``--`` + the field's name.

@@ -176,6 +176,8 @@ class Engine(abc.ABC):
     chosen_by: str = ""
     #: False for an engine that only writes what another system runs (Kubernetes manifests)
     runs_tasks: bool = True
+    #: whether the engine re-forms the cluster when a host is lost (``--min-nodes``)
+    elastic: bool = False
 
     # ---- command line ---------------------------------------------------------------
     @classmethod

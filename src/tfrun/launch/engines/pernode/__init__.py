@@ -134,18 +134,40 @@ def run_node_agent(config: LaunchConfig, plan: ClusterPlan, rank: int,
         Path(config.runs_root) / str(reply.get("run_name") or f"node-{rank}")
     run_dir = run_dir.resolve()
     console.info(f"joined; run dir {run_dir}")
+    batch_env = run.batch_env_for(config, plan)
     make_spec = spec_factory(config, plan, run_dir, with_tf_config=len(plan.tasks) > 1,
-                             remote=True)
+                             remote=True, task_env=batch_env(plan))
+    memberships: dict[tuple[str, ...], tuple[list[TaskId], object]] = {(): (mine, make_spec)}
+
+    def membership(away: tuple[str, ...]):
+        """This node's tasks and spec maker in the cluster without the hosts ``away`` (an
+        elastic re-form: computed here from this node's own flags, as the hub did)."""
+        if away not in memberships:
+            unknown = sorted(set(away) - set(nodes))
+            if config.min_nodes is None or unknown:
+                raise ConfigError(f"The hub asked node {rank} to start a task in a cluster "
+                                  f"without {', '.join(away)}",
+                                  expected="an elastic run (--min-nodes) of these --hosts",
+                                  fix="Start every node with the same flags",
+                                  received=f"hosts away: {', '.join(away)}")
+            smaller, new_plan = run.elastic_plan(config, frozenset(away))
+            memberships[away] = (
+                [t for t, h in task_hosts(new_plan).items() if h == nodes[rank]],
+                spec_factory(smaller, new_plan, run_dir, with_tf_config=True, remote=True,
+                             task_env=run.elastic_env(batch_env(new_plan), away)))
+        return memberships[away]
 
     def spec_for(message: dict) -> TaskSpec:
         role, _, index = str(message.get("task")).partition(":")
         task = TaskId(role, int(index)) if index.isdigit() else None
-        if task not in mine:
+        away = tuple(sorted(h for h in str(message.get("away") or "").split(",") if h))
+        tasks, make = membership(away)
+        if task not in tasks:
             raise ConfigError(f"The hub asked node {rank} to start {message.get('task')!r}, "
                               "which is not one of its tasks",
-                              expected=", ".join(map(str, mine)),
+                              expected=", ".join(map(str, tasks)),
                               fix="Start every node with the same flags", received=message)
-        return make_spec(task, int(message.get("restart", 0)))  # type: ignore[arg-type]
+        return make(task, int(message.get("restart", 0)))  # type: ignore[operator]
 
     agent = NodeAgent(channel, LocalBackend(hold_ports=True), spec_for, run_dir=run_dir,
                       heartbeat_timeout=config.heartbeat_timeout, stop_grace=config.stop_grace,
@@ -173,6 +195,9 @@ class PerNodeEngine(Engine):
 
     name = "pernode"
     options = ("rdzv_port",)
+    #: --min-nodes: the hub re-plans, and tells each node which hosts are away (every node
+    #: computes the smaller cluster itself: only task identities cross the rendezvous port)
+    elastic = True
     chosen_by = "add --node-rank R (or auto) with --hosts"
 
     @classmethod
@@ -231,9 +256,22 @@ class PerNodeEngine(Engine):
             local = LocalBackend(hold_ports=True)
             backends: dict[TaskId, Backend] = {t: local if hosts[t] == nodes[0] else hub
                                                for t in plan.tasks}
-            make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=True)
+            batch_env = run.batch_env_for(config, plan)
+            make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=True,
+                                     task_env=batch_env(plan))
+            reform = None
+            if config.min_nodes is not None:
+                def replan(smaller, new_plan, away):
+                    run.write_config(smaller, new_plan, run_dir, True)
+                    new_hosts = task_hosts(new_plan)
+                    return new_plan, {t: local if new_hosts[t] == nodes[0] else hub
+                                      for t in new_plan.tasks}, spec_factory(
+                        smaller, new_plan, run_dir, with_tf_config=True, remote=True,
+                        task_env=run.elastic_env(batch_env(new_plan), away))
+
+                reform = run.ElasticPlanner(config, replan)
             return run.supervise(config, plan, run_dir, backends, make_spec, console,
-                                 self.started)
+                                 self.started, reform=reform)
 
     def follow(self, plan) -> int:
         """Any other rank: join the hub, run this node's tasks, exit with the run's code."""

@@ -9,7 +9,8 @@ their rank and a digest of the cluster they computed, and from then on act as no
 agents (``agent.py``). A node whose digest differs (other flags, another script) is
 rejected with the reason, and named at the join timeout.
 
-Only task identities cross this port (``start worker:1, restart 0``): each node builds
+Only task identities cross this port (``start worker:1, restart 0``, and after an elastic
+re-form the hosts away, a subset of the node's own ``--hosts``): each node builds
 its tasks' commands and environments itself from its own command line, so nothing
 that connects here can make a node run anything else.
 """
@@ -54,7 +55,9 @@ class HubBackend(RemoteBackend):
                 host, heartbeat_timeout=heartbeat_timeout,
                 encode_start=lambda task_id, spec: {
                     "id": task_id, "task": str(spec.task),
-                    "restart": int(spec.env.get(contract.RESTART_COUNT, "0"))})
+                    "restart": int(spec.env.get(contract.RESTART_COUNT, "0")),
+                    # an elastic re-form: the node plans the smaller cluster itself
+                    "away": spec.env.get(contract.HOSTS_AWAY, "")})
 
     def open(self, run_dir: Path) -> None:
         host, port = self.listen_address

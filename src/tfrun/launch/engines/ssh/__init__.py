@@ -49,10 +49,9 @@ class SshEngine(Engine):
     """``--hosts`` naming other machines: one ssh session per host runs its node agent."""
 
     name = "ssh"
-    #: min_nodes/keep_global_batch: elastic membership, re-planned through this engine's
-    #: one backend (run.supervise_through_one_backend); other engines refuse them for now
-    options = ("ssh_opts", "doctor", "min_nodes", "keep_global_batch", "exclude_hosts",
-               "exclude_after")
+    options = ("ssh_opts", "doctor")
+    #: --min-nodes: re-planned through this engine's one backend (supervise_through_one_backend)
+    elastic = True
     chosen_by = "name other machines in --hosts (without --node-rank)"
     checks_entrypoint_locally = False  # the script must exist on the hosts: the preflight checks
 
@@ -102,11 +101,6 @@ class SshEngine(Engine):
                                   f"{loopback[0]}", received=list(config.hosts))
         return True
 
-    @classmethod
-    def check(cls, config, chosen: bool) -> None:
-        if chosen:
-            check_elastic(config)
-
     def run(self, plan):
         from .doctor import preflight
 
@@ -121,48 +115,6 @@ class SshEngine(Engine):
                                ssh_opts=config.ssh_opts,
                                heartbeat_timeout=config.heartbeat_timeout,
                                stop_grace=config.stop_grace, console=console))
-
-
-def check_elastic(config) -> None:
-    """``--min-nodes``/``--keep-global-batch``: workers only (a lost ps or chief cannot be
-    planned around), and no more hosts needed than given."""
-    if config.min_nodes is None:
-        for given, flag in ((config.keep_global_batch, "--keep-global-batch"),
-                            (config.exclude_hosts, "--exclude-hosts"),
-                            (config.exclude_after != 2, "--exclude-after")):
-            if given:
-                raise ConfigError(f"{flag} applies to elastic runs, and this run has no "
-                                  "--min-nodes", expected=f"{flag} with --min-nodes N",
-                                  fix=f"Add --min-nodes N, or drop {flag}", received=flag)
-        return
-    topology = config.topology
-    if topology.chief or topology.ps or topology.evaluator or config.layout != "default":
-        raise ConfigError("--min-nodes re-forms a cluster of workers only (MultiWorkerMirrored"
-                          "Strategy): a lost chief, ps or evaluator cannot be planned around yet",
-                          expected="--hosts with --workers (no --chief/--ps/--evaluator, "
-                                   "--layout default)",
-                          fix="Drop --min-nodes, or the other roles", received=topology)
-    names = [parse_address(h)[0] for h in config.hosts or ()]
-    unknown = sorted(set(config.exclude_hosts) - set(names))
-    if unknown:
-        raise ConfigError(f"--exclude-hosts names {', '.join(unknown)}, not in --hosts",
-                          expected=f"hosts among {', '.join(distinct_hosts(names))}",
-                          fix="Check the spelling (the names as --hosts gives them)",
-                          received=",".join(config.exclude_hosts))
-    nodes = distinct_hosts(n for n in names if n not in config.exclude_hosts)
-    if config.min_nodes > len(nodes):
-        raise ConfigError(f"--min-nodes {config.min_nodes} asks for more hosts than --hosts "
-                          f"names ({len(nodes)}"
-                          + (", without --exclude-hosts)" if config.exclude_hosts else ")"),
-                          expected=f"a number of hosts from 1 to {len(nodes)}",
-                          fix=f"Pass e.g. --min-nodes {max(len(nodes) - 1, 1)}",
-                          received=f"--min-nodes {config.min_nodes}")
-    if config.topology.workers > len(config.hosts or ()):
-        raise ConfigError(f"--workers {config.topology.workers} needs as many --hosts entries "
-                          f"({len(config.hosts or ())} given)",
-                          expected="one --hosts entry per worker, and any beyond as spares",
-                          fix="Add hosts, or lower --workers",
-                          received=",".join(config.hosts or ()))
 
 
 def _run_doctor(argv, parse_launch) -> int:
