@@ -576,3 +576,38 @@ def test_elastic_per_node_a_node_that_vanishes_leaves_the_hub_and_one_node_to_fi
     assert summary["membership"][0]["tasks_after"] == ["worker:0@node-1", "worker:1@node-2"]
     assert max(s for _, s in _logged_steps(log)) == 90
     assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restart(
+        fake_hosts, tmp_path):
+    """Issue 33, growing back: node-3 vanishes (re-form on 2), its link comes back; the next
+    gang restart (worker:1 SIGKILLed on node-2, --max-restarts 1) takes node-3 back, and
+    the three workers finish with equal weights."""
+    out = tmp_path / "out"
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--hosts", "node-1,node-2,node-3", "--min-nodes", "2",
+                                  "--max-restarts", "1", "--heartbeat-timeout", "3",
+                                  "--stop-grace", "3", STEP_BACKUP, str(out), "4", "10", "0.1"])
+    log = Path(f"{out}-steps-worker-0.log")
+    _wait_for_step(run, log, 0, 25)
+    try:
+        fake_hosts.link(3, up=False)
+        for proc in fake_hosts.tfrun_processes(3):
+            proc.kill()
+        _wait_for_step(run, log, 1, 45)  # re-formed on node-1, node-2 and training again
+    finally:
+        fake_hosts.link(3, up=True)
+    _kill_task_on(fake_hosts, 2)
+    assert run.wait(300) == 0, run.stdout[-4000:]
+    assert "node-3 answered again: the restart takes it back: 3 tasks (was 2)" in run.stdout, \
+        run.stdout[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    lost, back = summary["membership"]
+    assert lost["left"] == ["node-3"] and back["joined"] == ["node-3"] and back["how"] == "back"
+    assert back["tasks_after"] == ["worker:0@node-1", "worker:1@node-2", "worker:2@node-3"]
+    weights = [np.load(f"{out}-worker-{i}.npz") for i in range(3)]
+    for k in range(4):
+        np.testing.assert_array_equal(weights[0][f"arr_{k}"], weights[1][f"arr_{k}"])
+        np.testing.assert_array_equal(weights[0][f"arr_{k}"], weights[2][f"arr_{k}"])
+    assert_nothing_left(fake_hosts)

@@ -128,6 +128,11 @@ class Backend(abc.ABC):
         """Why tasks may not have started (e.g. a node that never connected), for messages."""
         return []
 
+    def reachable(self, host: str) -> bool:
+        """Whether a host this backend lost answers again (an elastic run takes it back at
+        the next restart). Default: never asked back."""
+        return False
+
 
 #: How a subcommand turns tfrun's launch flags into a LaunchConfig (the CLI passes its own
 #: parser in, so that no engine imports the CLI): ``parse(argv, environ, script_required)``.

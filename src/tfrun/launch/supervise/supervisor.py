@@ -316,6 +316,7 @@ class Supervisor:
                 if self._signal is not None:  # Ctrl-C while restarting: do not start again
                     outcome = _Outcome(Watch.SIGNAL)
                     break
+                self._take_back_hosts()
                 self.restarts += 1
                 self._attempt_started = time.time()
                 continue
@@ -360,12 +361,12 @@ class Supervisor:
         on the hosts left (tasks renumbered, a new TF_CONFIG), and go on with a bumped
         restart count; the tasks resume from their newest common backup."""
         assert self.reform is not None and record.host is not None
-        lost_at = time.time()
-        lost = sorted({r.host for r in self.records if r.host is not None
-                       and r.failure is FailureClass.NODE_LOST})
+        noticed = time.time()
+        lost = {r.host for r in self.records if r.host is not None
+                and r.failure is FailureClass.NODE_LOST}
         excluded = record.failure is not FailureClass.NODE_LOST
         if excluded:  # failed --exclude-after times in a row (infrastructure)
-            lost = sorted(set(lost) | {record.host})
+            lost.add(record.host)
             self.excluded_hosts.append(record.host)
         why = (f"excluded after {self.config.exclude_after} infrastructure failures in a row"
                if excluded else "lost")
@@ -374,32 +375,15 @@ class Supervisor:
         self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                    grace=self.config.stop_grace, at_once=True)
         self._note_training_events(ended)
-        before = self.records
-        for old in before:
-            old.logger.join()  # a task of the same name logs on into the same file
-        self._lost_hosts = self._lost_hosts | set(lost)
-        plan, backends, make_spec = self.reform(frozenset(self._lost_hosts))
-        self.departed += [r for r in before if r.host in self._lost_hosts]
-        self._adopt(plan, backends, make_spec)
-        for backend in self._distinct_backends():
-            if all(backend is not b for b in self._opened):
-                backend.open(self.run_dir)
-                self._opened.append(backend)
+        self.departed += [r for r in self.records if r.host in lost]
+        before, joined = self._replan(self._lost_hosts | lost)
+        self._membership_change(noticed, sorted(lost), joined, why,
+                                record.note or str(record.failure), before,
+                                **({"saved_at_step": ended["preempted_at_step"]}
+                                   if "preempted_at_step" in ended else {}))
         hosts = sorted({r.host for r in self.records if r.host is not None})
-        joined = sorted(set(hosts) - {r.host for r in before})
-        change = {"time": lost_at, "left": lost, "joined": joined, "how": why,
-                  "reason": record.note or str(record.failure),
-                  "tasks_before": [f"{r.task}@{r.host}" for r in before],
-                  "tasks_after": [f"{r.task}@{r.host}" for r in self.records],
-                  "restart": self.restarts + 1, "min_nodes": self.config.min_nodes,
-                  "global_batch": "kept" if self.config.keep_global_batch
-                  else "per-replica x replicas"}
-        if "preempted_at_step" in ended:
-            change["saved_at_step"] = ended["preempted_at_step"]
-        self.membership.append(change)
-        self._event("membership", **change)
         self.console.info(
-            f"{', '.join(lost)} {why} ({record.task}: {record.note or record.failure}); "
+            f"{', '.join(sorted(lost))} {why} ({record.task}: {record.note or record.failure}); "
             f"re-forming the cluster on {', '.join(hosts)}"
             + (f" ({', '.join(joined)} joining from the spares)" if joined else "")
             + f": {len(self.records)} tasks (was "
@@ -409,6 +393,55 @@ class Supervisor:
                else "is per-replica x the replicas left"))
         self.restarts += 1
         self._attempt_started = time.time()
+
+    def _take_back_hosts(self) -> None:
+        """At a gang restart of an elastic run: hosts lost earlier (not excluded) that
+        answer again join the cluster, up to the workers it started with."""
+        if self.reform is None:
+            return
+        backends = self._distinct_backends()
+        back = sorted(h for h in self._lost_hosts - set(self.excluded_hosts)
+                      if any(b.reachable(h) for b in backends))
+        if not back:
+            return
+        before, joined = self._replan(self._lost_hosts - set(back))
+        if not joined:  # back, but the cluster is full (spares took their places)
+            return
+        self._membership_change(time.time(), [], joined, "back", "answered again", before)
+        self.console.info(f"{', '.join(joined)} answered again: the restart takes "
+                          f"{'it' if len(joined) == 1 else 'them'} back: {len(self.records)} "
+                          f"tasks (was {len(before)})")
+
+    def _replan(self, away: set[str]) -> tuple[list[TaskRecord], list[str]]:
+        """Run the cluster without the hosts ``away`` from now on (every task has ended);
+        returns the records before and the hosts that joined."""
+        assert self.reform is not None
+        before = self.records
+        for old in before:
+            old.logger.join()  # a task of the same name logs on into the same file
+        self._lost_hosts = set(away)
+        self._adopt(*self.reform(frozenset(self._lost_hosts)))
+        for backend in self._distinct_backends():
+            if all(backend is not b for b in self._opened):
+                backend.open(self.run_dir)
+                self._opened.append(backend)
+        joined = sorted({r.host for r in self.records if r.host is not None}
+                        - {r.host for r in before})
+        return before, joined
+
+    def _membership_change(self, when: float, left: list[str], joined: list[str], how: str,
+                           reason: str, before: list[TaskRecord], **extra) -> dict:
+        """Record one change of the cluster's hosts (summary.json's ``membership``)."""
+        change = {"time": when, "left": left, "joined": joined, "how": how, "reason": reason,
+                  **extra,
+                  "tasks_before": [f"{r.task}@{r.host}" for r in before],
+                  "tasks_after": [f"{r.task}@{r.host}" for r in self.records],
+                  "restart": self.restarts + 1, "min_nodes": self.config.min_nodes,
+                  "global_batch": "kept" if self.config.keep_global_batch
+                  else "per-replica x replicas"}
+        self.membership.append(change)
+        self._event("membership", **change)
+        return change
 
     def _start_all(self) -> None:
         self._events_before = {id(r): len(r.logger.training_events) for r in self.records}

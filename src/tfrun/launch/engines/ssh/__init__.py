@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import subprocess
 from typing import Sequence
 
 from ....cluster import parse_address
@@ -43,6 +44,15 @@ class SshBackend(PipedAgentBackend):
 
     def agent_argv(self, host: str) -> list[str]:
         return ssh_command(host, agent_command(self.python, self.remote_dir), self.ssh_opts)
+
+    def reachable(self, host: str) -> bool:
+        """``ssh host true`` within a few seconds (ours first: a probe must not wait 10 s)."""
+        argv = ssh_command(host, "true", ["-o", "ConnectTimeout=3", *self.ssh_opts])
+        try:
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=8).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
 
 
 class SshEngine(Engine):
