@@ -69,6 +69,12 @@ ELSEWHERE = {
         "tests/multihost/test_multihost.py",
     "tfrun doctor --hosts node-1,node-2 examples/multiworker_mobilenet.py":
         "tests/multihost/test_multihost.py",
+    # docs/elastic.md: the elastic tests run these with their own train.py (the step log)
+    "tfrun --hosts node-1,node-2,node-3 --min-nodes 2 train.py": "tests/multihost/test_multihost.py",
+    "tfrun --workers 2 --hosts node-1,node-2,node-3 --min-nodes 2 train.py":
+        "tests/multihost/test_multihost.py",
+    "tfrun --hosts node-1,node-2,node-3 --node-rank auto --min-nodes 2 train.py":
+        "tests/multihost/test_multihost.py",
     "tfrun slurm --nodes 2 --time 10:00 examples/mnist_mlp.py > job.sh && sbatch job.sh":
         "tests/slurm/test_slurm.py",
     "srun --ntasks-per-node=1 tfrun examples/mnist_mlp.py": "tests/slurm/test_slurm.py",

@@ -416,6 +416,26 @@ def test_readme_several_machines_commands_run_as_written(fake_hosts, tmp_path):
 # --------------------------------------------------------------------------- elastic
 
 STEP_BACKUP = str(ROOT / "tests" / "scripts" / "step_backup.py")
+#: docs/elastic.md's commands, run by the tests below as written, with train.py standing
+#: for step_backup.py (its step log is what they check) and the tests' settings passed as
+#: TFRUN_<FLAG> variables.
+README_COMMANDS_ELASTIC = [
+    "tfrun --hosts node-1,node-2,node-3 --min-nodes 2 train.py",
+    "tfrun --workers 2 --hosts node-1,node-2,node-3 --min-nodes 2 train.py",
+    "tfrun --hosts node-1,node-2,node-3 --node-rank auto --min-nodes 2 train.py",
+]
+
+
+def _elastic_run(hosts, i: int, command: str, tmp_path: Path, script_args: list[str],
+                 **settings: str) -> HostRun:
+    """``command`` (a docs/elastic.md line) on fake host i, train.py being step_backup.py."""
+    args = command.split()[1:]
+    at = args.index("train.py")
+    args[at:at + 1] = [STEP_BACKUP, *script_args]
+    env = {"TFRUN_SSH_OPT": f"-F {hosts.ssh_config}", "TFRUN_RUN_DIR": str(tmp_path / "run"),
+           "TFRUN_STOP_GRACE": "3", "TFRUN_HEARTBEAT_TIMEOUT": "3"}
+    env.update({f"TFRUN_{k.upper()}": v for k, v in settings.items()})
+    return HostRun(hosts, i, args, extra_env=env)
 
 
 def _logged_steps(path: Path) -> list[tuple[int, int]]:
@@ -435,10 +455,8 @@ def test_elastic_a_host_that_vanishes_mid_epoch_leaves_two_that_finish(fake_host
     backup both can see and finish with exit 0 and equal weights. The console, summary
     and report name the change."""
     out = tmp_path / "out"
-    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
-                                  "--hosts", "node-1,node-2,node-3", "--min-nodes", "2",
-                                  "--heartbeat-timeout", "3", "--stop-grace", "3",
-                                  STEP_BACKUP, str(out), "3", "10", "0.1"])
+    run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[0], tmp_path,
+                       [str(out), "3", "10", "0.1"])
     log = Path(f"{out}-steps-worker-0.log")
     deadline = time.monotonic() + 240
     while max((s for _, s in _logged_steps(log)), default=0) < 45:
@@ -512,10 +530,8 @@ def test_elastic_a_host_failing_twice_is_excluded_and_the_spare_takes_its_place(
     SIGKILLed again on the same host: node-2 is excluded (--exclude-after 2) and the
     cluster re-forms on node-1 and the spare node-3, which finish with equal weights."""
     out = tmp_path / "out"
-    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
-                                  "--workers", "2", "--hosts", "node-1,node-2,node-3",
-                                  "--min-nodes", "2", "--max-restarts", "1",
-                                  "--stop-grace", "3", STEP_BACKUP, str(out), "3", "10", "0.1"])
+    run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[1], tmp_path,
+                       [str(out), "3", "10", "0.1"], max_restarts="1")
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(run, log, 0, 25)
     _kill_task_on(fake_hosts, 2)
@@ -551,10 +567,8 @@ def test_elastic_per_node_a_node_that_vanishes_leaves_the_hub_and_one_node_to_fi
     tells node-2 which hosts are away (node-2 plans the smaller cluster itself); both
     finish with exit 0 and equal weights."""
     out = tmp_path / "out"
-    args = ["--run-dir", str(tmp_path / "run"), "--hosts", "node-1,node-2,node-3",
-            "--node-rank", "auto", "--min-nodes", "2", "--heartbeat-timeout", "3",
-            "--stop-grace", "3", STEP_BACKUP, str(out), "3", "10", "0.1"]
-    node3, node2, hub = (HostRun(fake_hosts, i, args) for i in (3, 2, 1))
+    node3, node2, hub = (_elastic_run(fake_hosts, i, README_COMMANDS_ELASTIC[2], tmp_path,
+                                      [str(out), "3", "10", "0.1"]) for i in (3, 2, 1))
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(hub, log, 0, 45)
     try:
@@ -585,10 +599,8 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
     gang restart (worker:1 SIGKILLed on node-2, --max-restarts 1) takes node-3 back, and
     the three workers finish with equal weights."""
     out = tmp_path / "out"
-    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
-                                  "--hosts", "node-1,node-2,node-3", "--min-nodes", "2",
-                                  "--max-restarts", "1", "--heartbeat-timeout", "3",
-                                  "--stop-grace", "3", STEP_BACKUP, str(out), "4", "10", "0.1"])
+    run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[0], tmp_path,
+                       [str(out), "3", "10", "0.1"], max_restarts="1")
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(run, log, 0, 25)
     try:
@@ -598,6 +610,15 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
         _wait_for_step(run, log, 1, 45)  # re-formed on node-1, node-2 and training again
     finally:
         fake_hosts.link(3, up=True)
+    # node-3 answers ssh again (as tfrun will ask it at the next restart) before that restart
+    deadline, answered = time.monotonic() + 60, None
+    while time.monotonic() < deadline:
+        answered = fake_hosts.run(1, ["ssh", "-F", str(fake_hosts.ssh_config), "-o",
+                                      "BatchMode=yes", "-o", "ConnectTimeout=3", "node-3", "true"])
+        if answered.returncode == 0:
+            break
+        time.sleep(0.5)
+    assert answered is not None and answered.returncode == 0, answered
     _kill_task_on(fake_hosts, 2)
     assert run.wait(300) == 0, run.stdout[-4000:]
     assert "node-3 answered again: the restart takes it back: 3 tasks (was 2)" in run.stdout, \
