@@ -426,6 +426,14 @@ README_COMMANDS_ELASTIC = [
 ]
 
 
+def _vanish(hosts, i: int) -> None:
+    """Host i goes away without a goodbye: its link cut first, then its tfrun processes
+    (agent, tasks) SIGKILLed. The caller plugs the link back in (``hosts.link(i, True)``)."""
+    hosts.link(i, up=False)
+    for proc in hosts.tfrun_processes(i):
+        proc.kill()
+
+
 def _elastic_run(hosts, i: int, command: str, tmp_path: Path, script_args: list[str],
                  **settings: str) -> HostRun:
     """``command`` (a docs/elastic.md line) on fake host i, train.py being step_backup.py."""
@@ -464,9 +472,7 @@ def test_elastic_a_host_that_vanishes_mid_epoch_leaves_two_that_finish(fake_host
         assert time.monotonic() < deadline, "worker:0 never reached step 45"
         time.sleep(0.05)
     try:
-        fake_hosts.link(3, up=False)
-        for proc in fake_hosts.tfrun_processes(3):
-            proc.kill()
+        _vanish(fake_hosts, 3)
         lost = time.monotonic()
         while not any(r >= 1 for r, _ in _logged_steps(log)):
             assert run.proc.poll() is None, run.stdout[-4000:]
@@ -572,9 +578,7 @@ def test_elastic_per_node_a_node_that_vanishes_leaves_the_hub_and_one_node_to_fi
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(hub, log, 0, 45)
     try:
-        fake_hosts.link(3, up=False)
-        for proc in fake_hosts.tfrun_processes(3):
-            proc.kill()
+        _vanish(fake_hosts, 3)
         assert hub.wait(300) == 0, hub.stdout[-4000:]
         assert node2.wait(60) == 0, node2.stdout[-4000:]
     finally:
@@ -604,9 +608,7 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(run, log, 0, 25)
     try:
-        fake_hosts.link(3, up=False)
-        for proc in fake_hosts.tfrun_processes(3):
-            proc.kill()
+        _vanish(fake_hosts, 3)
         _wait_for_step(run, log, 1, 45)  # re-formed on node-1, node-2 and training again
     finally:
         fake_hosts.link(3, up=True)

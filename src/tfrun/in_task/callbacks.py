@@ -58,6 +58,7 @@ stream, asynchronously.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -774,10 +775,8 @@ def _consistent_backup_class(keras):
             optimizer = self.model.optimizer
             if optimizer is not None and not (getattr(optimizer, "built", False)
                                               or getattr(optimizer, "_built", False)):
-                if legacy:
-                    with self.model.distribute_strategy.scope():
-                        optimizer.build(self.model.trainable_variables)
-                else:
+                with (self.model.distribute_strategy.scope() if legacy
+                      else contextlib.nullcontext()):
                     optimizer.build(self.model.trainable_variables)
             if legacy:
                 self.model.load_weights(os.path.join(directory, f"{name}.ckpt", "weights"))

@@ -334,10 +334,9 @@ class ElasticPlanner:
         self.config, self.replan = config, replan
 
     def hosts_after(self, away) -> int:
-        from ..cluster import parse_address
+        from .rendezvous import distinct_hosts
 
-        used, _ = elastic_hosts(self.config, away)
-        return len({parse_address(h)[0] for h in used})
+        return len(distinct_hosts(elastic_hosts(self.config, away)[0]))
 
     def __call__(self, away):
         return self.replan(*elastic_plan(self.config, away), away)

@@ -114,6 +114,7 @@ class Supervisor:
         self.excluded_hosts: list[str] = []  # excluded after failures in a row
         self._host_streak: tuple[str | None, int] = (None, 0)
         self._opened: list[Backend] = []
+        self._every_record: list[TaskRecord] = []  # of every membership, for its events
         self._adopt(plan, backends, make_spec)
         self.restarts = 0           # gang restarts, all (the tasks see this count)
         self.charged_restarts = 0   # those charged to --max-restarts (not preemptions)
@@ -150,7 +151,7 @@ class Supervisor:
                                          metrics_path=self.run_dir / "metrics" / f"{t.slug}.jsonl"))
             for i, t in enumerate(plan.tasks)
         ]
-        self._every_record = getattr(self, "_every_record", []) + self.records
+        self._every_record += self.records
 
     def _complete_membership(self) -> None:
         """Each re-form's ``resumed_at_step`` and ``seconds_to_resume`` (from tfrun noticing
