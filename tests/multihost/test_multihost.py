@@ -504,13 +504,20 @@ def test_elastic_a_host_that_vanishes_mid_epoch_leaves_two_that_finish(fake_host
     # the launcher's account: from noticing the loss (up to --heartbeat-timeout after it)
     # to the survivors' resume (before their first step, which the test's stopwatch waits for)
     assert 0 < change["seconds_to_resume"] <= running_again, (change, running_again)
+    # steps redone: counted from the tasks' step samples (every 2 s), so at most the real
+    # count (the steps logged after the backup resumed from), and some of it
+    redone = before - change["resumed_at_step"]
+    assert 0 < change["step_reached"] <= before and \
+        change["steps_redone"] == change["step_reached"] - change["resumed_at_step"], change
+    assert 0 <= change["steps_redone"] <= redone, (change, redone)
+    assert f"training resumed at step {resumed_at - 1}" in stdout and "steps redone" in stdout
     assert [t["task"] for t in summary["departed_tasks"]] == ["worker:2"]
     assert [(a["ended"], a["failure_class"]) for a in summary["attempts"]] == [
         ("reform", "node-lost"), ("success", None)]
     tf_configs = json.loads((tmp_path / "run" / "config.json").read_text())["tf_configs"]
     assert sorted(tf_configs) == ["worker:0", "worker:1"]  # the TF_CONFIGs in force now
     report = (tmp_path / "run" / "report.html").read_text()
-    assert "Membership" in report and "node-3" in report
+    assert "Membership" in report and "node-3" in report and "steps redone" in report
     assert_nothing_left(fake_hosts)
 
 

@@ -73,6 +73,41 @@ def up() -> None:
     raise RuntimeError("the two Ray nodes did not both come up within 60 s")
 
 
+def lose_second_node() -> None:
+    """The second node dies as a machine would: its raylet, everything under it (the
+    actors' workers and their tasks) and its log monitor SIGKILLed at once."""
+    import psutil
+
+    victims = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or ())
+        if f"node_ip_address={SECOND}" in line or f"node-ip-address={SECOND}" in line:
+            victims.append(proc)
+            try:
+                victims += proc.children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+    if not victims:
+        raise RuntimeError(f"no process of the Ray node {SECOND} found")
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def start_second_node() -> None:
+    """Start the second node again (after ``lose_second_node``), until Ray counts it."""
+    second = _ray("start", f"--address={ADDRESS}", f"--node-ip-address={SECOND}", *_COMMON)
+    if second.returncode != 0:
+        raise RuntimeError(f"ray start (second node) failed:\n{second.stdout}\n{second.stderr}")
+    deadline = time.monotonic() + 60
+    while alive_nodes() != [HEAD, SECOND]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the second Ray node did not come back within 60 s")
+        time.sleep(0.5)
+
+
 def alive_nodes() -> list[str]:
     code = ("import ray, json; ray.init(address=%r, logging_level='ERROR'); "
             "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))"

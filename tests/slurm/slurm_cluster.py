@@ -101,9 +101,11 @@ class Job:
     def output(self) -> str:
         return self.out.read_text(errors="replace") if self.out.exists() else ""
 
-    def processes(self) -> list[int]:
-        """Pids on this machine (both fake nodes) whose environment is this job's."""
+    def processes(self, node: str | None = None) -> list[int]:
+        """Pids on this machine (both fake nodes) whose environment is this job's (and
+        ``node``'s: its steps' processes on that node)."""
         mine = f"SLURM_JOB_ID={self.id}".encode()
+        on_node = f"SLURMD_NODENAME={node}".encode() if node else None
         pids = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -112,6 +114,7 @@ class Job:
                 environ = (entry / "environ").read_bytes()
             except OSError:
                 continue
-            if mine in environ.split(b"\0"):
+            variables = environ.split(b"\0")
+            if mine in variables and (on_node is None or on_node in variables):
                 pids.append(int(entry.name))
         return pids

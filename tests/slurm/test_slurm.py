@@ -6,7 +6,9 @@ tells its node by $SLURMD_NODENAME, which the scripts report.
 """
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -206,6 +208,58 @@ def test_the_time_limit_warning_saves_at_one_step_and_the_requeued_job_resumes_t
     for i in range(2):
         log = (run_dir / "logs" / f"worker-{i}.log").read_text()
         assert f"tfrun: preempted: every worker saved at step {saved}" in log
+    assert job.processes() == []
+
+
+def test_elastic_a_lost_node_leaves_the_other_to_finish_the_job(slurm, tmp_path):
+    """Issue 33 on Slurm: `tfrun slurm --min-nodes 1` writes a job that a failed node does
+    not end (--no-kill); mid-epoch 2 every process of the job on tfrun-node2 (its agent's
+    step and its task) is SIGKILLed. tfrun re-forms the cluster on tfrun-node1 alone (1
+    worker, restart count 1), which resumes from the newest backup (nothing before it
+    redone) and finishes: the job completes with exit 0, and summary.json names the
+    change."""
+    out = tmp_path / "out"
+    script = subprocess.run(
+        [sys.executable, "-m", "tfrun", "slurm", "--nodes", "2", "--notice", "0",
+         "--min-nodes", "1", "--stop-grace", "3", "--heartbeat-timeout", "3",
+         "--run-dir", str(tmp_path / "run"), "tests/scripts/step_backup.py", str(out), "3",
+         "10", "0.1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0, script.stderr
+    assert "#SBATCH --no-kill" in script.stdout
+    job = slurm.submit(tmp_path, script.stdout, name="elastic")
+    log = tmp_path / "out-steps-worker-0.log"
+
+    def trained() -> list[tuple[int, int]]:
+        return [tuple(map(int, line.split())) for line in log.read_text().splitlines()
+                if len(line.split()) == 2] if log.exists() else []
+
+    deadline = time.monotonic() + 240
+    while max((s for _, s in trained()), default=0) < 45:
+        assert time.monotonic() < deadline, job.output()[-4000:]
+        time.sleep(0.05)
+    node2 = job.processes("tfrun-node2")
+    assert len(node2) >= 2, node2  # its agent and its task
+    for pid in node2:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    state, code = job.wait()
+    output = job.output()
+    assert (state, code) == ("COMPLETED", 0), output[-4000:]
+    assert "tfrun-node2 lost (worker:1" in output and "re-forming the cluster on " \
+        "tfrun-node1: 1 tasks (was 2; --min-nodes 1)" in output, output[-4000:]
+    steps = trained()
+    before = max(s for r, s in steps if r == 0)
+    resumed_at = min(s for r, s in steps if r == 1)
+    assert resumed_at - 1 <= before and (resumed_at - 1) % 10 == 0, (before, resumed_at)
+    finished = summary(tmp_path / "run")
+    assert finished["status"] == "succeeded" and finished["restarts"] == 1
+    (change,) = finished["membership"]
+    assert change["left"] == ["tfrun-node2"] and change["tasks_after"] == [
+        "worker:0@tfrun-node1"]
+    assert change["resumed_at_step"] == resumed_at - 1
+    assert 0 <= change["steps_redone"] <= before - change["resumed_at_step"], (change, before)
     assert job.processes() == []
 
 

@@ -189,8 +189,11 @@ def test_an_engine_option_from_the_environment_is_an_ambient_default_not_refused
     (["--min-nodes", "0", "--hosts", "node-1,node-2"], "--min-nodes must be a number of hosts >= 1"),
     (["--min-nodes", "3", "--hosts", "node-1,node-2"], r"--min-nodes 3 asks for more hosts than --hosts names \(2\)"),
     (["--min-nodes", "2", "--workers", "2"], "which the local engine cannot do yet"),
-    (["--min-nodes", "2", "--workers", "2", "--backend", "ray"],
-     "which the ray engine cannot do yet"),
+    (["--min-nodes", "3", "--workers", "2", "--backend", "ray"],
+     r"--min-nodes 3 asks for more nodes than the run has workers \(2\)"),
+    (["--min-nodes", "1", "--workers", "2", "--backend", "ray", "--exclude-hosts", "n"],
+     "Ray places this run's tasks on its nodes itself"),
+    (["--min-nodes", "1", "--chief", "--backend", "ray"], "re-forms a cluster of workers only"),
     (["--exclude-hosts", "node-3", "--hosts", "node-1,node-2"], "this run has no --min-nodes"),
     (["--min-nodes", "1", "--exclude-hosts", "node-9", "--hosts", "node-1,node-2"],
      "--exclude-hosts names node-9, not in --hosts"),
@@ -201,8 +204,39 @@ def test_an_engine_option_from_the_environment_is_an_ambient_default_not_refused
      "re-forms a cluster of workers only"),
 ])
 def test_bad_elastic_flags_are_named(argv, message):
+    from tfrun.launch.engines import prepare
+
     with pytest.raises(ConfigError, match=message):
-        config_from_args([*argv, "train.py"])
+        prepare(config_from_args([*argv, "train.py"]), environ={})
+
+
+ALLOCATION = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n1"}
+
+
+def test_in_a_slurm_allocation_min_nodes_keeps_the_unused_nodes_as_spares():
+    """Issue 33 on Slurm: the flags alone cannot say where the tasks go, so --min-nodes is
+    checked once the allocation has placed them; nodes without a task are spares."""
+    from tfrun.launch.engines import prepare
+    from tfrun.launch.engines.slurm.batch import sbatch_script
+    from tfrun.launch.run import elastic_plan
+
+    parsed = config_from_args(["--min-nodes", "1", "--workers", "2", "train.py"], environ={})
+    placed, engine = prepare(parsed, environ=ALLOCATION)
+    assert engine.name == "slurm" and placed.hosts == ("n1:2222", "n2:2223", "n3:2224")
+    _, plan = elastic_plan(placed)
+    assert plan.cluster.as_dict() == {"worker": ["n1:2222", "n2:2223"]}
+    _, plan = elastic_plan(placed, {"n2"})  # the spare takes the lost node's place
+    assert plan.cluster.as_dict() == {"worker": ["n1:2222", "n3:2224"]}
+    with pytest.raises(ConfigError, match="which the local engine cannot do yet"):
+        prepare(parsed, environ={})  # outside an allocation: a local run
+    step = {**ALLOCATION, "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-3]",
+            "SLURM_STEP_TASKS_PER_NODE": "1(x3)"}
+    with pytest.raises(ConfigError, match="under 'srun tfrun'"):
+        prepare(parsed, environ=step)
+    script = sbatch_script(nodes=3, tfrun_args=["--min-nodes", "2", "t.py"], job_name="t",
+                           no_kill=True)
+    assert "#SBATCH --no-kill\n" in script
+    assert "--no-kill" not in sbatch_script(nodes=3, tfrun_args=["t.py"], job_name="t")
 
 
 def test_the_elastic_plan_drops_the_lost_hosts_entries_and_renumbers():

@@ -70,7 +70,7 @@ import time
 import weakref
 
 from .. import contract
-from .metrics import record_training_event
+from .metrics import note_step, record_training_event
 from .runtime import is_parameter_server_strategy, task
 
 __all__ = ["backup_and_restore", "complete_epochs", "complete_saves", "default_backup_dir"]
@@ -616,6 +616,7 @@ def _consistent_backup_class(keras):
 
         def on_train_batch_end(self, batch, logs=None):
             step = self._global_step()
+            note_step(step)
             now = time.monotonic()
             self._step_seconds, self._last_step_at = now - self._last_step_at, now
             if self.save_freq != "epoch" and \

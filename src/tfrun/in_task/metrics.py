@@ -39,7 +39,7 @@ from ..contract import METRICS_LINE
 from ._post_import import when_imported
 
 __all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder",
-           "sample_resources", "record_training_event"]
+           "sample_resources", "record_training_event", "note_step"]
 
 
 def enabled() -> bool:
@@ -363,6 +363,14 @@ def sample_resources(process=None) -> dict:
 
 
 _sampler: list = []
+#: the newest global training step (``note_step``), sent with each resources sample
+_step: list = [None]
+
+
+def note_step(step: int) -> None:
+    """Note the task's global training step: the next resources sample carries it (the
+    launcher counts a re-form's steps redone from it). Cheap enough for every batch."""
+    _step[0] = step
 
 
 def _start_resource_sampler(interval: float) -> None:
@@ -378,7 +386,10 @@ def _start_resource_sampler(interval: float) -> None:
         while True:
             time.sleep(interval)
             try:
-                _emit(sample_resources(process))
+                record = sample_resources(process)
+                if _step[0] is not None:
+                    record["step"] = _step[0]
+                _emit(record)
             except Exception:  # noqa: BLE001 - never disturb the task for a sample
                 return
 

@@ -301,16 +301,18 @@ def _attempts_html(summary: dict, t0: float) -> str:
 
 def _membership_html(summary: dict, t0: float) -> str:
     """One row per re-form of the cluster (``--min-nodes``): who left, the tasks after."""
-    columns = ["at (s)", "hosts lost", "why", "tasks before", "tasks after",
-               "resumed at step", "seconds to resume", "global batch"]
+    columns = ["at (s)", "hosts lost", "hosts joined", "why", "tasks before", "tasks after",
+               "resumed at step", "steps redone (at least)", "seconds to resume",
+               "global batch"]
     out = ["<table class='attempts'><tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"]
     for change in summary.get("membership") or []:
         when = change.get("time")
         cells = [f"{when - t0:.1f}" if isinstance(when, (int, float)) else None,
-                 ", ".join(change.get("left") or []), change.get("reason"),
-                 ", ".join(change.get("tasks_before") or []),
+                 ", ".join(change.get("left") or []), ", ".join(change.get("joined") or []),
+                 change.get("reason"), ", ".join(change.get("tasks_before") or []),
                  ", ".join(change.get("tasks_after") or []), change.get("resumed_at_step"),
-                 change.get("seconds_to_resume"), change.get("global_batch")]
+                 change.get("steps_redone"), change.get("seconds_to_resume"),
+                 change.get("global_batch")]
         out.append("<tr>" + "".join(f"<td>{html.escape('-' if c is None else str(c))}</td>"
                                     for c in cells) + "</tr>")
     return "\n".join(out + ["</table>"])

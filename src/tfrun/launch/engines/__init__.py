@@ -60,14 +60,14 @@ def prepare(config: LaunchConfig, environ: Mapping[str, str] | None = None
     check_options(config)
     for engine in ENGINES:
         config = engine.resolve(config, environ)
-    return config, check_options(config)
+    return config, check_options(config, resolved=True)
 
 
-def check_options(config: LaunchConfig) -> type[Engine]:
+def check_options(config: LaunchConfig, *, resolved: bool = False) -> type[Engine]:
     """Every engine checks ``config``'s options as given; the engine that would run it.
 
     The CLI calls this on the flags as parsed (so a bad one fails before anything runs),
-    ``prepare`` again once the surroundings have placed the cluster."""
+    ``prepare`` again once the surroundings have placed the cluster (``resolved``)."""
     choices = backend_choices()
     if config.backend not in choices:
         raise ConfigError(f"Unknown backend {config.backend!r}",
@@ -77,10 +77,18 @@ def check_options(config: LaunchConfig) -> type[Engine]:
     for engine in ENGINES:
         engine.check(config, engine is chosen)
     _refuse_options_of_other_engines(config, chosen)
-    _check_elastic(config, chosen)
+    if resolved or not _placed_by_surroundings(config):
+        _check_elastic(config, chosen)
     if not chosen.reserves_devices:
         _check_whole_local_devices(config)
     return chosen
+
+
+def _placed_by_surroundings(config: LaunchConfig) -> bool:
+    """Whether where the tasks go is yet to be decided by where tfrun runs (a Slurm
+    allocation places them): the elastic checks then wait for ``prepare``."""
+    return config.hosts is None and config.node_rank is None and config.backend == "auto" \
+        and config.slurm in ("auto", "on")
 
 
 def _check_elastic(config: LaunchConfig, chosen: type[Engine]) -> None:
@@ -92,7 +100,7 @@ def _check_elastic(config: LaunchConfig, chosen: type[Engine]) -> None:
                           f"{chosen.name} engine cannot do yet",
                           expected=f"a launch on the {elastic} engine(s)",
                           fix="Drop --min-nodes, or launch over SSH (--hosts naming other "
-                              "machines) or per node (--node-rank)",
+                              "machines), per node (--node-rank) or in a Slurm allocation",
                           received=f"--min-nodes {config.min_nodes}")
     if config.min_nodes is None:
         for given, flag in ((config.keep_global_batch, "--keep-global-batch"),
@@ -110,7 +118,21 @@ def _check_elastic(config: LaunchConfig, chosen: type[Engine]) -> None:
                           expected="--hosts with --workers (no --chief/--ps/--evaluator, "
                                    "--layout default)",
                           fix="Drop --min-nodes, or the other roles", received=topology)
-    names = [parse_address(h)[0] for h in config.hosts or ()]
+    if config.hosts is None:  # Ray places the tasks: its nodes are not named here
+        if config.exclude_hosts:
+            raise ConfigError("--exclude-hosts names --hosts entries, and Ray places this "
+                              "run's tasks on its nodes itself",
+                              expected="no --exclude-hosts with --backend ray",
+                              fix="Drain the node in Ray instead (ray drain-node), or drop "
+                                  "--exclude-hosts", received=",".join(config.exclude_hosts))
+        if config.min_nodes > topology.workers:
+            raise ConfigError(f"--min-nodes {config.min_nodes} asks for more nodes than the "
+                              f"run has workers ({topology.workers})",
+                              expected=f"a number of nodes from 1 to {topology.workers}",
+                              fix=f"Pass e.g. --min-nodes {max(topology.workers - 1, 1)}",
+                              received=f"--min-nodes {config.min_nodes}")
+        return
+    names = [parse_address(h)[0] for h in config.hosts]
     unknown = sorted(set(config.exclude_hosts) - set(names))
     if unknown:
         raise ConfigError(f"--exclude-hosts names {', '.join(unknown)}, not in --hosts",

@@ -33,7 +33,7 @@ from ...cluster import TaskId, parse_address, plan_cluster
 from ...errors import ConfigError
 from .. import run
 from ..remote.protocol import LOST_EXIT_CODE
-from ..rendezvous import distinct_hosts
+from ..rendezvous import distinct_hosts, probe_address
 from ..rundir import run_dir_for
 from ..specs import spec_factory
 from .base import Backend, Engine, TaskHandle, TaskSpec
@@ -44,6 +44,8 @@ RAY_PLACEMENTS = ("spread", "pack")
 
 #: Seconds between two output/exit polls of a task's actor.
 POLL_INTERVAL = 0.1
+#: The label every Ray node carries with its node id (placement can exclude nodes by it).
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 def import_ray():
@@ -147,8 +149,11 @@ class RayBackend(Backend):
     name = "ray"
 
     def __init__(self, ray_module, *, tasks: list[TaskId], run_dir: Path, cpus: float,
-                 gpus: float, placement: str, ready_timeout: float) -> None:
+                 gpus: float, placement: str, ready_timeout: float,
+                 avoid: frozenset[str] = frozenset()) -> None:
+        """``avoid``: IPs of nodes no task may go to (an elastic run's lost or excluded)."""
         self.ray = ray_module
+        self.avoid = avoid
         self.tasks = list(tasks)
         self.run_dir = run_dir
         self.cpus, self.gpus = cpus, gpus
@@ -168,8 +173,13 @@ class RayBackend(Backend):
         from ray.util.placement_group import placement_group, remove_placement_group
 
         ray = self.ray
+        avoided = sorted(n["NodeID"] for n in ray.nodes()
+                         if n.get("NodeManagerAddress") in self.avoid)
+        selector = [{NODE_ID_LABEL: f"!in({','.join(avoided)})"} for _ in self.tasks] \
+            if avoided else None
         group = placement_group([self._bundle() for _ in self.tasks],
-                                strategy="SPREAD" if placement == "spread" else "PACK")
+                                strategy="SPREAD" if placement == "spread" else "PACK",
+                                bundle_label_selector=selector)
         try:
             ray.get(group.ready(), timeout=timeout)
         except ray.exceptions.GetTimeoutError:
@@ -233,8 +243,20 @@ class RayBackend(Backend):
                 try:
                     out, code = ray.get(actor.drain.remote(), timeout=30)
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                    running.handle.note = f"its Ray actor was lost ({type(exc).__name__})"
-                    running.code = LOST_EXIT_CODE
+                    node = running.handle.host
+                    if isinstance(exc, ray.exceptions.ActorUnavailableError) and (
+                            node is None or self.node_alive(node)):
+                        time.sleep(POLL_INTERVAL * 5)  # unavailable for now, on a live node
+                        continue
+                    if node is not None and self.node_alive(node):
+                        # Killed on a node that is fine: the task's end, not the node's.
+                        running.handle.note = (f"its Ray actor was lost ({type(exc).__name__}; "
+                                               f"its node {node} is alive)")
+                        running.code = 128 + _signal.SIGKILL
+                    else:
+                        running.handle.note = (f"its Ray actor was lost ({type(exc).__name__}) "
+                                               f"with its node {node}")
+                        running.code = LOST_EXIT_CODE
                     return
                 if out:
                     os.write(running.pipe, out)
@@ -245,6 +267,22 @@ class RayBackend(Backend):
         finally:
             os.close(running.pipe)
             running.done.set()
+
+    def node_alive(self, ip: str) -> bool:
+        """Whether the node at ``ip`` is alive: Ray counts it among its live nodes and its
+        raylet answers. Ray's own verdict on a dead node takes its health checks (tens of
+        seconds); a raylet that refuses connections, or a machine that does not answer,
+        says it at once."""
+        try:
+            nodes = [n for n in self.ray.nodes()
+                     if n.get("Alive") and n.get("NodeManagerAddress") == ip]
+        except Exception:  # noqa: BLE001 - the GCS unreachable: nothing is known alive
+            return False
+        return any(probe_address(f"{ip}:{n['NodeManagerPort']}", 2.0) for n in nodes
+                   if n.get("NodeManagerPort"))
+
+    def reachable(self, host: str) -> bool:
+        return self.node_alive(host)
 
     def poll(self, handle: TaskHandle) -> int | None:
         running = self._running.get(id(handle))
@@ -296,6 +334,8 @@ class RayEngine(Engine):
     chosen_by = "add --backend ray"
     explicit = True
     reserves_devices = True
+    #: a lost node's tasks leave; the others go on in a new placement group (--min-nodes)
+    elastic = True
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -350,33 +390,87 @@ class RayEngine(Engine):
                                   expected="a running Ray cluster (ray start --head ...)",
                                   fix="Start Ray, or pass --ray-address HOST:PORT",
                                   received=config.ray_address) from None
-        backend: RayBackend | None = None
+        backends: list[RayBackend] = []
         try:
             with run_dir_for(config) as locked:
                 run_dir = locked.path
-                backend = RayBackend(ray, tasks=list(plan.tasks), run_dir=run_dir,
-                                     cpus=1.0 if config.cpus_per_task is None else config.cpus_per_task,
-                                     gpus=config.gpus_per_task or 0.0,
-                                     placement=config.ray_placement,
-                                     ready_timeout=min(config.join_timeout, 120.0))
-                training = list(plan.cluster.tasks())
-                ports = backend.reserve_ports(training)
-                hosts = [f"{backend.nodes[t]}:{ports[t]}" for t in training]
-                plan = plan_cluster(config.topology, hosts=hosts, base_port=config.base_port)
-                run.write_config(config, plan, run_dir, True)
+                place = _Placer(config, ray, run_dir, backends)
+                plan, backend = place(list(plan.tasks))
                 nodes = distinct_hosts(backend.nodes.values())
                 console.info(run.resolved_block(config, plan, run_dir, True,
                                              mode=f"ray: {len(plan.tasks)} actors in one placement "
                                                   f"group ({config.ray_placement}) on "
                                                   f"{', '.join(nodes)}"))
-                make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True)
-                return run.supervise(config, plan, run_dir, {t: backend for t in plan.tasks}, make_spec,
-                                  console, self.started)
+                batch_env = run.batch_env_for(config, plan)
+                make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True,
+                                         task_env=batch_env(plan))
+                reform = None
+                if config.min_nodes is not None:
+                    reform = _RayElastic(place, backend, batch_env, run_dir)
+                return run.supervise(config, plan, run_dir, {t: backend for t in plan.tasks},
+                                     make_spec, console, self.started, reform=reform)
         finally:
-            if backend is not None:
+            for backend in backends:
                 backend.close()
             if initialised:
                 ray.shutdown()
+
+
+class _Placer:
+    """Places a cluster's tasks in a new placement group: (the plan with the nodes' real
+    addresses and held ports, its backend); keeps every backend made, for closing."""
+
+    def __init__(self, config, ray, run_dir: Path, made: list) -> None:
+        self.config, self.ray, self.run_dir, self.made = config, ray, run_dir, made
+
+    def __call__(self, tasks: list[TaskId], avoid: frozenset[str] = frozenset()):
+        from dataclasses import replace
+
+        config = self.config
+        backend = RayBackend(self.ray, tasks=tasks, run_dir=self.run_dir,
+                             cpus=1.0 if config.cpus_per_task is None else config.cpus_per_task,
+                             gpus=config.gpus_per_task or 0.0, placement=config.ray_placement,
+                             ready_timeout=min(config.join_timeout, 120.0), avoid=avoid)
+        self.made.append(backend)
+        order = {"chief": 0, "worker": 1, "ps": 2}  # the cluster's order of addresses
+        training = sorted((t for t in tasks if t.role in order),
+                          key=lambda t: (order[t.role], t.index))
+        ports = backend.reserve_ports(training)
+        hosts = [f"{backend.nodes[t]}:{ports[t]}" for t in training]
+        topology = replace(config.topology, workers=sum(t.role == "worker" for t in tasks))
+        plan = plan_cluster(topology, hosts=hosts, base_port=config.base_port)
+        run.write_config(replace(config, topology=topology), plan, self.run_dir, True)
+        return plan, backend
+
+
+class _RayElastic:
+    """``--min-nodes`` on Ray (the supervisor's ``Reform``): the cluster without some
+    nodes is a new placement group that avoids them, of the workers the run started with
+    less those the first placement put on them; the old group is removed first, so its
+    CPUs are free for the new one."""
+
+    def __init__(self, place: _Placer, first: RayBackend, batch_env, run_dir: Path) -> None:
+        self.place, self.current, self.batch_env, self.run_dir = place, first, batch_env, run_dir
+        self.first_nodes = dict(first.nodes)  # task -> node IP, as the run started
+
+    def _workers_without(self, away: frozenset) -> int:
+        return sum(1 for node in self.first_nodes.values() if node not in away)
+
+    def hosts_after(self, away: frozenset) -> int:
+        return len(distinct_hosts(n for n in self.first_nodes.values() if n not in away))
+
+    def __call__(self, away: frozenset):
+        from dataclasses import replace
+
+        self.current.close()
+        tasks = [TaskId("worker", i) for i in range(self._workers_without(away))]
+        plan, backend = self.place(tasks, avoid=away)
+        self.current = backend
+        config = replace(self.place.config, topology=replace(self.place.config.topology,
+                                                             workers=len(tasks)))
+        make_spec = spec_factory(config, plan, self.run_dir, with_tf_config=True, remote=True,
+                                 task_env=run.elastic_env(self.batch_env(plan), away))
+        return plan, {t: backend for t in plan.tasks}, make_spec
 
 
 def _check_ray_address(address: str) -> None:

@@ -156,7 +156,9 @@ class Supervisor:
     def _complete_membership(self) -> None:
         """Each re-form's ``resumed_at_step`` and ``seconds_to_resume`` (from tfrun noticing
         the loss -- up to --heartbeat-timeout after it -- to the survivors' resume), from the
-        first ``resumed`` event after it."""
+        first ``resumed`` event after it, and ``steps_redone``: the newest step the tasks
+        reported before it (``step_reached``, sampled every few seconds: a lower bound)
+        less the step resumed at. Said on the console too."""
         for change in self.membership:
             if "resumed_at_step" in change:
                 continue
@@ -167,6 +169,14 @@ class Supervisor:
                 first = min(resumed, key=lambda e: e["time"])
                 change["resumed_at_step"] = first.get("step")
                 change["seconds_to_resume"] = round(first["time"] - change["time"], 1)
+                if isinstance(first.get("step"), int) and "step_reached" in change:
+                    change["steps_redone"] = max(change["step_reached"] - first["step"], 0)
+                self.console.info(
+                    f"re-form at restart {change['restart']} ({change['how']}: "
+                    f"{', '.join(change['left'] + change['joined'])}): training resumed at step "
+                    f"{change['resumed_at_step']}, {change['seconds_to_resume']:g}s after tfrun "
+                    "noticed" + (f"; {change['steps_redone']} steps redone (at least)"
+                                 if "steps_redone" in change else ""))
 
     def _backend(self, record: TaskRecord) -> Backend:
         return self.backends[record.task]
@@ -376,12 +386,14 @@ class Supervisor:
         self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                    grace=self.config.stop_grace, at_once=True)
         self._note_training_events(ended)
+        reached = [r.logger.last_step for r in self.records if r.logger.last_step is not None]
         self.departed += [r for r in self.records if r.host in lost]
         before, joined = self._replan(self._lost_hosts | lost)
         self._membership_change(noticed, sorted(lost), joined, why,
                                 record.note or str(record.failure), before,
                                 **({"saved_at_step": ended["preempted_at_step"]}
-                                   if "preempted_at_step" in ended else {}))
+                                   if "preempted_at_step" in ended else {}),
+                                **({"step_reached": max(reached)} if reached else {}))
         hosts = sorted({r.host for r in self.records if r.host is not None})
         self.console.info(
             f"{', '.join(sorted(lost))} {why} ({record.task}: {record.note or record.failure}); "

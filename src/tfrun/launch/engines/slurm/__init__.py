@@ -45,6 +45,8 @@ class SlurmEngine(Engine):
     """One tfrun inside an allocation: an ``srun`` agent per allocated node."""
 
     name = "slurm"
+    #: one tfrun in the batch script re-forms the cluster on the nodes left (``--min-nodes``)
+    elastic = True
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -103,6 +105,15 @@ class SlurmEngine(Engine):
                 not isinstance(config.tasks_per_node, int) or config.tasks_per_node < 1):
             raise ConfigError("--tasks-per-node must be at least 1", expected="a number >= 1",
                               fix="Pass e.g. --tasks-per-node 2", received=config.tasks_per_node)
+        if config.slurm == "pernode" and config.min_nodes is not None:
+            raise ConfigError("--min-nodes under 'srun tfrun' (one tfrun per node): Slurm ends "
+                              "the whole step when one of its nodes is lost, so the other "
+                              "nodes' tfrun cannot go on",
+                              expected="one tfrun line in the batch script (it starts the "
+                                       "nodes' agents itself, each in a step of its own)",
+                              fix="Drop srun in front of tfrun (tfrun slurm writes such a "
+                                  "script), or drop --min-nodes",
+                              received=f"--min-nodes {config.min_nodes}")
 
         if config.slurm in ("launcher", "pernode") and (
                 config.cpus_per_task is not None or config.gpus_per_task is not None):

@@ -276,7 +276,13 @@ def apply_slurm(config: LaunchConfig, environ: Mapping[str, str]
     # A requeued job keeps its id: the same command finds its run directory again.
     resume_key = f"slurm-{job.job_id}"
     used = {parse_address(h)[0] for h in hosts}
-    if used == {job.node_name}:
+    if config.min_nodes is not None:
+        # An elastic run keeps the allocation's nodes without a task as spares: each takes
+        # the place of a lost node, in the allocation's order (``run.elastic_hosts``).
+        spares = [n for n in job.nodes if n not in used]
+        hosts += tuple(f"{node}:{config.base_port + len(hosts) + i}"
+                       for i, node in enumerate(spares))
+    if used == {job.node_name} and config.min_nodes is None:
         return replace(config, topology=topology, slurm="local", resume_key=resume_key,
                        origin=f"every task on this node of {job_description(environ)}"), job
     return replace(config, hosts=hosts, topology=topology, slurm="launcher",

@@ -78,16 +78,18 @@ def run_sbatch_script(argv: Sequence[str], parse_launch) -> int:
                         job_name=args.job_name or config.display_name, time=args.time,
                         partition=args.partition, gpus_per_node=args.gpus_per_node,
                         cpus_per_node=args.cpus_per_node, output=args.output,
-                        notice=args.notice), end="")
+                        notice=args.notice, no_kill=config.min_nodes is not None), end="")
     return 0
 
 
 def sbatch_script(*, nodes: int, tfrun_args: Sequence[str], job_name: str,
                   time: str | None = None, partition: str | None = None,
                   gpus_per_node: int | None = None, cpus_per_node: int | None = None,
-                  output: str = "slurm-%j.out", notice: int = DEFAULT_NOTICE) -> str:
+                  output: str = "slurm-%j.out", notice: int = DEFAULT_NOTICE,
+                  no_kill: bool = False) -> str:
     """A ready batch script: the directives and the one tfrun command (see the module
-    docstring; ``notice=0``: no requeue, the tfrun line alone).
+    docstring; ``notice=0``: no requeue, the tfrun line alone; ``no_kill``: an elastic
+    run's, which a failed node must not end: ``--no-kill``).
 
     >>> print(sbatch_script(nodes=2, tfrun_args=["train.py"], job_name="train"))
     #!/bin/bash
@@ -130,6 +132,10 @@ def sbatch_script(*, nodes: int, tfrun_args: Sequence[str], job_name: str,
     if time:
         lines.append(f"#SBATCH --time={time}")
     lines.append(f"#SBATCH --output={output}")
+    if no_kill:
+        lines += ["#SBATCH --no-kill",
+                  "# --no-kill: a failed node does not end the job; tfrun re-forms the cluster on "
+                  "the nodes left (--min-nodes)"]
     command = "tfrun " + " ".join(shlex.quote(a) for a in tfrun_args)
     if not notice:
         lines += ["# tfrun places the cluster on the allocated nodes (srun starts one agent per "
