@@ -75,6 +75,9 @@ ELSEWHERE = {
         "tests/multihost/test_multihost.py",
     "tfrun --hosts node-1,node-2,node-3 --node-rank auto --min-nodes 2 train.py":
         "tests/multihost/test_multihost.py",
+    "tfrun slurm --nodes 2 --min-nodes 1 train.py > job.sh && sbatch job.sh":
+        "tests/slurm/test_slurm.py",
+    "tfrun --backend ray --workers 2 --min-nodes 1 train.py": "tests/ray/test_ray.py",
     "tfrun slurm --nodes 2 --time 10:00 examples/mnist_mlp.py > job.sh && sbatch job.sh":
         "tests/slurm/test_slurm.py",
     "srun --ntasks-per-node=1 tfrun examples/mnist_mlp.py": "tests/slurm/test_slurm.py",

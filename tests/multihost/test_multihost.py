@@ -504,12 +504,12 @@ def test_elastic_a_host_that_vanishes_mid_epoch_leaves_two_that_finish(fake_host
     # the launcher's account: from noticing the loss (up to --heartbeat-timeout after it)
     # to the survivors' resume (before their first step, which the test's stopwatch waits for)
     assert 0 < change["seconds_to_resume"] <= running_again, (change, running_again)
-    # steps redone: counted from the tasks' step samples (every 2 s), so at most the real
-    # count (the steps logged after the backup resumed from), and some of it
+    # steps redone: from where the survivors were when stopped (+1: a step may be noted
+    # just before the test's log line of it) to the backup resumed from
     redone = before - change["resumed_at_step"]
-    assert 0 < change["step_reached"] <= before and \
+    assert 0 < change["step_reached"] <= before + 1 and \
         change["steps_redone"] == change["step_reached"] - change["resumed_at_step"], change
-    assert 0 <= change["steps_redone"] <= redone, (change, redone)
+    assert 0 <= change["steps_redone"] <= redone + 1, (change, redone)
     assert f"training resumed at step {resumed_at - 1}" in stdout and "steps redone" in stdout
     assert [t["task"] for t in summary["departed_tasks"]] == ["worker:2"]
     assert [(a["ended"], a["failure_class"]) for a in summary["attempts"]] == [

@@ -33,14 +33,16 @@ class Slurm:
     """Submit batch jobs from the repository root and read what Slurm says of them."""
 
     def submit(self, tmp_path: Path, body: str, *, nodes: int = 2, name: str = "job",
-               chdir: Path = ROOT) -> "Job":
-        """``chdir``: the job's working directory (where a tfrun line's runs/ goes)."""
+               chdir: Path = ROOT, env: dict | None = None) -> "Job":
+        """``chdir``: the job's working directory (where a tfrun line's runs/ goes);
+        ``env``: variables added to what the job inherits (sbatch exports them)."""
         script = tmp_path / f"{name}.sh"
         script.write_text(body if body.startswith("#!") else "#!/bin/bash\n" + body)
         out = tmp_path / f"{name}.out"
         result = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--output={out}",
                                  f"--chdir={chdir}", f"--job-name={name}", str(script)],
-                                capture_output=True, text=True, timeout=60)
+                                capture_output=True, text=True, timeout=60,
+                                env={**os.environ, **(env or {})})
         assert result.returncode == 0, result.stderr
         return Job(result.stdout.strip().split(";")[0], out)
 

@@ -151,7 +151,7 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                        help="seconds of silence after which another host counts as lost "
                             "(default 10)")
     hosts.add_argument("--min-nodes", type=int, default=None, metavar="N",
-                       help="elastic (SSH launch): when a host is lost, re-form the cluster "
+                       help="elastic (SSH, per-node, Slurm, Ray): when a host is lost, re-form the cluster "
                             "on the hosts left and resume from the newest backup, while at "
                             "least N hosts are left (default: a lost host is a failure)")
     hosts.add_argument("--exclude-hosts", default=None, metavar="H1,H2",

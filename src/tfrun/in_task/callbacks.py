@@ -70,7 +70,7 @@ import time
 import weakref
 
 from .. import contract
-from .metrics import note_step, record_training_event
+from .metrics import note_step, record_training_event, report_step
 from .runtime import is_parameter_server_strategy, task
 
 __all__ = ["backup_and_restore", "complete_epochs", "complete_saves", "default_backup_dir"]
@@ -668,6 +668,7 @@ def _consistent_backup_class(keras):
                             return  # training ended: the write end was closed
                         notices = received.count(int(signal.SIGTERM))
                         if notices:
+                            report_step()  # how far training got (a re-form's steps redone)
                             # A second SIGTERM (tfrun sends one when a peer has failed:
                             # no coordinated save can happen): stop now.
                             if self._stop_asked or notices > 1:

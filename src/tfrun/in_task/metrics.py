@@ -39,7 +39,7 @@ from ..contract import METRICS_LINE
 from ._post_import import when_imported
 
 __all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder",
-           "sample_resources", "record_training_event", "note_step"]
+           "sample_resources", "record_training_event", "note_step", "report_step"]
 
 
 def enabled() -> bool:
@@ -371,6 +371,12 @@ def note_step(step: int) -> None:
     """Note the task's global training step: the next resources sample carries it (the
     launcher counts a re-form's steps redone from it). Cheap enough for every batch."""
     _step[0] = step
+
+
+def report_step() -> None:
+    """Record the newest noted step now (a task told to stop says where it got to)."""
+    if _step[0] is not None:
+        _emit({"event": "step", "step": _step[0]})
 
 
 def _start_resource_sampler(interval: float) -> None:

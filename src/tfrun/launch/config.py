@@ -84,7 +84,7 @@ class LaunchConfig:
     remote_dir: str | None = None       # working directory on other hosts (default: cwd)
     forward_env: tuple[str, ...] = ()   # --env NAME[=VALUE] for tasks on other hosts
     heartbeat_timeout: float = 10.0     # silence after which a host counts as lost
-    #: elastic membership (SSH launch): a lost host re-forms the cluster on the others while
+    #: elastic membership (SSH, per-node, Slurm, Ray): a lost host re-forms the cluster on the others while
     #: at least this many hosts are left (None: a lost host is a failure like any other)
     min_nodes: int | None = None
     #: after a re-form, keep tfrun.global_batch_size() what it was at the start (the

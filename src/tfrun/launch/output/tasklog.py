@@ -67,7 +67,8 @@ class TaskLogger:
     #: the task's training events (``preempted``, ``resumed``: see record_training_event),
     #: oldest first; the supervisor notes them in the attempt they happened in
     training_events: list = field(default_factory=list)
-    #: the newest global step the task reported (its resources samples, every few seconds)
+    #: the newest global step the task reported (its resources samples, every few seconds,
+    #: and the step it had reached when told to stop)
     last_step: int | None = None
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -132,7 +133,7 @@ class TaskLogger:
             self.last_epoch = record
         elif record.get("event") in TRAINING_EVENTS:
             self.training_events.append(record)
-        elif record.get("event") == "resources" and isinstance(record.get("step"), int):
+        elif record.get("event") in ("resources", "step") and isinstance(record.get("step"), int):
             self.last_step = record["step"]
         if self.metrics_path is not None:
             try:

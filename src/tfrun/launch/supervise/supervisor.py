@@ -157,8 +157,9 @@ class Supervisor:
         """Each re-form's ``resumed_at_step`` and ``seconds_to_resume`` (from tfrun noticing
         the loss -- up to --heartbeat-timeout after it -- to the survivors' resume), from the
         first ``resumed`` event after it, and ``steps_redone``: the newest step the tasks
-        reported before it (``step_reached``, sampled every few seconds: a lower bound)
-        less the step resumed at. Said on the console too."""
+        reported before it (``step_reached``: where the survivors were when stopped, else
+        their last sample of a few seconds before; a lower bound) less the step resumed
+        at. Said on the console too."""
         for change in self.membership:
             if "resumed_at_step" in change:
                 continue
