@@ -213,44 +213,67 @@ def _logged_steps(path) -> list[tuple[int, int]]:
 README_COMMAND_ELASTIC = "tfrun --backend ray --workers 2 --min-nodes 1 train.py"
 
 
-def test_elastic_a_lost_node_leaves_a_smaller_cluster_that_finishes(ray_cluster, tmp_path):
+def test_elastic_a_lost_node_leaves_a_smaller_cluster_and_is_taken_back(ray_cluster, tmp_path):
     """Issue 33 on Ray: --workers 2 --min-nodes 1, one worker per node. Mid-epoch 2 the
     second Ray node dies (its raylet and everything under it SIGKILLed). tfrun sees the
     actor lost with its node, removes the placement group and places one worker in a new
     one that avoids the dead node; it resumes from the newest backup (nothing before it
-    redone) and finishes; nothing of the run stays in Ray. The node is started again
-    afterwards for the other tests."""
+    redone). Growing back: the node is started again, then worker:0's task is SIGKILLed
+    (--max-restarts 1); at that gang restart Ray lists the node alive, so the two workers
+    are placed again over both nodes and finish with equal weights; nothing of the run
+    stays in Ray."""
     run, out = tmp_path / "run", tmp_path / "out"
     args = README_COMMAND_ELASTIC.split()[1:]  # docs/elastic.md's, as written
     at = args.index("train.py")
-    args[at:at + 1] = [STEP_BACKUP, str(out), "3", "10", "0.1"]
-    proc = tfrun(ray_cluster, run, "--stop-grace", "3", *args)
+    args[at:at + 1] = [STEP_BACKUP, str(out), "10", "10", "0.1"]
+    proc = tfrun(ray_cluster, run, "--stop-grace", "3", "--max-restarts", "1", *args)
     log = tmp_path / "out-steps-worker-0.log"
-    try:
+    second_up = True
+
+    def wait_for_step(restart: int, step: int) -> None:
         deadline = time.monotonic() + 240
-        while max((s for _, s in _logged_steps(log)), default=0) < 45:
+        while max((s for r, s in _logged_steps(log) if r == restart), default=0) < step:
             assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[1][-4000:]
             time.sleep(0.05)
+
+    try:
+        wait_for_step(0, 45)
+        second_up = False
         lose_second_node()
+        wait_for_step(1, 45)  # re-formed on the head node alone, and training again
+        start_second_node()
+        second_up = True
+        assert proc.poll() is None, finish(proc)[1][-4000:]
+        task = next(p for p in processes_of_run(run)
+                    if p.environ().get("TFRUN_TASK_INDEX") == "0"
+                    and "bootstrap" in " ".join(p.cmdline()))
+        task.kill()
         code, output = finish(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
-        start_second_node()
+        if not second_up:
+            start_second_node()
     assert code == 0, output[-4000:]
     assert f"{SECOND} lost (worker:" in output and f"re-forming the cluster on {HEAD}: 1 " \
         "tasks (was 2; --min-nodes 1)" in output, output[-4000:]
+    assert f"{SECOND} answered again: the restart takes it back: 2 tasks (was 1)" in output
     steps = _logged_steps(log)
     before = max(s for r, s in steps if r == 0)
     resumed_at = min(s for r, s in steps if r == 1)
     assert resumed_at - 1 <= before and (resumed_at - 1) % 10 == 0, (before, resumed_at)
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "succeeded" and summary["restarts"] == 1
-    (change,) = summary["membership"]
-    assert change["left"] == [SECOND] and change["tasks_after"] == [f"worker:0@{HEAD}"]
-    assert change["resumed_at_step"] == resumed_at - 1
+    assert summary["status"] == "succeeded" and summary["restarts"] == 2
+    lost, back = summary["membership"]
+    assert lost["left"] == [SECOND] and lost["tasks_after"] == [f"worker:0@{HEAD}"]
+    assert lost["resumed_at_step"] == resumed_at - 1
     # where the survivor was stopped, less the backup's step (+1: the step may be noted
     # just before the test's log line of it)
-    assert 0 < change["steps_redone"] <= before - change["resumed_at_step"] + 1, (change, before)
+    assert 0 < lost["steps_redone"] <= before - lost["resumed_at_step"] + 1, (lost, before)
+    assert back["how"] == "back" and back["joined"] == [SECOND]
+    assert sorted(t.split("@")[1] for t in back["tasks_after"]) == [HEAD, SECOND]
+    w0, w1 = np.load(f"{out}-worker-0.npz"), np.load(f"{out}-worker-1.npz")
+    for k in range(4):
+        np.testing.assert_array_equal(w0[f"arr_{k}"], w1[f"arr_{k}"])
     assert processes_of_run(run) == []
     assert ray_leftovers(ray_cluster) == {"actors": 0, "placement_groups": 0}

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -214,59 +215,78 @@ def test_the_time_limit_warning_saves_at_one_step_and_the_requeued_job_resumes_t
 README_COMMAND_ELASTIC = "tfrun slurm --nodes 2 --min-nodes 1 train.py > job.sh && sbatch job.sh"
 
 
-def test_elastic_a_lost_node_leaves_the_other_to_finish_the_job(slurm, tmp_path):
+def test_elastic_a_lost_node_leaves_the_other_to_go_on_and_is_taken_back(slurm, tmp_path):
     """Issue 33 on Slurm: `tfrun slurm --min-nodes 1` writes a job that a failed node does
     not end (--no-kill); mid-epoch 2 every process of the job on tfrun-node2 (its agent's
     step and its task) is SIGKILLed. tfrun re-forms the cluster on tfrun-node1 alone (1
     worker, restart count 1), which resumes from the newest backup (nothing before it
-    redone) and finishes: the job completes with exit 0, and summary.json names the
-    change."""
+    redone). Growing back: then worker:0 is SIGKILLed (--max-restarts 1); at that gang
+    restart Slurm runs a step on tfrun-node2 again, so the cluster takes it back and both
+    workers finish with equal weights: the job completes with exit 0, and summary.json
+    names both changes."""
     out = tmp_path / "out"
     command = README_COMMAND_ELASTIC.split(" > ")[0].split()  # docs/elastic.md's, as written
     at = command.index("train.py")
-    command[at:at + 1] = ["tests/scripts/step_backup.py", str(out), "3", "10", "0.1"]
+    command[at:at + 1] = ["tests/scripts/step_backup.py", str(out), "4", "10", "0.1"]
     script = subprocess.run([sys.executable, "-m", "tfrun", *command[1:]], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert script.returncode == 0, script.stderr
     assert "#SBATCH --no-kill" in script.stdout
     job = slurm.submit(tmp_path, script.stdout, name="elastic", env={
         "TFRUN_RUN_DIR": str(tmp_path / "run"), "TFRUN_STOP_GRACE": "3",
-        "TFRUN_HEARTBEAT_TIMEOUT": "3"})
+        "TFRUN_HEARTBEAT_TIMEOUT": "3", "TFRUN_MAX_RESTARTS": "1"})
     log = tmp_path / "out-steps-worker-0.log"
 
     def trained() -> list[tuple[int, int]]:
         return [tuple(map(int, line.split())) for line in log.read_text().splitlines()
                 if len(line.split()) == 2] if log.exists() else []
 
-    deadline = time.monotonic() + 240
-    while max((s for _, s in trained()), default=0) < 45:
-        assert time.monotonic() < deadline, job.output()[-4000:]
-        time.sleep(0.05)
+    def wait_for_step(restart: int, step: int) -> None:
+        deadline = time.monotonic() + 240
+        while max((s for r, s in trained() if r == restart), default=0) < step:
+            assert job.info().get("JobState") == "RUNNING", job.output()[-4000:]
+            assert time.monotonic() < deadline, job.output()[-4000:]
+            time.sleep(0.05)
+
+    def kill(pids) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    wait_for_step(0, 45)
     node2 = job.processes("tfrun-node2")
     assert len(node2) >= 2, node2  # its agent and its task
-    for pid in node2:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill(node2)
+    wait_for_step(1, 70)  # re-formed on tfrun-node1 alone, and training again
+    tasks = [pid for pid in job.processes("tfrun-node1")
+             if b"tfrun.in_task.bootstrap" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(tasks) == 1, tasks
+    kill(tasks)
     state, code = job.wait()
     output = job.output()
     assert (state, code) == ("COMPLETED", 0), output[-4000:]
     assert "tfrun-node2 lost (worker:1" in output and "re-forming the cluster on " \
         "tfrun-node1: 1 tasks (was 2; --min-nodes 1)" in output, output[-4000:]
+    assert "tfrun-node2 answered again: the restart takes it back: 2 tasks (was 1)" in output
     steps = trained()
     before = max(s for r, s in steps if r == 0)
     resumed_at = min(s for r, s in steps if r == 1)
     assert resumed_at - 1 <= before and (resumed_at - 1) % 10 == 0, (before, resumed_at)
     finished = summary(tmp_path / "run")
-    assert finished["status"] == "succeeded" and finished["restarts"] == 1
-    (change,) = finished["membership"]
-    assert change["left"] == ["tfrun-node2"] and change["tasks_after"] == [
-        "worker:0@tfrun-node1"]
-    assert change["resumed_at_step"] == resumed_at - 1
+    assert finished["status"] == "succeeded" and finished["restarts"] == 2
+    lost, back = finished["membership"]
+    assert lost["left"] == ["tfrun-node2"] and lost["tasks_after"] == ["worker:0@tfrun-node1"]
+    assert lost["resumed_at_step"] == resumed_at - 1
     # where the survivor was stopped, less the backup's step (+1: the step may be noted
     # just before the test's log line of it)
-    assert 0 < change["steps_redone"] <= before - change["resumed_at_step"] + 1, (change, before)
+    assert 0 < lost["steps_redone"] <= before - lost["resumed_at_step"] + 1, (lost, before)
+    assert back["how"] == "back" and back["joined"] == ["tfrun-node2"]
+    assert back["tasks_after"] == ["worker:0@tfrun-node1", "worker:1@tfrun-node2"]
+    w0, w1 = np.load(f"{out}-worker-0.npz"), np.load(f"{out}-worker-1.npz")
+    for k in range(4):
+        np.testing.assert_array_equal(w0[f"arr_{k}"], w1[f"arr_{k}"])
     assert job.processes() == []
 
 

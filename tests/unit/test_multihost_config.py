@@ -237,6 +237,11 @@ def test_in_a_slurm_allocation_min_nodes_keeps_the_unused_nodes_as_spares():
                            no_kill=True)
     assert "#SBATCH --no-kill\n" in script
     assert "--no-kill" not in sbatch_script(nodes=3, tfrun_args=["t.py"], job_name="t")
+    from tfrun.launch.engines.slurm.batch import run_sbatch_script
+
+    with pytest.raises(ConfigError, match=r"--min-nodes 3 asks for more nodes than the job "
+                                          r"has \(--nodes 2\)"):
+        run_sbatch_script(["--nodes", "2", "--min-nodes", "3", "t.py"], config_from_args)
 
 
 def test_the_elastic_plan_drops_the_lost_hosts_entries_and_renumbers():

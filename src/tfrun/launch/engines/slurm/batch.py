@@ -74,6 +74,12 @@ def run_sbatch_script(argv: Sequence[str], parse_launch) -> int:
     # The tfrun line must be valid where the job runs: check it now, as tfrun will read it
     # (outside any allocation, so Slurm defaults do not apply here).
     config = parse_launch(tfrun_args, environ={})
+    if config.min_nodes is not None and config.min_nodes > args.nodes:
+        raise ConfigError(f"--min-nodes {config.min_nodes} asks for more nodes than the job "
+                          f"has (--nodes {args.nodes})",
+                          expected=f"a number of nodes from 1 to {args.nodes}",
+                          fix=f"Pass e.g. --min-nodes {max(args.nodes - 1, 1)}, or more --nodes",
+                          received=f"--min-nodes {config.min_nodes}")
     print(sbatch_script(nodes=args.nodes, tfrun_args=tfrun_args,
                         job_name=args.job_name or config.display_name, time=args.time,
                         partition=args.partition, gpus_per_node=args.gpus_per_node,
