@@ -87,6 +87,18 @@ def test_restart_budget_exhausted_fails(fake_run):
     assert len(restarts) == 1
 
 
+@pytest.mark.parametrize("trains", [False, True], ids=["crash-loop", "trains-then-dies"])
+def test_the_restart_backoff_is_for_crash_loops_only(fake_run, trains):
+    """Gang restarts in a row wait 0, 1, 2 s when the attempts train nothing (a crash
+    loop); an attempt that finished an epoch (its metrics line says so) starts the count
+    again, so a job that trains and is killed now and then restarts at once each time."""
+    epoch = 'print:tfrun:metrics {"event":"epoch"},' if trains else ""
+    run = fake_run(["--workers", "1", "--max-restarts", "3", *FAST], f"*={epoch}exit:3")
+    assert run.run() == 3, run.stdout
+    pauses = [e["backoff_seconds"] for e in run.events() if e["event"] == "restart"]
+    assert pauses == ([0, 0, 0] if trains else [0, 1, 2]), run.stdout
+
+
 def test_a_preemption_restarts_without_charging_the_restart_budget(fake_run):
     # --max-restarts 0: a script error would end the run; a preempted task (SIGTERM that
     # tfrun did not send) restarts the group anyway, and the summary says which was which.

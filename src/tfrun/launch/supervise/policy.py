@@ -76,8 +76,9 @@ def classify_exit(exit_code: int, *, note: str | None = None,
 
 
 def backoff_seconds(attempt: int, *, base: float = 1.0, cap: float = 60.0) -> float:
-    """The pause before gang restart number ``attempt`` (1, 2, ...): none before the first
-    (a lost worker should cost seconds), then 1, 2, 4, ... seconds up to ``cap``.
+    """The pause before the ``attempt``-th gang restart in a row of a crash loop (1, 2, ...;
+    the supervisor counts again after an attempt that trained): none before the first (a
+    lost worker should cost seconds), then 1, 2, 4, ... seconds up to ``cap``.
 
     >>> [backoff_seconds(n) for n in (1, 2, 3, 4, 10)]
     [0.0, 1.0, 2.0, 4.0, 60.0]

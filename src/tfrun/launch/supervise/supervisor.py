@@ -124,6 +124,10 @@ class Supervisor:
         self._attempt_started = time.time()
         #: per task, how many of its training events came before this attempt
         self._events_before: dict[int, int] = {}
+        #: per task, its last epoch record and step when this attempt started
+        self._progress_before: dict[int, tuple] = {}
+        #: gang restarts in a row after attempts that trained nothing (the backoff's count)
+        self._crash_streak = 0
         self._last_error: tuple[str, str] | None = None  # (role, exception line) last attempt
         self._signal: int | None = None
         self._events = run_dir / "events.jsonl"
@@ -309,7 +313,13 @@ class Supervisor:
                     self.charged_restarts += 1
                     budget = f"restart {self.charged_restarts} of {self.config.max_restarts}"
                 self._end_attempt(record, "restart")
-                pause = backoff_seconds(self.restarts + 1)
+                # The pause guards against a crash loop: an attempt that trained (an epoch
+                # or a step further) starts the count again, so a long job preempted ten
+                # times does not wait a minute each time.
+                if self._made_progress():
+                    self._crash_streak = 0
+                self._crash_streak += 1
+                pause = backoff_seconds(self._crash_streak)
                 ended = self.attempts[-1]
                 self.console.info(f"{record.task} exited with code {record.exit_code} "
                                   f"({failure}); restarting the whole group ({budget})"
@@ -459,6 +469,8 @@ class Supervisor:
 
     def _start_all(self) -> None:
         self._events_before = {id(r): len(r.logger.training_events) for r in self.records}
+        self._progress_before = {id(r): (r.logger.last_epoch, r.logger.last_step)
+                                 for r in self.records}
         for record in self.records:
             self._start(record, restart_count=self.restarts)
 
@@ -816,6 +828,15 @@ class Supervisor:
                 if isinstance(event.get("step"), int):
                     attempt.setdefault(f"{event['event']}_at_step", event["step"])
         return attempt
+
+    def _made_progress(self) -> bool:
+        """Whether a task of this attempt finished an epoch or reported a newer step."""
+        for record in self.records:
+            epoch, step = self._progress_before.get(id(record), (None, None))
+            if record.logger.last_epoch is not epoch or (
+                    record.logger.last_step is not None and record.logger.last_step != step):
+                return True
+        return False
 
     def _pause(self, seconds: float) -> None:
         """Sleep before a restart; a signal to tfrun cuts it short."""
