@@ -281,8 +281,10 @@ def test_elastic_a_lost_node_leaves_the_other_to_go_on_and_is_taken_back(slurm, 
     assert lost["left"] == ["tfrun-node2"] and lost["tasks_after"] == ["worker:0@tfrun-node1"]
     assert lost["resumed_at_step"] == resumed_at - 1
     # where the survivor was stopped, less the backup's step (+1: the step may be noted
-    # just before the test's log line of it)
-    assert 0 < lost["steps_redone"] <= before - lost["resumed_at_step"] + 1, (lost, before)
+    # just before the test's log line of it); a lower bound, which is 0 when the survivor
+    # had already failed on its own (its collective) before tfrun stopped it and its last
+    # 2-second step sample predates the backup (seen once in CI on Ray)
+    assert 0 <= lost["steps_redone"] <= before - lost["resumed_at_step"] + 1, (lost, before)
     assert back["how"] == "back" and back["joined"] == ["tfrun-node2"]
     assert back["tasks_after"] == ["worker:0@tfrun-node1", "worker:1@tfrun-node2"]
     w0, w1 = np.load(f"{out}-worker-0.npz"), np.load(f"{out}-worker-1.npz")
