@@ -244,11 +244,12 @@ class RayBackend(Backend):
                     out, code = ray.get(actor.drain.remote(), timeout=30)
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                     node = running.handle.host
+                    alive = node is not None and self.node_alive(node)  # asked once
                     if isinstance(exc, ray.exceptions.ActorUnavailableError) and (
-                            node is None or self.node_alive(node)):
+                            node is None or alive):
                         time.sleep(POLL_INTERVAL * 5)  # unavailable for now, on a live node
                         continue
-                    if node is not None and self.node_alive(node):
+                    if alive:
                         # Killed on a node that is fine: the task's end, not the node's.
                         running.handle.note = (f"its Ray actor was lost ({type(exc).__name__}; "
                                                f"its node {node} is alive)")
