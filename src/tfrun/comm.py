@@ -6,9 +6,12 @@ without ``communication_options``) get it as
 ``tf.distribute.experimental.CommunicationOptions``. Pure until ``to_tf``.
 
 Syntax: comma-separated ``IMPLEMENTATION`` and ``key=value`` items. Implementations:
-``auto`` (the default) -- tfrun's shared-memory all-reduce when every worker is on one host
-and computes on CPU (see ``tfrun.in_task.shm_allreduce``), TensorFlow's choice otherwise; ``shm`` --
-shared memory, an error when the workers span hosts; ``ring``, ``nccl`` -- TensorFlow's.
+``auto`` (the default) -- on CPU, tfrun's shared-memory all-reduce when every worker is on one
+host (see ``tfrun.in_task.shm_allreduce``), its TCP all-reduce when every worker is on a host of
+its own (``tfrun.in_task.tcp_allreduce``), TensorFlow's choice otherwise (GPUs, several workers
+on each of several hosts); ``shm`` -- shared memory, an error when the workers span hosts;
+``tcp`` -- tfrun's TCP exchange between every chief/worker, wherever they are; ``ring``,
+``nccl`` -- TensorFlow's.
 Items:
 ``pack=SIZE`` (``bytes_per_pack``: gradients are all-reduced in packs of about this size;
 ``0`` lets TensorFlow choose) and ``timeout=SECONDS`` (a collective that takes longer fails).
@@ -32,7 +35,7 @@ from .errors import ConfigError
 __all__ = ["COMM_ENV", "CommOptions", "from_env", "parse_size"]
 
 COMM_ENV = contract.COMM
-IMPLEMENTATIONS = ("auto", "ring", "nccl", "shm")
+IMPLEMENTATIONS = ("auto", "ring", "nccl", "shm", "tcp")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?$", re.IGNORECASE)
 _FIX = "Pass e.g. --comm ring,pack=4MB,timeout=300"
 
@@ -71,10 +74,10 @@ class CommOptions:
 
     def to_tf(self):
         """``tf.distribute.experimental.CommunicationOptions`` (imports TensorFlow); ``shm``
-        is TensorFlow's AUTO underneath, where tfrun's exchange takes over."""
+        and ``tcp`` are TensorFlow's AUTO underneath, where tfrun's exchange takes over."""
         import tensorflow as tf
 
-        implementation = "auto" if self.implementation == "shm" else self.implementation
+        implementation = "auto" if self.implementation in ("shm", "tcp") else self.implementation
 
         return tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=self.bytes_per_pack, timeout_seconds=self.timeout_seconds,
@@ -100,7 +103,7 @@ def from_env(environ=None) -> CommOptions | None:
 
 
 def _expected() -> str:
-    return ("comma-separated: one of auto/shm/ring/nccl, pack=SIZE (e.g. 4MB, 0 = TensorFlow "
+    return ("comma-separated: one of auto/shm/tcp/ring/nccl, pack=SIZE (e.g. 4MB, 0 = TensorFlow "
             "chooses), timeout=SECONDS")
 
 

@@ -106,14 +106,14 @@ def reference(tmp_path_factory):
     return dict(np.load(f"{out}-worker-0.npz"))
 
 
-def assert_exact(out_prefix: Path, ref: dict) -> None:
+def assert_exact(out_prefix: Path, ref: dict, keras_major: str = "3") -> None:
     files = sorted(out_prefix.parent.glob(out_prefix.name + "-worker-*.npz"))
     assert len(files) == 2, files
     results = [dict(np.load(f)) for f in files]
     for got in results:
         assert str(got["strategy"]) == "CollectiveAllReduceStrategy"
         assert int(got["num_replicas"]) == 2
-        assert str(got["keras_version"]).startswith("3.")
+        assert str(got["keras_version"]).startswith(keras_major + ".")
         for i in range(4):
             np.testing.assert_allclose(got[f"spe1_w{i}"], ref[f"spe1_w{i}"], atol=TOL)
         np.testing.assert_allclose(got["spe1_eval"], ref["spe1_eval"], atol=TOL)
@@ -139,6 +139,9 @@ def test_ssh_launch_mwms_on_two_hosts_same_port_is_exact(fake_hosts, reference, 
     assert [(t["task"], t["host"], t["state"]) for t in summary["tasks"]] == \
         [("worker:0", "node-1", "succeeded"), ("worker:1", "node-2", "succeeded")]
     assert "exactness: wrote" in (tmp_path / "run" / "logs" / "worker-1.log").read_text()
+    # A worker on each host: the gradients went through tfrun's TCP exchange (--comm auto)
+    assert "tfrun: all-reduce over TCP: 2 workers on 2 hosts" in \
+        (tmp_path / "run" / "logs" / "worker-0.log").read_text()
     assert_nothing_left(fake_hosts)
 
 
@@ -286,11 +289,19 @@ def pernode(hosts, tmp_path, extra: list[str], script: list[str], ranks=(1, 2)) 
 
 
 @pytest.mark.tf
-def test_pernode_launch_mwms_is_exact_and_logs_land_side_by_side(fake_hosts, reference, tmp_path):
-    hub, node2 = pernode(fake_hosts, tmp_path, [], [EXACTNESS, "distributed", str(tmp_path / "out")])
+@pytest.mark.parametrize("keras_flags, comm", [([], "auto"), (["--keras", "2"], "auto"),
+                                               ([], "ring")])
+def test_pernode_launch_mwms_is_exact_and_logs_land_side_by_side(fake_hosts, reference, tmp_path,
+                                                                  keras_flags, comm):
+    """Both Keras flavours through tfrun's TCP exchange (the default across hosts), and
+    TensorFlow's ring (--comm ring): the weights of a single process, within 1e-5."""
+    hub, node2 = pernode(fake_hosts, tmp_path, [*keras_flags, "--comm", comm],
+                         [EXACTNESS, "distributed", str(tmp_path / "out")])
     assert hub.wait() == 0, hub.stdout[-4000:]
     assert node2.wait() == 0, node2.stdout[-4000:]
-    assert_exact(tmp_path / "out", reference)
+    assert_exact(tmp_path / "out", reference, keras_major="2" if keras_flags else "3")
+    log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
+    assert ("tfrun: all-reduce over TCP: 2 workers on 2 hosts" in log) == (comm == "auto"), log
     assert "node rank 1 (node-2) joined" in hub.stdout
     assert "tfrun: run succeeded" in node2.stdout
     assert sorted(p.name for p in (tmp_path / "run" / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]

@@ -29,6 +29,10 @@ def test_a_real_tf_2_21_heartbeat_failure_names_the_task_that_left():
     # tfrun's shared-memory all-reduce, with the message it raises
     ("ConnectionError: tfrun shared-memory all-reduce: chief:0 left the exchange (its process "
      "ended?) at exchange 7; worker:0 stops too. Received: b''", [TaskId("chief", 0)]),
+    # and its TCP all-reduce across hosts
+    ("ConnectionError: tfrun TCP all-reduce: worker:1 left the exchange (its process ended, or "
+     "its host was lost?) at exchange 3; worker:0 stops too. Received: 0 of 40 bytes",
+     [TaskId("worker", 1)]),
     ("", []),
 ])
 def test_culprits_by_wording(text, expected):

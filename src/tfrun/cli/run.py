@@ -192,8 +192,9 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                     help="split the CPU into N logical devices (Mirrored/CentralStorage on any machine)")
     tf.add_argument("--comm", default=None, metavar="OPTIONS",
                     help="collective all-reduce options for MultiWorkerMirroredStrategy: "
-                         "auto|shm|ring|nccl, pack=SIZE, timeout=SECONDS, e.g. 'ring,pack=4MB'; "
-                         "auto (default): shared memory when every worker is on one host, "
+                         "auto|shm|tcp|ring|nccl, pack=SIZE, timeout=SECONDS, e.g. 'ring,pack=4MB'; "
+                         "auto (default, on CPU): shared memory when every worker is on one "
+                         "host, tfrun's TCP exchange when each is on a host of its own, "
                          "TensorFlow's collectives otherwise")
     tf.add_argument("--mmap-threshold", default=DEFAULT_THRESHOLD, metavar="SIZE",
                     help="glibc's mmap threshold in every task (default 32M); 'tf' keeps the "

@@ -110,14 +110,14 @@ def measure(model, data, steady_steps_per_s: float | None) -> dict:
 
     ``allreduce_via``: ``"shared memory (native)"`` or ``"shared memory (Python)"`` when
     tfrun's exchange carried it (workers on one host; which of its two implementations),
+    ``"tcp (tfrun)"`` across hosts,
     ``"tensorflow"`` otherwise, None for one replica.
     """
     from . import shm_allreduce
 
     strategy = model.distribute_strategy
     reduce_ms, size = allreduce_ms(strategy, model.trainable_variables)
-    exchange = shm_allreduce.current_exchange()
-    via = None if reduce_ms is None else (f"shared memory ({exchange})" if exchange else "tensorflow")
+    via = None if reduce_ms is None else (shm_allreduce.current_via() or "tensorflow")
     step = round(1000 / steady_steps_per_s, 3) if steady_steps_per_s else None
     rest = round(step - (reduce_ms or 0.0), 3) if step is not None else None
     return {"event": "breakdown", "replicas": int(strategy.num_replicas_in_sync),

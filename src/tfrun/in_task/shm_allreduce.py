@@ -56,8 +56,9 @@ from .. import contract
 from ..cluster import parse_address, parse_tf_config
 from ..comm import CommOptions, from_env
 from ..errors import ConfigError
+from . import tcp_allreduce
 
-__all__ = ["ShmGroup", "ShmPlan", "current_exchange", "install", "plan_from_env"]
+__all__ = ["ShmGroup", "ShmPlan", "current_exchange", "current_via", "install", "plan_from_env"]
 
 _MAGIC = b"TFRS"
 _HELLO = struct.Struct("<4sIII")        # magic, version, rank, size
@@ -263,6 +264,10 @@ class ShmGroup:
         self._native = library
 
     @property
+    def via(self) -> str:
+        return f"shared memory ({self.exchange})"
+
+    @property
     def exchange(self) -> str:
         """``"native"`` once handed to the native exchange, else ``"Python"``."""
         return "native" if self._native is not None else "Python"
@@ -376,25 +381,27 @@ def _same_user(conn: socket.socket) -> bool:
 
 # -- TensorFlow hook -----------------------------------------------------------------------
 _SUMMABLE = ("float16", "bfloat16", "float32", "float64")
-_group: ShmGroup | None = None
+_group = None  # the ShmGroup or tcp_allreduce.TcpGroup this process joined
 _group_lock = threading.Lock()
 _last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> last exchange
 
 
 def install(environ=None) -> bool:
-    """Route this task's MultiWorkerMirroredStrategy all-reduces through shared memory when
-    ``plan_from_env`` says so (called by the bootstrap; a no-op otherwise)."""
-    plan = plan_from_env(environ)
+    """Route this task's MultiWorkerMirroredStrategy all-reduces through tfrun's exchange:
+    shared memory when ``plan_from_env`` says so, TCP when ``tcp_allreduce.plan_from_env``
+    does (called by the bootstrap; a no-op otherwise)."""
+    plan = plan_from_env(environ) or tcp_allreduce.plan_from_env(environ)
     if plan is None:
         return False
+    run_key = (os.environ if environ is None else environ).get(contract.RUN_DIR, "")
     from ._post_import import when_imported
 
     when_imported("tensorflow.python.distribute.cross_device_utils",
-                  lambda module: _hook(module, plan))
+                  lambda module: _hook(module, plan, run_key))
     return True
 
 
-def _hook(module, plan: ShmPlan) -> None:
+def _hook(module, plan, run_key: str = "") -> None:
     launcher_class = module.CollectiveReplicaLauncher
     original = launcher_class.all_reduce
     if getattr(original, "__tfrun_shm__", False):
@@ -405,13 +412,14 @@ def _hook(module, plan: ShmPlan) -> None:
         merged = self._options.merge(options)
         if not _applies(self, plan, input_tensor, merged):
             return original(self, input_tensor, control_input, options)
-        return _shm_all_reduce(self._device, [input_tensor], control_input, plan,
-                               merged.timeout_seconds)[0]
+        return _exchange_all_reduce(self._device, [input_tensor], control_input, plan,
+                                    merged.timeout_seconds, run_key)[0]
 
     def batch_all_reduce(self, input_tensor_packs, options=None):
         # In a graph, TensorFlow concatenates each pack of gradients into one tensor for
         # all_reduce and splits the sum apart: two more copies of every gradient per step.
-        # The native op takes the pack as it is (the Python exchange keeps TensorFlow's way).
+        # The native op and the TCP exchange take the pack as it is (the Python shared-memory
+        # exchange keeps TensorFlow's way).
         from tensorflow.python.eager import context
 
         from . import _native
@@ -422,9 +430,9 @@ def _hook(module, plan: ShmPlan) -> None:
             if not context.executing_eagerly() and len(pack) > 1 \
                     and len({tensor.dtype for tensor in pack}) == 1 \
                     and all(_applies(self, plan, tensor, merged) for tensor in pack) \
-                    and _native.kernel() is not None:
-                outputs.extend(_shm_all_reduce(self._device, pack, None, plan,
-                                               merged.timeout_seconds))
+                    and (not isinstance(plan, ShmPlan) or _native.kernel() is not None):
+                outputs.extend(_exchange_all_reduce(self._device, pack, None, plan,
+                                                    merged.timeout_seconds, run_key))
             else:
                 outputs.extend(original_batch(self, [pack], options))
         return outputs
@@ -436,7 +444,7 @@ def _hook(module, plan: ShmPlan) -> None:
         setattr(launcher_class, name, hooked)
 
 
-def _applies(launcher, plan: ShmPlan, tensor, options) -> bool:
+def _applies(launcher, plan, tensor, options) -> bool:
     from tensorflow.python.distribute import collective_util
     from tensorflow.python.framework import ops
     from tensorflow.python.ops import control_flow_util
@@ -453,30 +461,42 @@ def _applies(launcher, plan: ShmPlan, tensor, options) -> bool:
     return not control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
 
 
-def _shm_all_reduce(device, tensors, control_input, plan: ShmPlan, timeout) -> list:
-    """The all-reduce of ``tensors`` (one tensor for the Python exchange; any number of one
-    dtype for the native op, which exchanges their concatenation) as a list of sums."""
+def _exchange_all_reduce(device, tensors, control_input, plan, timeout, run_key: str) -> list:
+    """The all-reduce of ``tensors`` (one tensor for the Python shared-memory exchange; any
+    number of one dtype for the native op and the TCP exchange, which exchange their
+    concatenation without making it) as a list of sums."""
     import numpy as np
     import tensorflow as tf
     from tensorflow.python.framework import ops
 
     from . import _native
 
-    loaded = _native.kernel()
+    loaded = _native.kernel() if isinstance(plan, ShmPlan) else None
+    if loaded is not None or isinstance(plan, tcp_allreduce.TcpPlan):
+        # The native op, and the TCP exchange (it meets its peers through TensorFlow's
+        # coordination service), need the group before the step first runs: join now, while
+        # tracing (every worker traces the same step; the Python shared-memory exchange
+        # joins at its first call instead).
+        _joined(plan, run_key)
     if loaded is not None:
-        # The native op needs the group before it first runs: join now, while tracing (every
-        # worker traces the same step; the Python exchange joins at its first call instead).
-        _joined(plan)
         native_op = loaded[0].tfrun_shm_all_reduce
 
         def call():
             return native_op(tensors, timeout_seconds=timeout or 0.0)
+    elif isinstance(plan, tcp_allreduce.TcpPlan):
+        def exchange_many(*values):
+            return _joined(plan, run_key).all_reduce_many([np.asarray(v) for v in values],
+                                                          timeout)
+
+        def call():
+            results = tf.py_function(exchange_many, list(tensors), [t.dtype for t in tensors])
+            return results if isinstance(results, (list, tuple)) else [results]
     else:
-        (tensor,) = tensors  # batch_all_reduce only hands packs to the native op
+        (tensor,) = tensors  # batch_all_reduce only hands packs to the native op and TCP
 
         def exchange(values):
             array_ = np.asarray(values)  # a view: EagerTensor.numpy() would copy it first
-            return _joined(plan).all_reduce(array_, timeout).reshape(array_.shape)
+            return _joined(plan, run_key).all_reduce(array_, timeout).reshape(array_.shape)
 
         def call():
             return [tf.py_function(exchange, [tensor], tensor.dtype)]
@@ -498,25 +518,42 @@ def _shm_all_reduce(device, tensors, control_input, plan: ShmPlan, timeout) -> l
 
 def current_exchange() -> str | None:
     """Which exchange carries this task's all-reduces: ``"native"`` (the TfrunShmAllReduce
-    op), ``"Python"`` (the fallback), or None when none has gone through shared memory."""
-    return None if _group is None else _group.exchange
+    op), ``"Python"`` (the shared-memory fallback), ``"tcp"`` (across hosts), or None when
+    none has gone through tfrun's exchange."""
+    if _group is None:
+        return None
+    return "tcp" if isinstance(_group, tcp_allreduce.TcpGroup) else _group.exchange
 
 
-def _joined(plan: ShmPlan) -> ShmGroup:
+def current_via() -> str | None:
+    """What carries this task's all-reduces, as the breakdown says it: ``"shared memory
+    (native)"``, ``"shared memory (Python)"``, ``"tcp (tfrun)"``, or None (TensorFlow)."""
+    return None if _group is None else _group.via
+
+
+def _joined(plan, run_key: str = ""):
     global _group
     from . import _native
 
     with _group_lock:
-        if _group is None:
-            loaded = _native.kernel()  # built/loaded once per process; None: the Python path
-            _group = ShmGroup(plan)
-            if loaded is not None:
-                _group.use_native(loaded[1])
+        if _group is not None:
+            return _group
+        if isinstance(plan, tcp_allreduce.TcpPlan):
+            _group = tcp_allreduce.TcpGroup(plan, run_key=run_key)
             if plan.rank == 0:
-                how = f"{_group.exchange} exchange"
-                if loaded is None:
-                    how += f", the native one is unavailable: {_native.kernel_reason()}"
-                print(f"tfrun: all-reduce through shared memory: {plan.size} workers on this "
-                      f"host ({how}; --comm ring for TensorFlow's collectives)", file=sys.stderr,
-                      flush=True)
+                print(f"tfrun: all-reduce over TCP: {plan.size} workers on "
+                      f"{len(set(plan.hosts))} hosts (tfrun's exchange; --comm ring for "
+                      "TensorFlow's collectives)", file=sys.stderr, flush=True)
+            return _group
+        loaded = _native.kernel()  # built/loaded once per process; None: the Python path
+        _group = ShmGroup(plan)
+        if loaded is not None:
+            _group.use_native(loaded[1])
+        if plan.rank == 0:
+            how = f"{_group.exchange} exchange"
+            if loaded is None:
+                how += f", the native one is unavailable: {_native.kernel_reason()}"
+            print(f"tfrun: all-reduce through shared memory: {plan.size} workers on this "
+                  f"host ({how}; --comm ring for TensorFlow's collectives)", file=sys.stderr,
+                  flush=True)
         return _group

@@ -32,8 +32,9 @@ _TASK = r"/job:(\w+)/replica:\d+/task:(\d+)"
 _UNHEALTHY = re.compile(r"stopped sending heartbeats\):\s*\n((?:\s*" + _TASK + r"\s*\n?)+)")
 # Older wording: "Task /job:worker/replica:0/task:1 heartbeat timeout. This indicates ..."
 _TIMEOUT = re.compile(_TASK + r",? heartbeat timeout")
-# tfrun.in_task.shm_allreduce: a peer's socket closed under an all-reduce.
-_LEFT_EXCHANGE = re.compile(r"tfrun shared-memory all-reduce: (chief|worker):(\d+) left the exchange")
+# tfrun.in_task.shm_allreduce and tcp_allreduce: a peer's socket closed under an all-reduce.
+_LEFT_EXCHANGE = re.compile(
+    r"tfrun (?:shared-memory|TCP) all-reduce: (chief|worker):(\d+) left the exchange")
 
 
 def culprits(log_text: str) -> list[TaskId]:

@@ -1,0 +1,394 @@
+"""All-reduce over plain TCP for workers on different hosts (``--comm auto`` or ``tcp``).
+
+Why: across hosts, MultiWorkerMirroredStrategy's CPU all-reduce is TensorFlow's ring over
+gRPC, which serializes every chunk into a protobuf message and moves it in many small
+steps. On two one-CPU hosts that all-reduce costs more than the step's compute (measured by
+``benchmarks/bench_cross_host.py``), while the bytes themselves cross a TCP connection
+several times faster. tfrun replaces it, as it does on one host with shared memory
+(``tfrun.in_task.shm_allreduce``, which installs both): the strategy, the optimizer and the
+script do not change.
+
+How: every chief/worker listens on an ephemeral port of its own address and publishes
+``ip:port`` in TensorFlow's coordination service (the key-value store every
+MultiWorkerMirroredStrategy cluster already has), with a random key rank 0 publishes the
+same way; each task connects to every lower rank and proves it knows the key (an HMAC of its
+rank), then the listening sockets close: no port stays open after the group has formed, and
+a process that cannot read the coordination service cannot join. An all-reduce of a buffer
+is a reduce-scatter then an all-gather, both direct: task ``r`` owns the ``r``-th of ``size``
+slices, every task sends each owner its slice, the owner sums the slices *in rank order*
+(so every task ends with the same bits) and sends the sum to every other task. Each task
+sends and receives ``2 (size - 1) / size`` of the buffer, as in a ring, in two rounds. Every
+message carries the exchange number and its size: tasks running different all-reduces fail
+with both, not with wrong sums. A peer that dies closes its connection: the others fail at
+once, naming it.
+
+    >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["node-1:2222", "node-2:2222"]}, '
+    ...        '"task": {"type": "worker", "index": 1}}'}
+    >>> plan = plan_from_env(env)
+    >>> plan.rank, plan.names, plan.hosts
+    (1, ('worker:0', 'worker:1'), ('node-1', 'node-2'))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+import socket
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..cluster import parse_address, parse_tf_config
+from ..comm import CommOptions, from_env
+from ..errors import ConfigError
+
+__all__ = ["TcpGroup", "TcpPlan", "plan_from_env"]
+
+_MAGIC = b"TFRT"
+_HELLO = struct.Struct("<4sII32s")      # magic, rank, size, HMAC-SHA256(key, rank)
+_HEADER = struct.Struct("<QQ")          # exchange number, bytes of this message
+_KEY_PREFIX = "tfrun/tcp-exchange/"
+_CONNECT_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class TcpPlan:
+    """Who takes part: this task's ``rank`` among ``names`` (chief first, then workers) and
+    each one's host as TF_CONFIG names it."""
+
+    rank: int
+    names: tuple[str, ...]
+    hosts: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.names)
+
+
+def plan_from_env(environ=None) -> TcpPlan | None:
+    """The TCP plan for this task, or None when another exchange applies.
+
+    It applies when the task is a chief or worker of a cluster of at least two such tasks and
+    no parameter servers, and ``contract.COMM`` asks for ``tcp``, or for ``auto`` (the default)
+    with every chief/worker on a host of its own (several workers on one host and others
+    elsewhere stay on TensorFlow's collectives: a shared-memory stage per host is not built).
+    """
+    environ = os.environ if environ is None else environ
+    comm = from_env(environ) or CommOptions()
+    if comm.implementation not in ("auto", "tcp") or not environ.get("TF_CONFIG"):
+        return None
+    try:
+        config = parse_tf_config(environ["TF_CONFIG"])
+    except ConfigError:
+        return None  # not a cluster tfrun made; TensorFlow will say what is wrong with it
+    cluster = config.cluster
+    members = {task: address for task, address in cluster.addresses().items()
+               if task.role in ("chief", "worker")}
+    if len(members) < 2 or cluster.ps or config.task not in members:
+        return None
+    hosts = tuple(parse_address(address)[0] for address in members.values())
+    if comm.implementation == "auto" and len(set(hosts)) != len(hosts):
+        return None
+    names = tuple(str(task) for task in members)  # chief first, then workers
+    return TcpPlan(rank=names.index(str(config.task)), names=names, hosts=hosts)
+
+
+class KeyValue:
+    """TensorFlow's coordination service as a key-value store (what ``TcpGroup`` meets
+    through); a test passes any object with the same ``set``/``get``."""
+
+    def __init__(self) -> None:
+        from tensorflow.python.eager import context
+
+        self._context = context.context()
+
+    def set(self, key: str, value: str) -> None:
+        self._context.set_config_key_value(key, value)
+
+    def get(self, key: str, timeout: float) -> str:
+        return self._context.get_config_key_value(key, timeout_in_ms=int(timeout * 1000))
+
+
+class TcpGroup:
+    """The tasks of one plan, connected: ``all_reduce(values)`` returns the element-wise sum
+    of every task's ``values`` (a 1-D NumPy array, same dtype and length everywhere).
+
+    Blocks until every task has joined (``connect_timeout`` seconds at most). Not
+    thread-safe: calls must come in the same order on every task, which the hook ensures by
+    chaining them in each graph.
+    """
+
+    def __init__(self, plan: TcpPlan, store=None, *, connect_timeout: float = _CONNECT_TIMEOUT,
+                 run_key: str = "") -> None:
+        self.plan = plan
+        self._exchanges = 0
+        self._peers: dict[int, socket.socket] = {}
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="tfrun-tcp-send")
+        self._buffers: dict = {}
+        store = KeyValue() if store is None else store
+        prefix = _KEY_PREFIX + hashlib.sha256(run_key.encode()).hexdigest()[:12] + "/"
+        try:
+            self._rendezvous(store, prefix, connect_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def via(self) -> str:
+        return "tcp (tfrun)"
+
+    # -- set-up -------------------------------------------------------------------------
+    def _rendezvous(self, store, prefix: str, timeout: float) -> None:
+        plan = self.plan
+        if plan.rank == 0:
+            store.set(prefix + "key", secrets.token_hex(32))
+        key = bytes.fromhex(store.get(prefix + "key", timeout))
+        listener = None
+        if plan.rank < plan.size - 1:  # the last rank only connects
+            listener = socket.create_server((_bind_address(plan), 0), backlog=plan.size)
+            host, port = listener.getsockname()[:2]
+            store.set(f"{prefix}{plan.rank}", f"{host}|{port}")
+        try:
+            for peer in range(plan.rank):
+                host, port = store.get(f"{prefix}{peer}", timeout).split("|")
+                sock = socket.create_connection((host, int(port)), timeout=timeout)
+                sock.sendall(_HELLO.pack(_MAGIC, plan.rank, plan.size, _proof(key, plan.rank)))
+                self._peers[peer] = sock
+            if listener is not None:
+                self._accept(listener, key, timeout)
+        finally:
+            if listener is not None:
+                listener.close()
+        for sock in self._peers.values():
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _accept(self, listener: socket.socket, key: bytes, timeout: float) -> None:
+        plan = self.plan
+        deadline = time.monotonic() + timeout
+        while len(self._peers) < plan.size - 1:
+            listener.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                missing = [plan.names[r] for r in range(plan.rank + 1, plan.size)
+                           if r not in self._peers]
+                raise TimeoutError(f"tfrun TCP all-reduce: {', '.join(missing)} did not join "
+                                   f"{plan.names[plan.rank]}'s exchange within {timeout:g} s") from None
+            conn.settimeout(10.0)
+            try:
+                hello = _receive_exactly(conn, _HELLO.size)
+            except OSError:
+                hello = b""
+            magic, rank, size, proof = (_HELLO.unpack(hello) if len(hello) == _HELLO.size
+                                        else (None, 0, 0, b""))
+            if magic != _MAGIC or size != plan.size or not plan.rank < rank < size \
+                    or rank in self._peers or not hmac.compare_digest(proof, _proof(key, rank)):
+                conn.close()  # not one of this run's tasks
+                continue
+            self._peers[rank] = conn
+
+    # -- exchange -----------------------------------------------------------------------
+    def all_reduce(self, values, timeout: float | None = None):
+        """The sum over every task of ``values`` (1-D NumPy array), summed in rank order."""
+        return self.all_reduce_many([values], timeout)[0].reshape(-1)
+
+    def all_reduce_many(self, arrays, timeout: float | None = None) -> list:
+        """``all_reduce`` of several arrays of one dtype at once, as if of their
+        concatenation (which is never made: the bytes go from and to the arrays themselves,
+        so another task may cut the same values differently); the sums come back as arrays
+        of the same shapes, 64-byte aligned (TensorFlow then takes them without a copy)."""
+        import numpy as np
+
+        flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+        if len({flat.dtype for flat in flats}) != 1:
+            raise ValueError("all_reduce_many takes one or more arrays of one dtype. Received: "
+                             + ", ".join(str(flat.dtype) for flat in flats))
+        outs = [_aligned_empty(flat.size, flat.dtype) for flat in flats]
+        size, rank = self.plan.size, self.plan.rank
+        total = sum(flat.size for flat in flats)
+        bounds = [total * k // size for k in range(size + 1)]
+        received = self._received(flats[0].dtype, bounds[rank + 1] - bounds[rank])
+        self._exchanges += 1
+        # Round k: send to rank + k, receive from rank - k -- every pair meets in the same
+        # round, so no task waits on one that is busy with another.
+        order = [((rank + k) % size, (rank - k) % size) for k in range(1, size)]
+        self._transfer([(to, _pieces(flats, bounds[to], bounds[to + 1])) for to, _ in order],
+                       [(frm, [received[frm]]) for _, frm in order], timeout)
+        # Sum my slice in rank order, piece by piece of the arrays it spans.
+        offset = 0
+        for mine, out in zip(_pieces(flats, bounds[rank], bounds[rank + 1]),
+                             _pieces(outs, bounds[rank], bounds[rank + 1])):
+            parts = [mine if r == rank else received[r][offset:offset + mine.size]
+                     for r in range(size)]
+            np.add(parts[0], parts[1], out=out)
+            for other in parts[2:]:
+                np.add(out, other, out=out)
+            offset += mine.size
+        mine = _pieces(outs, bounds[rank], bounds[rank + 1])
+        self._transfer([(to, mine) for to, _ in order],
+                       [(frm, _pieces(outs, bounds[frm], bounds[frm + 1])) for _, frm in order],
+                       timeout)
+        return [out.reshape(np.shape(a)) for out, a in zip(outs, arrays)]
+
+    def _received(self, dtype, length: int) -> dict:
+        import numpy as np
+
+        key = (dtype.str, length)
+        if key not in self._buffers:
+            self._buffers = {key: {r: np.empty(length, dtype) for r in range(self.plan.size)
+                                   if r != self.plan.rank}}
+        return self._buffers[key]
+
+    def _transfer(self, sends, receives, timeout: float | None) -> None:
+        number = self._exchanges
+        sending = self._sender.submit(self._send_all, sends, number)
+        try:
+            for rank, into in receives:
+                self._receive(rank, into, number, timeout)
+        finally:
+            error = sending.exception()  # waits: the next round reuses the buffers
+        if error is not None:
+            raise error
+
+    def _send_all(self, sends, number: int) -> None:
+        for rank, arrays in sends:
+            sock = self._peers[rank]
+            views = [memoryview(a).cast("B") for a in arrays if a.size]
+            try:
+                _send_views(sock, [memoryview(_HEADER.pack(number, sum(v.nbytes for v in views))),
+                                   *views])
+            except OSError as error:
+                raise self._left(rank, repr(error)) from None
+
+    def _receive(self, rank: int, arrays, number: int, timeout: float | None) -> None:
+        sock = self._peers[rank]
+        sock.settimeout(timeout)
+        views = [memoryview(a).cast("B") for a in arrays if a.size]
+        nbytes = sum(v.nbytes for v in views)
+        try:
+            header = _receive_exactly(sock, _HEADER.size)
+            if len(header) < _HEADER.size:
+                raise self._left(rank, repr(header))
+            got_number, got_bytes = _HEADER.unpack(header)
+            if (got_number, got_bytes) != (number, nbytes):
+                raise RuntimeError(
+                    f"tfrun TCP all-reduce: {self.plan.names[rank]} is at exchange {got_number} "
+                    f"of {got_bytes} bytes, this task ({self.plan.names[self.plan.rank]}) at "
+                    f"exchange {number} of {nbytes} bytes: the workers are not running the "
+                    "same all-reduces (does the script build a different model on some "
+                    "worker?). Run with --comm ring to use TensorFlow's collectives")
+            done = _receive_views(sock, views)
+            if done < nbytes:
+                raise self._left(rank, f"{done} of {nbytes} bytes")
+        except TimeoutError:
+            raise TimeoutError(f"tfrun TCP all-reduce: exchange {number} took longer than the "
+                               f"--comm timeout of {timeout:g} s") from None
+        except ConnectionResetError as error:
+            raise self._left(rank, repr(error)) from None
+
+    def _left(self, rank: int, received: str) -> ConnectionError:
+        return ConnectionError(
+            f"tfrun TCP all-reduce: {self.plan.names[rank]} left the exchange (its process "
+            f"ended, or its host was lost?) at exchange {self._exchanges}; "
+            f"{self.plan.names[self.plan.rank]} stops too. Received: {received}")
+
+    def close(self) -> None:
+        self._sender.shutdown(wait=False)
+        for sock in self._peers.values():
+            sock.close()
+        self._peers.clear()
+        self._buffers.clear()
+
+
+def _pieces(arrays, start: int, end: int) -> list:
+    """Views of the elements ``start:end`` of the arrays' concatenation, in order.
+
+    >>> import numpy as np
+    >>> [v.tolist() for v in _pieces([np.arange(3), np.arange(3, 5)], 2, 4)]
+    [[2], [3]]
+    """
+    views, offset = [], 0
+    for array in arrays:
+        low, high = max(start - offset, 0), min(end - offset, array.size)
+        if low < high:
+            views.append(array[low:high])
+        offset += array.size
+    return views
+
+
+def _aligned_empty(length: int, dtype):
+    """An empty 1-D array whose data starts on a 64-byte boundary."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    raw = np.empty(length * dtype.itemsize + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + length * dtype.itemsize].view(dtype)
+
+
+_IOV_MAX = 512
+
+
+def _send_views(sock: socket.socket, views: list) -> None:
+    """Send every byte of ``views`` in order, gathered by ``sendmsg`` (no concatenation)."""
+    while views:
+        sent = sock.sendmsg(views[:_IOV_MAX])
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views = views[1:]
+        if sent:
+            views = [views[0][sent:], *views[1:]]
+
+
+def _receive_views(sock: socket.socket, views: list) -> int:
+    """Fill ``views`` in order from ``sock``, scattered by ``recvmsg_into``; the number of
+    bytes received (short when the peer closed)."""
+    done = 0
+    while views:
+        count = sock.recvmsg_into(views[:_IOV_MAX])[0]
+        if count == 0:
+            return done
+        done += count
+        while views and count >= views[0].nbytes:
+            count -= views[0].nbytes
+            views = views[1:]
+        if count:
+            views = [views[0][count:], *views[1:]]
+    return done
+
+
+def _proof(key: bytes, rank: int) -> bytes:
+    return hmac.new(key, b"tfrun-tcp-exchange %d" % rank, hashlib.sha256).digest()
+
+
+def _receive_exactly(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _bind_address(plan: TcpPlan) -> str:
+    """The address this task listens on: its TF_CONFIG host's, the one its peers were told
+    reaches it -- unless that resolves to a loopback address while a peer is on another host
+    (a Debian-style ``127.0.1.1 <hostname>`` line), then the address this host uses to reach
+    that peer. Never every interface: only the cluster's network needs the port.
+    """
+    own = socket.gethostbyname(plan.hosts[plan.rank])
+    if not ipaddress.ip_address(own).is_loopback:
+        return own
+    for rank, host in enumerate(plan.hosts):
+        address = socket.gethostbyname(host)
+        if rank != plan.rank and not ipaddress.ip_address(address).is_loopback:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((address, 9))  # UDP: picks the route, sends nothing
+                return probe.getsockname()[0]
+    return own

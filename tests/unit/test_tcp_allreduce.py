@@ -1,0 +1,266 @@
+"""The TCP all-reduce across hosts (issue 36): the pure plan, and real processes exchanging
+over real TCP connections on loopback. No TensorFlow in these processes: they meet through
+a directory standing in for TensorFlow's coordination service (the key-value store the
+tasks use); the strategy-level tests run on fake hosts (tests/multihost/test_multihost.py)."""
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tfrun.in_task.tcp_allreduce import TcpGroup, TcpPlan, _HELLO, _MAGIC, plan_from_env
+from tfrun.in_task import shm_allreduce
+
+CTX = mp.get_context("fork")
+
+
+def env(cluster, task, **extra):
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task}), "TFRUN_RUN_DIR": "/r",
+            **extra}
+
+
+class TestPlan:
+    def test_a_worker_on_each_host(self):
+        plan = plan_from_env(env({"chief": ["a:1"], "worker": ["b:1", "c:1"]},
+                                 {"type": "worker", "index": 1}))
+        assert (plan.rank, plan.names, plan.hosts) == (
+            2, ("chief:0", "worker:0", "worker:1"), ("a", "b", "c"))
+
+    @pytest.mark.parametrize("cluster, task, comm", [
+        ({"worker": ["a:1"]}, {"type": "worker", "index": 0}, None),                 # alone
+        ({"worker": ["a:1", "a:2"]}, {"type": "worker", "index": 0}, None),          # one host
+        ({"worker": ["a:1", "a:2", "b:1"]}, {"type": "worker", "index": 0}, None),   # 2 on a
+        ({"worker": ["a:1", "b:1"], "ps": ["c:1"]}, {"type": "worker", "index": 0}, "tcp"),
+        ({"worker": ["a:1", "b:1"], "evaluator": ["c:1"]},
+         {"type": "evaluator", "index": 0}, None),
+        ({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": 0}, "ring"),
+        ({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": 0}, "nccl"),
+    ])
+    def test_another_exchange_applies(self, cluster, task, comm):
+        extra = {"TFRUN_COMM": comm} if comm else {}
+        assert plan_from_env(env(cluster, task, **extra)) is None
+
+    def test_tcp_asked_for_applies_wherever_the_workers_are(self):
+        plan = plan_from_env(env({"worker": ["a:1", "a:2", "b:1"]}, {"type": "worker", "index": 1},
+                                 TFRUN_COMM="tcp,pack=4MB"))
+        assert plan.rank == 1 and plan.size == 3
+        one_host = env({"worker": ["localhost:1", "localhost:2"]}, {"type": "worker", "index": 0},
+                       TFRUN_COMM="tcp")
+        assert shm_allreduce.plan_from_env(one_host) is None  # tcp, not shared memory
+        assert plan_from_env(one_host).hosts == ("localhost", "localhost")
+
+    def test_one_host_is_shared_memory_not_tcp(self):
+        one_host = env({"worker": ["localhost:1", "localhost:2"]}, {"type": "worker", "index": 0})
+        assert shm_allreduce.plan_from_env(one_host) is not None
+
+
+class DirectoryStore:
+    """TensorFlow's coordination service key-value store, in a directory (set is atomic)."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+
+    def set(self, key, value):
+        path = self.root / key.replace("/", "_")
+        if path.exists():
+            raise RuntimeError(f"key {key} already set")  # as the coordination service does
+        (self.root / (path.name + ".tmp")).write_text(value)
+        os.replace(self.root / (path.name + ".tmp"), path)
+
+    def get(self, key, timeout):
+        path = self.root / key.replace("/", "_")
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(key)
+            time.sleep(0.01)
+        return path.read_text()
+
+
+def _plans(size):
+    names = tuple(f"worker:{i}" for i in range(size))
+    return [TcpPlan(rank=r, names=names, hosts=("127.0.0.1",) * size) for r in range(size)]
+
+
+def _open(plan, root):
+    return TcpGroup(plan, DirectoryStore(root), connect_timeout=30, run_key="test")
+
+
+def _floats(dtype, n):
+    return lambda rank: (np.random.default_rng(rank).normal(size=n) * 100).astype(dtype)
+
+
+ARRAYS = [_floats("float32", 1000), _floats("float64", 7), _floats("float16", 3),
+          _floats("float32", 0), _floats("float32", 1), _floats("float32", 300_001)]
+
+
+def _member(plan, root, results):
+    try:
+        group = _open(plan, root)
+        out = [group.all_reduce(a(plan.rank)) for a in ARRAYS]
+        results.put((plan.rank, [o.tobytes() for o in out], [str(o.dtype) for o in out]))
+        group.close()
+    except BaseException as exc:  # reported to the test
+        results.put((plan.rank, repr(exc), None))
+
+
+def _run(size, root, member=_member, extra=()):
+    results = CTX.Queue()
+    procs = [CTX.Process(target=member, args=(p, root, results, *extra)) for p in _plans(size)]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        rank, *rest = results.get(timeout=60)
+        got[rank] = rest
+    for p in procs:
+        p.join(30)
+    return got, procs
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_sums_in_rank_order_and_every_task_gets_the_same_bits(size, tmp_path):
+    got, _ = _run(size, tmp_path)
+    assert sorted(got) == list(range(size))
+    for i, make in enumerate(ARRAYS):
+        expected = make(0)
+        for rank in range(1, size):
+            expected = (expected + make(rank)).astype(expected.dtype)  # rank order
+        for rank in range(size):
+            out, dtypes = got[rank]
+            assert isinstance(out, list), out
+            assert dtypes[i] == str(expected.dtype)
+            assert out[i] == expected.tobytes(), (rank, i)
+
+
+def _cut_member(plan, root, results, cuts):
+    """Rank r all-reduces the same 5000 floats as every rank, cut at ``cuts[r]``."""
+    try:
+        group = _open(plan, root)
+        sums = group.all_reduce_many(np.split(_floats("float32", 5000)(plan.rank), cuts[plan.rank]))
+        aligned = all(s.ctypes.data % 64 == 0 for s in sums if s.size)
+        results.put((plan.rank, np.concatenate(sums).tobytes(), [s.size for s in sums], aligned))
+        group.close()
+    except BaseException as exc:  # reported to the test
+        results.put((plan.rank, repr(exc), None, None))
+
+
+CUTS = [[0, 1, 1000, 1666, 1667, 3000], [], [17, 2048, 3334, 4999]]
+
+
+def test_a_list_of_arrays_is_exchanged_as_its_concatenation(tmp_path):
+    """all_reduce_many (a pack of gradients without concat/split): every rank gets the
+    rank-order sum of the concatenation in its own pieces, wherever each rank cut it (the
+    cuts fall inside, on and around the owners' slices), 64-byte aligned."""
+    got, _ = _run(3, tmp_path, _cut_member, (CUTS,))
+    expected = _floats("float32", 5000)(0)
+    for rank in (1, 2):
+        expected = expected + _floats("float32", 5000)(rank)
+    for rank in range(3):
+        out, sizes, aligned = got[rank]
+        assert sizes == [len(piece) for piece in np.split(np.zeros(5000), CUTS[rank])], got[rank]
+        assert out == expected.tobytes(), rank
+        assert aligned
+
+
+def _dies_after_one(plan, root, results):
+    group = _open(plan, root)
+    group.all_reduce(np.ones(4, np.float32))
+    if plan.rank == 1:
+        os._exit(3)  # no goodbye: the process just ends
+    try:
+        group.all_reduce(np.ones(4, np.float32))
+        results.put((plan.rank, "no error"))
+    except ConnectionError as exc:
+        results.put((plan.rank, str(exc)))
+
+
+def test_a_peer_that_dies_fails_the_others_at_once_with_its_name(tmp_path):
+    results = CTX.Queue()
+    procs = [CTX.Process(target=_dies_after_one, args=(p, tmp_path, results)) for p in _plans(3)]
+    for p in procs:
+        p.start()
+    messages = dict(results.get(timeout=60) for _ in range(2))
+    for p in procs:
+        p.join(30)
+    assert "worker:1 left the exchange" in messages[0] and "worker:0 stops too" in messages[0]
+    assert "worker:1 left the exchange" in messages[2] and "worker:2 stops too" in messages[2]
+    assert [p.exitcode for p in procs] == [0, 3, 0]
+
+
+def _late_peer(plan, root, results):
+    group = _open(plan, root)
+    if plan.rank == 1:
+        time.sleep(1.5)  # late for rank 0's 0.3 s timeout
+        results.put((plan.rank, "late"))
+        return
+    try:
+        group.all_reduce(np.ones(4, np.float32), timeout=0.3)
+        results.put((plan.rank, "no error"))
+    except TimeoutError as exc:
+        results.put((plan.rank, str(exc)))
+
+
+def test_an_exchange_that_outlasts_the_timeout_fails_with_it(tmp_path):
+    got, _ = _run(2, tmp_path, _late_peer)
+    assert got == {0: ["tfrun TCP all-reduce: exchange 1 took longer than the --comm timeout "
+                       "of 0.3 s"], 1: ["late"]}
+
+
+def _mismatched(plan, root, results):
+    group = _open(plan, root)
+    try:
+        group.all_reduce(np.ones(4 if plan.rank == 0 else 8, np.float32))
+        results.put((plan.rank, "no error"))
+    except RuntimeError as exc:
+        results.put((plan.rank, str(exc)))
+
+
+def test_different_all_reduces_on_different_workers_are_an_error_not_a_wrong_sum(tmp_path):
+    got, _ = _run(2, tmp_path, _mismatched)
+    messages = [m for (m,) in got.values()]
+    assert all("not running the same all-reduces" in m for m in messages), messages
+    assert any("8 bytes" in m and "16 bytes" in m for m in messages)
+
+
+def _joins_late(plan, root, results):
+    if plan.rank == 1:
+        time.sleep(1.0)  # the intruder knocks first
+    _member(plan, root, results)
+
+
+def test_a_process_without_the_runs_key_cannot_join_and_no_port_stays_open(tmp_path):
+    """Rank 0 listens only until its group has formed, and only for a process that proves
+    it read the run's key from the coordination service: a stranger that knows the address
+    (published in the same store) but not the key is hung up on, and the group forms."""
+    results = CTX.Queue()
+    plans = _plans(2)
+    procs = [CTX.Process(target=_joins_late, args=(p, tmp_path, results)) for p in plans]
+    for p in procs:
+        p.start()
+    store = DirectoryStore(tmp_path)
+    published = next(iter(sorted(tmp_path.glob("tfrun_tcp-exchange_*_0"))), None)
+    deadline = time.monotonic() + 30
+    while published is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+        published = next(iter(sorted(tmp_path.glob("tfrun_tcp-exchange_*_0"))), None)
+    host, port = published.read_text().split("|")
+    stranger = socket.create_connection((host, int(port)), timeout=10)
+    stranger.sendall(_HELLO.pack(_MAGIC, 1, 2, b"\0" * 32))  # right shape, wrong proof
+    assert stranger.recv(16) == b""  # hung up on, sent nothing
+    stranger.close()
+    got = {}
+    for _ in procs:
+        rank, *rest = results.get(timeout=60)
+        got[rank] = rest
+    for p in procs:
+        p.join(30)
+    assert all(isinstance(out, list) for out, _ in got.values()), got
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=10)
+    assert store.get(published.name.replace("_", "/"), 1) == published.read_text()
