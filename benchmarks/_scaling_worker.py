@@ -6,7 +6,8 @@
 multi-task TF_CONFIG it trains under MultiWorkerMirroredStrategy (made plainly, so tfrun's
 --comm reaches it as it would a user's script); alone, without a strategy. Writes
 OUT_DIR/result-<task index>.json: steps/s over the timed epochs (the first epoch, which
-traces and builds, is not timed) and the number of workers.
+traces and builds, is not timed), the number of workers and the last epoch's loss (the
+initial weights are seeded, so runs of one cluster size compare).
 """
 
 import argparse
@@ -28,6 +29,7 @@ tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
 workers = sum(len(v) for k, v in tf_config.get("cluster", {}).items() if k in ("chief", "worker"))
 index = tf_config.get("task", {}).get("index", 0)
 strategy = tf.distribute.MultiWorkerMirroredStrategy() if workers > 1 else tf.distribute.get_strategy()
+keras.utils.set_random_seed(0)  # the same initial weights in every run: final losses compare
 per_worker = 256
 rng = np.random.default_rng(index)
 x = rng.normal(size=(args.steps * per_worker, 784)).astype("float32")
@@ -44,8 +46,10 @@ with strategy.scope():
 
 
 timer = EpochTimer()
-model.fit(data, epochs=args.epochs + 1, steps_per_epoch=args.steps, verbose=0, callbacks=[timer])
+history = model.fit(data, epochs=args.epochs + 1, steps_per_epoch=args.steps, verbose=0,
+                    callbacks=[timer])
 timed = timer.times[1:]
 with open(os.path.join(args.out_dir, f"result-{index}.json"), "w") as f:
     json.dump({"steps_per_second": args.steps * len(timed) / sum(timed), "workers": max(workers, 1),
-               "samples_per_step": per_worker * max(workers, 1)}, f)
+               "samples_per_step": per_worker * max(workers, 1),
+               "final_loss": float(history.history["loss"][-1])}, f)

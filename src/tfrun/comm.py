@@ -14,11 +14,14 @@ on each of several hosts); ``shm`` -- shared memory, an error when the workers s
 ``nccl`` -- TensorFlow's.
 Items:
 ``pack=SIZE`` (``bytes_per_pack``: gradients are all-reduced in packs of about this size;
-``0`` lets TensorFlow choose) and ``timeout=SECONDS`` (a collective that takes longer fails).
+``0`` lets TensorFlow choose), ``timeout=SECONDS`` (a collective that takes longer fails) and
+``compress=fp16|bf16|none`` (the TCP exchange sends 16-bit values: half the bytes on the
+wire, summed in float32; the default ``none`` keeps every bit -- only tfrun's TCP exchange
+compresses, so ``shm``, ``ring`` and ``nccl`` refuse it).
 Sizes take K/M/G suffixes (powers of 1024, optional ``B``/``iB``).
 
     >>> CommOptions.parse("ring,pack=4MB,timeout=120")
-    CommOptions(implementation='ring', bytes_per_pack=4194304, timeout_seconds=120.0)
+    CommOptions(implementation='ring', bytes_per_pack=4194304, timeout_seconds=120.0, compression='none')
     >>> CommOptions.parse("pack=0").to_text()
     'auto,pack=0'
 """
@@ -36,6 +39,7 @@ __all__ = ["COMM_ENV", "CommOptions", "from_env", "parse_size"]
 
 COMM_ENV = contract.COMM
 IMPLEMENTATIONS = ("auto", "ring", "nccl", "shm", "tcp")
+COMPRESSIONS = ("none", "fp16", "bf16")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?$", re.IGNORECASE)
 _FIX = "Pass e.g. --comm ring,pack=4MB,timeout=300"
 
@@ -45,10 +49,11 @@ class CommOptions:
     implementation: str = "auto"
     bytes_per_pack: int = 0
     timeout_seconds: float | None = None
+    compression: str = "none"
 
     @classmethod
     def parse(cls, text: str) -> CommOptions:
-        implementation, pack, timeout = "auto", 0, None
+        implementation, pack, timeout, compression = "auto", 0, None, "none"
         items = [item.strip() for item in text.split(",")]
         if not text.strip() or not all(items):
             raise ConfigError("--comm has an empty item", expected=_expected(), fix=_FIX,
@@ -62,15 +67,28 @@ class CommOptions:
                 pack = _parse_size(value.strip(), text)
             elif sep and key == "timeout":
                 timeout = _parse_timeout(value.strip(), text)
+            elif sep and key == "compress":
+                compression = value.strip().lower()
+                if compression not in COMPRESSIONS:
+                    raise ConfigError(f"--comm compress={value.strip()!r} is not a compression",
+                                      expected="compress=fp16, compress=bf16 or compress=none",
+                                      fix="Pass e.g. --comm compress=fp16", received=repr(text))
             else:
                 raise ConfigError(f"--comm item {item!r} is not understood", expected=_expected(),
                                   fix=_FIX, received=repr(text))
-        return cls(implementation, pack, timeout)
+        if compression != "none" and implementation not in ("auto", "tcp"):
+            raise ConfigError(f"--comm compress={compression} needs tfrun's TCP exchange; "
+                              f"{implementation} moves full precision",
+                              expected="--comm auto or tcp with compress=...",
+                              fix=f"Pass e.g. --comm tcp,compress={compression}, or drop compress",
+                              received=repr(text))
+        return cls(implementation, pack, timeout, compression)
 
     def to_text(self) -> str:
         """The ``--comm`` text (``contract.COMM``) that parses back to these options."""
         text = f"{self.implementation},pack={self.bytes_per_pack}"
-        return text + (f",timeout={self.timeout_seconds:g}" if self.timeout_seconds else "")
+        text += f",timeout={self.timeout_seconds:g}" if self.timeout_seconds else ""
+        return text + (f",compress={self.compression}" if self.compression != "none" else "")
 
     def to_tf(self):
         """``tf.distribute.experimental.CommunicationOptions`` (imports TensorFlow); ``shm``
@@ -104,7 +122,7 @@ def from_env(environ=None) -> CommOptions | None:
 
 def _expected() -> str:
     return ("comma-separated: one of auto/shm/tcp/ring/nccl, pack=SIZE (e.g. 4MB, 0 = TensorFlow "
-            "chooses), timeout=SECONDS")
+            "chooses), timeout=SECONDS, compress=fp16|bf16|none")
 
 
 def parse_size(value: str) -> int | None:

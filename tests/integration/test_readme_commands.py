@@ -69,6 +69,7 @@ ELSEWHERE = {
         "tests/multihost/test_multihost.py",
     "tfrun doctor --hosts node-1,node-2 examples/multiworker_mobilenet.py":
         "tests/multihost/test_multihost.py",
+    "tfrun bench --hosts node-1,node-2 --workers 1,2 --model mlp": "tests/multihost/test_multihost.py",
     # docs/elastic.md: the elastic tests run these with their own train.py (the step log)
     "tfrun --hosts node-1,node-2,node-3 --min-nodes 2 train.py": "tests/multihost/test_multihost.py",
     "tfrun --workers 2 --hosts node-1,node-2,node-3 --min-nodes 2 train.py":

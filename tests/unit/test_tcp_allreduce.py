@@ -264,3 +264,36 @@ def test_a_process_without_the_runs_key_cannot_join_and_no_port_stays_open(tmp_p
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((host, int(port)), timeout=10)
     assert store.get(published.name.replace("_", "/"), 1) == published.read_text()
+
+
+def _halves_member(plan, root, results):
+    """The compressed exchange's two halves, the sum done by the caller (as TensorFlow
+    does it: the 16-bit values widened to float32, summed in rank order, narrowed again)."""
+    try:
+        group = _open(plan, root)
+        arrays = [_floats("float16", n)(plan.rank).view(np.uint16) for n in (1000, 1, 2501)]
+        parts = group.reduce_scatter(arrays)
+        total = parts[0].view(np.float16).astype(np.float32)
+        for part in parts[1:]:
+            total = total + part.view(np.float16).astype(np.float32)
+        out = group.all_gather(total.astype(np.float16).view(np.uint16),
+                               [a.shape for a in arrays])
+        results.put((plan.rank, [len(p) for p in parts], [o.tobytes() for o in out]))
+        group.close()
+    except BaseException as exc:  # reported to the test
+        results.put((plan.rank, repr(exc), None))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_reduce_scatter_then_all_gather_is_an_all_reduce_summed_by_the_caller(size, tmp_path):
+    got, _ = _run(size, tmp_path, _halves_member)
+    total = 1000 + 1 + 2501
+    sums = np.zeros(total, np.float32)
+    for rank in range(size):  # rank order, as float32, as every owner sums its slice
+        sums = sums + np.concatenate([_floats("float16", n)(rank) for n in (1000, 1, 2501)]
+                                     ).astype(np.float32)
+    expected = np.split(sums.astype(np.float16), [1000, 1001])
+    for rank in range(size):
+        lengths, out = got[rank]
+        assert lengths == [total * (rank + 1) // size - total * rank // size] * size, got[rank]
+        assert out == [e.view(np.uint16).tobytes() for e in expected], rank

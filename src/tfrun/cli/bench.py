@@ -12,6 +12,10 @@ metrics as always); the table, also in ``<bench dir>/bench.json`` and, with a th
 chart, ``<bench dir>/bench.html`` (not with contract.REPORT=0), comes from the metrics
 the tasks record with no change to the script (``tfrun.in_task.metrics``), and so does the step
 breakdown -- all-reduce, compute, input per step (``tfrun.in_task.breakdown``; bench switches it on).
+With ``--hosts a,b`` (run on one of the machines; tfrun starts the tasks over SSH; each size
+takes the machines in turn: 1 worker on a, 2 on a and b, 4 on a, b, a, b) a size whose
+workers span several hosts also gets a table per host: the all-reduce, the exchange alone,
+what TensorFlow adds, and the link's measured bandwidth.
 
 Weak scaling is what a script that batches ``tfrun.global_batch_size(per_replica)`` does:
 the global batch grows with the workers. ``--strong`` sets ``contract.BATCH_REPLICAS`` so
@@ -33,14 +37,14 @@ from typing import Sequence
 
 from .. import contract
 from ..errors import ConfigError
-from ..launch.runstats import compare, format_table, read_run
+from ..launch.runstats import compare, format_table, per_host_table, read_run
 
 __all__ = ["BenchPlan", "parse_bench_argv", "run_bench", "parse_sizes", "scaling_note"]
 
-_VALUE_FLAGS = ("--workers", "--model", "--json")
+_VALUE_FLAGS = ("--workers", "--model", "--json", "--hosts")
 _MODELS = ("mlp", "cnn")
 #: tfrun flags that would fight bench over where and how many tasks run
-_REFUSED = ("--run-dir", "--run-id", "--hosts", "--node-rank", "--layout", "--name")
+_REFUSED = ("--run-dir", "--run-id", "--node-rank", "--layout", "--name")
 
 USAGE = ("usage: tfrun bench [--workers 1,2,...] [--strong] [--json FILE] [tfrun options]\n"
          "                   (script.py | -m module | --model mlp|cnn) [script args] [-- args]")
@@ -53,6 +57,15 @@ class BenchPlan:
     model: str | None
     json_path: str | None
     launch_argv: tuple[str, ...]   # tfrun flags + entrypoint + script args, without --workers
+    hosts: tuple[str, ...] = ()    # --hosts: the machines, dealt round-robin to each size
+
+    def hosts_for(self, size: int) -> tuple[str, ...]:
+        """The ``--hosts`` of the run with ``size`` workers: the machines in turn.
+
+        >>> BenchPlan((1, 4), False, None, None, (), ("a", "b")).hosts_for(4)
+        ('a', 'b', 'a', 'b')
+        """
+        return tuple(self.hosts[i % len(self.hosts)] for i in range(size)) if self.hosts else ()
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -90,6 +103,7 @@ def parse_bench_argv(argv: Sequence[str]) -> BenchPlan:
                     raise ConfigError(f"tfrun bench {name} needs a value", expected=USAGE,
                                       fix=f"Pass e.g. {name} " + {"--workers": "1,2",
                                                                    "--model": "mlp",
+                                                                   "--hosts": "node-1,node-2",
                                                                    "--json": "bench.json"}[name],
                                       received=" ".join(argv))
                 value = argv[i + 1]
@@ -104,10 +118,11 @@ def parse_bench_argv(argv: Sequence[str]) -> BenchPlan:
     for arg in flags:
         flag = arg.split("=", 1)[0]
         if flag in _REFUSED:
+            fix = (f"Drop {flag}; on several machines run tfrun bench on one of them with "
+                   "--hosts (tfrun starts the tasks over SSH)" if flag == "--node-rank" else
+                   f"Drop {flag}; each size runs in <bench dir>/workers-<N>")
             raise ConfigError(f"tfrun bench places the runs itself: {flag} cannot be used here",
-                              expected="no " + ", ".join(_REFUSED),
-                              fix=f"Drop {flag}; each size runs in <bench dir>/workers-<N>",
-                              received=arg)
+                              expected="no " + ", ".join(_REFUSED), fix=fix, received=arg)
     model = own.get("--model")
     if model is not None and model not in _MODELS:
         raise ConfigError(f"tfrun bench --model {model!r} is not a built-in model",
@@ -124,10 +139,11 @@ def parse_bench_argv(argv: Sequence[str]) -> BenchPlan:
                           fix="Call e.g. tfrun bench examples/mnist_mlp.py --workers 1,2",
                           received=" ".join(argv) or "nothing")
     rest = flags + entry
+    hosts = tuple(h.strip() for h in str(own.get("--hosts", "")).split(",") if h.strip())
     return BenchPlan(sizes=parse_sizes(str(own.get("--workers", "1,2"))),
                      strong=bool(own.get("--strong")), model=model,
                      json_path=own.get("--json"),  # type: ignore[arg-type]
-                     launch_argv=tuple(rest + tail))
+                     launch_argv=tuple(rest + tail), hosts=hosts)
 
 
 def _split_entry(args: list[str]) -> tuple[list[str], list[str]]:
@@ -201,7 +217,9 @@ def run_bench(argv: Sequence[str]) -> int:
         print(USAGE + "\n\n" + (__doc__ or "").split("\n\n", 1)[1])
         return 0
     plan = parse_bench_argv(argv)
-    configs = [config_from_args(["--workers", str(n), *plan.launch_argv]) for n in plan.sizes]
+    configs = [config_from_args(["--workers", str(n), *(
+        ["--hosts", ",".join(plan.hosts_for(n))] if plan.hosts else []), *plan.launch_argv])
+        for n in plan.sizes]
     first = configs[0]
     label = plan.model or first.display_name
     bench_dir = run_dir_for(dataclasses.replace(first, name=f"bench-{label}"))
@@ -241,6 +259,12 @@ def run_bench(argv: Sequence[str]) -> int:
     page = _write_page(runs, bench_dir.path / "bench.html")
     print(f"\ntfrun bench: {label}, {note}")
     print(format_table(rows, label="configuration"))
+    for run in runs:
+        if len(run.hosts) > 1 and run.per_task:
+            print(f"\ntfrun bench: {run.workers} worker(s) on {len(run.hosts)} hosts, per host "
+                  "(the all-reduce, the exchange alone, and the same bytes at the measured "
+                  "link speed):")
+            print(per_host_table(run))
     print(f"tfrun bench: {bench_dir.path / 'bench.json'}")
     if page is not None:
         print(f"tfrun bench: page: {page}")

@@ -120,6 +120,28 @@ def measure(model, data, steady_steps_per_s: float | None) -> dict:
     via = None if reduce_ms is None else (shm_allreduce.current_via() or "tensorflow")
     step = round(1000 / steady_steps_per_s, 3) if steady_steps_per_s else None
     rest = round(step - (reduce_ms or 0.0), 3) if step is not None else None
-    return {"event": "breakdown", "replicas": int(strategy.num_replicas_in_sync),
-            "step_ms": step, "allreduce_ms": reduce_ms, "allreduce_bytes": size,
-            "allreduce_via": via, "rest_ms": rest, "input_ms": input_ms(data)}
+    record = {"event": "breakdown", "replicas": int(strategy.num_replicas_in_sync),
+              "step_ms": step, "allreduce_ms": reduce_ms, "allreduce_bytes": size,
+              "allreduce_via": via, "rest_ms": rest, "input_ms": input_ms(data)}
+    if reduce_ms is not None:
+        record.update(exchange_alone(model.trainable_variables))
+    return record
+
+
+def exchange_alone(variables) -> dict:
+    """When tfrun's exchange carries the all-reduce: ``exchange_ms``, the same bytes through
+    the exchange alone (NumPy arrays, no TensorFlow: what the all-reduce costs beyond it is
+    TensorFlow's and the hand-over's), and across hosts ``link_mib_s``, the links' measured
+    bandwidth (``tcp_allreduce.TcpGroup.link_mib_s``). Collective: every worker at once."""
+    import numpy as np
+
+    from . import shm_allreduce
+
+    group = shm_allreduce.current_group()
+    if group is None:
+        return {}
+    arrays = [np.zeros(tuple(int(d) for d in v.shape), np.float32) for v in variables]
+    record = {"exchange_ms": round(_median_ms(lambda: group.all_reduce_many(arrays), 3, 10), 3)}
+    if hasattr(group, "link_mib_s"):
+        record["link_mib_s"] = round(group.link_mib_s(), 1)
+    return record

@@ -46,7 +46,7 @@ from ..cluster import parse_address, parse_tf_config
 from ..comm import CommOptions, from_env
 from ..errors import ConfigError
 
-__all__ = ["TcpGroup", "TcpPlan", "plan_from_env"]
+__all__ = ["TcpGroup", "TcpPlan", "plan_from_env", "slice_length"]
 
 _MAGIC = b"TFRT"
 _HELLO = struct.Struct("<4sII32s")      # magic, rank, size, HMAC-SHA256(key, rank)
@@ -58,11 +58,12 @@ _CONNECT_TIMEOUT = 600.0
 @dataclass(frozen=True)
 class TcpPlan:
     """Who takes part: this task's ``rank`` among ``names`` (chief first, then workers) and
-    each one's host as TF_CONFIG names it."""
+    each one's host as TF_CONFIG names it; ``compression`` as ``--comm compress=`` asked."""
 
     rank: int
     names: tuple[str, ...]
     hosts: tuple[str, ...]
+    compression: str = "none"   # --comm compress=: "fp16"/"bf16" on the wire, or "none"
 
     @property
     def size(self) -> int:
@@ -94,7 +95,8 @@ def plan_from_env(environ=None) -> TcpPlan | None:
     if comm.implementation == "auto" and len(set(hosts)) != len(hosts):
         return None
     names = tuple(str(task) for task in members)  # chief first, then workers
-    return TcpPlan(rank=names.index(str(config.task)), names=names, hosts=hosts)
+    return TcpPlan(rank=names.index(str(config.task)), names=names, hosts=hosts,
+                   compression=comm.compression)
 
 
 class KeyValue:
@@ -204,21 +206,12 @@ class TcpGroup:
         of the same shapes, 64-byte aligned (TensorFlow then takes them without a copy)."""
         import numpy as np
 
-        flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
-        if len({flat.dtype for flat in flats}) != 1:
-            raise ValueError("all_reduce_many takes one or more arrays of one dtype. Received: "
-                             + ", ".join(str(flat.dtype) for flat in flats))
+        flats = _flats(arrays)
         outs = [_aligned_empty(flat.size, flat.dtype) for flat in flats]
         size, rank = self.plan.size, self.plan.rank
-        total = sum(flat.size for flat in flats)
-        bounds = [total * k // size for k in range(size + 1)]
+        bounds = _bounds(sum(flat.size for flat in flats), size)
         received = self._received(flats[0].dtype, bounds[rank + 1] - bounds[rank])
-        self._exchanges += 1
-        # Round k: send to rank + k, receive from rank - k -- every pair meets in the same
-        # round, so no task waits on one that is busy with another.
-        order = [((rank + k) % size, (rank - k) % size) for k in range(1, size)]
-        self._transfer([(to, _pieces(flats, bounds[to], bounds[to + 1])) for to, _ in order],
-                       [(frm, [received[frm]]) for _, frm in order], timeout)
+        self._scatter(flats, bounds, received, timeout)
         # Sum my slice in rank order, piece by piece of the arrays it spans.
         offset = 0
         for mine, out in zip(_pieces(flats, bounds[rank], bounds[rank + 1]),
@@ -229,11 +222,78 @@ class TcpGroup:
             for other in parts[2:]:
                 np.add(out, other, out=out)
             offset += mine.size
-        mine = _pieces(outs, bounds[rank], bounds[rank + 1])
-        self._transfer([(to, mine) for to, _ in order],
-                       [(frm, _pieces(outs, bounds[frm], bounds[frm + 1])) for _, frm in order],
-                       timeout)
+        self._gather(_pieces(outs, bounds[rank], bounds[rank + 1]), outs, bounds, timeout)
         return [out.reshape(np.shape(a)) for out, a in zip(outs, arrays)]
+
+    def reduce_scatter(self, arrays, timeout: float | None = None) -> list:
+        """The first half of an all-reduce, for a caller that sums itself (the compressed
+        exchange sums 16-bit values as float32 in TensorFlow): this task's slice of the
+        arrays' concatenation from every task, in rank order -- ``size`` fresh arrays of
+        ``slice_length(total, size, rank)`` elements. Follow it with ``all_gather``."""
+        flats = _flats(arrays)
+        size, rank = self.plan.size, self.plan.rank
+        bounds = _bounds(sum(flat.size for flat in flats), size)
+        length = bounds[rank + 1] - bounds[rank]
+        received = {r: _aligned_empty(length, flats[0].dtype) for r in range(size) if r != rank}
+        self._scatter(flats, bounds, received, timeout)
+        own = _aligned_empty(length, flats[0].dtype)
+        offset = 0
+        for piece in _pieces(flats, bounds[rank], bounds[rank + 1]):
+            own[offset:offset + piece.size] = piece
+            offset += piece.size
+        return [own if r == rank else received[r] for r in range(size)]
+
+    def all_gather(self, mine, shapes, timeout: float | None = None) -> list:
+        """The second half: every task's ``mine`` (its summed slice, ``reduce_scatter``'s
+        length) put together into fresh arrays of ``shapes`` (the arrays given to
+        ``reduce_scatter``), 64-byte aligned."""
+        import numpy as np
+
+        sizes = [int(np.prod(shape)) for shape in shapes]
+        outs = [_aligned_empty(n, mine.dtype) for n in sizes]
+        size, rank = self.plan.size, self.plan.rank
+        bounds = _bounds(sum(sizes), size)
+        offset = 0
+        for piece in _pieces(outs, bounds[rank], bounds[rank + 1]):
+            piece[:] = mine[offset:offset + piece.size]
+            offset += piece.size
+        self._gather(_pieces(outs, bounds[rank], bounds[rank + 1]), outs, bounds, timeout)
+        return [out.reshape(shape) for out, shape in zip(outs, shapes)]
+
+    def _order(self) -> list[tuple[int, int]]:
+        # Round k: send to rank + k, receive from rank - k -- every pair meets in the same
+        # round, so no task waits on one that is busy with another.
+        size, rank = self.plan.size, self.plan.rank
+        return [((rank + k) % size, (rank - k) % size) for k in range(1, size)]
+
+    def _scatter(self, flats, bounds, received: dict, timeout) -> None:
+        """Send every owner its slice; receive every task's copy of mine into ``received``."""
+        self._exchanges += 1
+        self._transfer([(to, _pieces(flats, bounds[to], bounds[to + 1])) for to, _ in self._order()],
+                       [(frm, [received[frm]]) for _, frm in self._order()], timeout)
+
+    def _gather(self, mine: list, outs, bounds, timeout) -> None:
+        """Send my summed slice to every task; receive theirs into their place in ``outs``."""
+        self._transfer([(to, mine) for to, _ in self._order()],
+                       [(frm, _pieces(outs, bounds[frm], bounds[frm + 1]))
+                        for _, frm in self._order()], timeout)
+
+    def link_mib_s(self, nbytes: int = 8 << 20, repeats: int = 5) -> float:
+        """The links' measured bandwidth, MiB/s: every task sends ``nbytes`` to the next rank
+        while it receives as many from the previous one (both directions busy at once, as in
+        an all-reduce); the median of ``repeats``. Every task must call it at the same point."""
+        import numpy as np
+
+        size, rank = self.plan.size, self.plan.rank
+        payload, into = np.zeros(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+        times = []
+        for _ in range(repeats + 1):
+            self._exchanges += 1
+            started = time.perf_counter()
+            self._transfer([((rank + 1) % size, [payload])], [((rank - 1) % size, [into])], None)
+            times.append(time.perf_counter() - started)
+        times = sorted(times[1:])  # the first warms the connections up
+        return nbytes / (1 << 20) / times[len(times) // 2]
 
     def _received(self, dtype, length: int) -> dict:
         import numpy as np
@@ -303,6 +363,31 @@ class TcpGroup:
             sock.close()
         self._peers.clear()
         self._buffers.clear()
+
+
+def _flats(arrays) -> list:
+    import numpy as np
+
+    flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    if len({flat.dtype for flat in flats}) != 1:
+        raise ValueError("all_reduce_many takes one or more arrays of one dtype. Received: "
+                         + ", ".join(str(flat.dtype) for flat in flats))
+    return flats
+
+
+def _bounds(total: int, size: int) -> list[int]:
+    """Where each rank's slice of ``total`` elements starts (and the last one ends).
+
+    >>> _bounds(10, 3)
+    [0, 3, 6, 10]
+    """
+    return [total * k // size for k in range(size + 1)]
+
+
+def slice_length(total: int, size: int, rank: int) -> int:
+    """The elements of rank ``rank``'s slice (``reduce_scatter``'s parts)."""
+    bounds = _bounds(total, size)
+    return bounds[rank + 1] - bounds[rank]
 
 
 def _pieces(arrays, start: int, end: int) -> list:

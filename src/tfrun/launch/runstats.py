@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import ConfigError
 
 __all__ = ["RunStats", "read_run", "read_metrics", "compare", "format_table", "table_cells",
-           "representative_task"]
+           "representative_task", "per_host_table"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,12 @@ class RunStats:
     final: dict = field(default_factory=dict)   # the last epoch's logs
     task: str | None = None         # whose metrics these are
     breakdown: dict = field(default_factory=dict)  # its last step breakdown (tfrun.in_task.breakdown)
+    per_task: list = field(default_factory=list)   # every task's breakdown, with its host
+
+    @property
+    def hosts(self) -> list[str]:
+        """The distinct hosts of the tasks with a breakdown, in task order."""
+        return list(dict.fromkeys(row["host"] for row in self.per_task if row.get("host")))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,6 +124,13 @@ def read_run(run_dir: str | Path) -> RunStats:
     rate = _median(steady)
     batch = next((r["batch_size"] for r in reversed(epochs) if r.get("batch_size")), None)
     first = next((r["first_step_s"] for r in epochs if r.get("first_step_s") is not None), None)
+    hosts = {str(t.get("task", "")).replace(":", "-"): t.get("host") for t in tasks}
+    per_task = []
+    for name, file in files.items():
+        last = [r for r in read_metrics(file) if r.get("event") == "breakdown"][-1:]
+        if last:
+            per_task.append({"task": name.replace("-", ":", 1), "host": hosts.get(name),
+                             **_breakdown_fields(last[0])})
     return RunStats(run_dir=str(path), status=str(summary.get("status")), workers=workers,
                     seconds=seconds, first_step_s=first,
                     steps_per_s=None if rate is None else round(rate, 2),
@@ -125,8 +138,55 @@ def read_run(run_dir: str | Path) -> RunStats:
                     batch_size=batch, epochs=len(epochs),
                     final=dict(epochs[-1].get("logs") or {}) if epochs else {},
                     task=epochs[0].get("task", task) if epochs else task,
-                    breakdown={k: v for k, v in breakdowns[-1].items()
-                               if k.endswith(("_ms", "_bytes", "_via"))} if breakdowns else {})
+                    breakdown=_breakdown_fields(breakdowns[-1]) if breakdowns else {},
+                    per_task=per_task)
+
+
+def _breakdown_fields(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k.endswith(("_ms", "_bytes", "_via", "_mib_s"))}
+
+
+#: the per-host table's columns: a task's breakdown, where its all-reduce time goes
+_PER_HOST_COLUMNS = (("step_ms", "step (ms)"), ("rest_ms", "rest (ms)"),
+                     ("allreduce_ms", "all-reduce (ms)"), ("exchange_ms", "exchange alone (ms)"),
+                     ("handover_ms", "TF + hand-over (ms)"), ("allreduce_bytes", "gradient MiB"),
+                     ("wire_ms", "at link speed (ms)"), ("link_mib_s", "link MiB/s"),
+                     ("allreduce_via", "all-reduce via"))
+
+
+def per_host_table(run: RunStats) -> str:
+    """Every task's step breakdown with its host, for a run on several hosts: where a
+    cross-host step goes -- the rest (compute), the all-reduce, of it the exchange alone and
+    what TensorFlow and the hand-over to the exchange add, and the time the bytes an
+    all-reduce moves per task (``2 (n - 1) / n`` of the gradients) take at the measured link
+    speed. Empty when the run had no breakdown.
+
+    >>> row = {"task": "worker:0", "host": "node-1", "step_ms": 36.0, "rest_ms": 26.0,
+    ...        "allreduce_ms": 10.0, "exchange_ms": 7.0, "allreduce_bytes": 7454760,
+    ...        "link_mib_s": 1000.0, "allreduce_via": "tcp (tfrun)"}
+    >>> print(per_host_table(RunStats("r", "succeeded", 2, None, None, None, None, None, 0,
+    ...                               per_task=[row])))
+    host    task      step (ms)  rest (ms)  all-reduce (ms)  exchange alone (ms)  TF + hand-over (ms)  gradient MiB  at link speed (ms)  link MiB/s  all-reduce via
+    node-1  worker:0      36.00      26.00            10.00                 7.00                 3.00          7.11                7.11       1,000  tcp (tfrun)
+    """
+    if not run.per_task:
+        return ""
+    header = ["host", "task", *(title for _, title in _PER_HOST_COLUMNS)]
+    table = [header]
+    tasks = max(run.workers, len(run.per_task))
+    for row in run.per_task:
+        derived = dict(row)
+        if row.get("allreduce_ms") is not None and row.get("exchange_ms") is not None:
+            derived["handover_ms"] = round(row["allreduce_ms"] - row["exchange_ms"], 3)
+        if row.get("allreduce_bytes"):
+            mib = row["allreduce_bytes"] / (1 << 20)
+            derived["allreduce_bytes"] = round(mib, 2)
+            if row.get("link_mib_s") and tasks > 1:
+                derived["wire_ms"] = round(1000 * mib * 2 * (tasks - 1) / tasks
+                                           / row["link_mib_s"], 3)
+        table.append([str(row.get("host") or "-"), str(row["task"]),
+                      *(_cell(derived.get(key)) for key, _ in _PER_HOST_COLUMNS)])
+    return _align(table)
 
 
 def compare(runs: list[RunStats]) -> list[dict]:
@@ -206,3 +266,15 @@ def format_table(rows: list[dict], label: str = "run") -> str:
                                            for i, (c, w) in enumerate(zip(r[1:], widths[1:]), 1)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def _align(table: list[list[str]]) -> str:
+    """Text cells as aligned columns: words left, numbers right."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    numeric = [all(_is_number(r[i]) for r in table[1:]) for i in range(len(widths))]
+    return "\n".join("  ".join((c.rjust(w) if n else c.ljust(w))
+                               for c, w, n in zip(r, widths, numeric)).rstrip() for r in table)
+
+
+def _is_number(text: str) -> bool:
+    return text == "-" or text.replace(",", "").replace(".", "", 1).lstrip("-").isdigit()

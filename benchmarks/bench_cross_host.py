@@ -1,0 +1,161 @@
+"""Scaling across hosts: 2 or 3 fake hosts, by hand and under tfrun, side by side.
+
+    python benchmarks/bench_cross_host.py [--hosts 2] [--rounds 3] [--keras 3|2] [--steps 40]
+
+Root only: the hosts are network namespaces (tests/multihost/fake_hosts.py: each its own
+IP, port space and hostname, joined by a bridge), each pinned to one CPU of this machine
+(host i to CPU i mod CPUs). The workload is bench_scaling.py's: the scaling tutorial's
+784-1024-1024-10 MLP, weak scaling, 256 samples per worker per step, one worker per host,
+a plain MultiWorkerMirroredStrategy (benchmarks/_scaling_worker.py). Each round runs, one
+after the other (so the rounds interleave):
+
+* 1 process on 1 CPU, no strategy: the baseline;
+* by hand: one process per host with a hand-written TF_CONFIG (the hosts' addresses),
+  TensorFlow's collectives (gRPC ring) and heap setting -- what a user without tfrun gets
+  (Keras 3 through ``python -m tfrun.in_task.bootstrap`` only for its Keras 3 fixes, as in
+  bench_scaling.py; tf_keras plainly);
+* tfrun on every host (``tfrun --hosts node-1,node-2 --node-rank auto``), defaults: the
+  gradients go through tfrun's TCP exchange (``tfrun.in_task.tcp_allreduce``);
+* the same with ``--comm ring``: TensorFlow's collectives under tfrun.
+
+It prints samples/s (median over rounds), the efficiency -- samples/s over (the CPUs the
+workers have, min(hosts, CPUs)) x the baseline's -- tfrun / by hand, and the last epoch's
+loss (the same seeded start everywhere: the runs of several hosts agree to float rounding,
+unless a row compresses, e.g. ``--variants '--comm compress=fp16'``). Numbers, not checks:
+nothing fails on a slow result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "multihost"))
+from fake_hosts import FakeHosts, available  # noqa: E402
+
+SCRIPT = str(HERE / "_scaling_worker.py")
+PORT = 23456
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("--hosts", type=int, default=2, choices=(2, 3))
+parser.add_argument("--rounds", type=int, default=3)
+parser.add_argument("--keras", choices=("3", "2"), default="3")
+parser.add_argument("--steps", type=int, default=40)
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--variants", default="",
+                    help="extra tfrun rows, ';'-separated flag sets, e.g. '--comm tcp,pack=1MB'")
+args = parser.parse_args()
+SCRIPT_ARGS = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
+CPUS = sorted(os.sched_getaffinity(0))
+ENV = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")} \
+    | {"TF_CPP_MIN_LOG_LEVEL": "2"} | ({"TF_USE_LEGACY_KERAS": "1"} if args.keras == "2" else {})
+TFRUN_VARIANTS = {"tfrun (defaults: TCP exchange)": [], "tfrun --comm ring": ["--comm", "ring"]}
+for flags in filter(None, (v.strip() for v in args.variants.split(";"))):
+    TFRUN_VARIANTS[f"tfrun {flags}"] = flags.split()
+
+
+LOSSES: dict[str, list[float]] = {}
+
+
+def samples_per_second(out: Path) -> float:
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("result-*.json"))]
+    if not results:
+        sys.exit(f"no result in {out}")
+    LOSSES.setdefault(out.name.split("-", 1)[1], []).append(results[0]["final_loss"])
+    # Every worker takes the same synchronous steps: worker 0's rate is the cluster's.
+    return results[0]["steps_per_second"] * results[0]["samples_per_step"]
+
+
+def on_host(hosts: FakeHosts, i: int, argv: list[str], env: dict) -> subprocess.Popen:
+    """``argv`` on fake host i (1-based), pinned to its CPU."""
+    cpu = CPUS[(i - 1) % len(CPUS)]
+    return hosts.popen(i, ["taskset", "-c", str(cpu), *argv], env=env, cwd=str(HERE),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_all(procs: list[subprocess.Popen], label: str) -> None:
+    outputs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        sys.exit(f"{label} failed:\n" + "\n".join(o[-3000:] for o in outputs))
+
+
+def one_process(hosts: FakeHosts, out: Path) -> float:
+    wait_all([on_host(hosts, 1, [sys.executable, SCRIPT, str(out), *SCRIPT_ARGS], ENV)],
+             "the one-process baseline")
+    return samples_per_second(out)
+
+
+def by_hand(hosts: FakeHosts, out: Path) -> float:
+    cluster = {"worker": [f"{hosts.address(i)}:{PORT}" for i in range(1, hosts.count + 1)]}
+    start = [sys.executable] if args.keras == "2" else [sys.executable, "-m", "tfrun.in_task.bootstrap"]
+    procs = [on_host(hosts, i, [*start, SCRIPT, str(out), *SCRIPT_ARGS],
+                     ENV | {"TFRUN_COMM": "ring", "TF_CONFIG": json.dumps(
+                         {"cluster": cluster, "task": {"type": "worker", "index": i - 1}})})
+             for i in range(1, hosts.count + 1)]
+    wait_all(procs, "the by-hand run")
+    return samples_per_second(out)
+
+
+def with_tfrun(hosts: FakeHosts, out: Path, flags: list[str]) -> float:
+    names = ",".join(hosts.name(i) for i in range(1, hosts.count + 1))
+    keras = ["--keras", "2"] if args.keras == "2" else []
+    procs = [on_host(hosts, i, [sys.executable, "-m", "tfrun", "--hosts", names, "--node-rank",
+                                "auto", "--quiet-tasks", "--color", "never", "--run-dir",
+                                str(out / "run"), *keras, *flags, SCRIPT, str(out), *SCRIPT_ARGS],
+                     ENV)
+             for i in range(hosts.count, 0, -1)]  # the hub last: the others wait for it
+    wait_all(procs, f"tfrun {' '.join(flags)}")
+    return samples_per_second(out)
+
+
+def main() -> None:
+    reason = available()
+    if reason:
+        sys.exit(f"bench_cross_host.py: {reason}")
+    scratch = Path(tempfile.mkdtemp(prefix="tfrun-bench-cross-host-"))
+    hosts = FakeHosts(args.hosts, scratch / "hosts").up()
+    runs = {"1 process, 1 CPU (baseline)": one_process,
+            f"by hand ({args.hosts} hosts, TensorFlow's ring)": by_hand,
+            **{name: (lambda h, out, f=flags: with_tfrun(h, out, f))
+               for name, flags in TFRUN_VARIANTS.items()}}
+    measured: dict[str, list[float]] = {name: [] for name in runs}
+    try:
+        for round_ in range(args.rounds):
+            for i, (name, run) in enumerate(runs.items()):
+                out = scratch / f"r{round_}-{i}"
+                out.mkdir()
+                measured[name].append(run(hosts, out))
+                print(f"round {round_ + 1}/{args.rounds}  {name:<44} {measured[name][-1]:9.0f} "
+                      "samples/s", flush=True)
+    finally:
+        hosts.down()
+        shutil.rmtree(scratch, ignore_errors=True)
+    median = {name: statistics.median(values) for name, values in measured.items()}
+    names = list(runs)
+    base, hand = median[names[0]], median[names[1]]
+    cpus = min(args.hosts, len(CPUS))
+    print(f"\n{args.hosts} fake hosts, a CPU each of {len(CPUS)}, Keras {args.keras}, weak scaling, "
+          f"{args.rounds} interleaved rounds, median samples/s; efficiency against {cpus} x the "
+          "baseline")
+    print(f"  {'configuration':<44} {'samples/s':>10} {'efficiency':>10} {'/by hand':>9} "
+          f"{'final loss':>11}   per round")
+    for i, name in enumerate(names):
+        value = median[name]
+        several = name != names[0]
+        rounds = ", ".join(f"{v / (cpus * b):.2f}" for v, b in zip(measured[name], measured[names[0]])) \
+            if several else ""
+        loss = statistics.median(LOSSES[str(i)])
+        print(f"  {name:<44} {value:10.0f} {value / (cpus * base) if several else 1.0:10.2f} "
+              f"{value / hand if several else float('nan'):9.2f} {loss:11.6f}   {rounds}")
+
+
+if __name__ == "__main__":
+    main()
