@@ -433,7 +433,7 @@ def test_readme_several_machines_commands_run_as_written(fake_hosts, tmp_path):
     assert_nothing_left(fake_hosts)
 
 
-#: docs/benchmarks.md: where a cross-host step goes, per host
+#: docs/observability.md: where a cross-host step goes, per host
 README_COMMAND_BENCH = "tfrun bench --hosts node-1,node-2 --workers 1,2 --model mlp"
 
 
@@ -443,7 +443,7 @@ def test_bench_on_two_hosts_prints_where_a_cross_host_step_goes(fake_hosts, tmp_
     worker on node-1, then one on each host; the 2-host size gets the per-host table, whose
     numbers come from each task's breakdown record (the all-reduce through tfrun's TCP
     exchange, the exchange alone, the measured link)."""
-    assert README_COMMAND_BENCH in (ROOT / "docs" / "benchmarks.md").read_text()
+    assert README_COMMAND_BENCH in (ROOT / "docs" / "observability.md").read_text()
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     run = HostRun(fake_hosts, 1, README_COMMAND_BENCH.split()[1:], cwd=tmp_path,
                   extra_env={"TFRUN_SSH_OPT": f"-F {fake_hosts.ssh_config}"})

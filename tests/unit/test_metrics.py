@@ -247,11 +247,22 @@ def test_bench_model_runs_the_built_in_module():
     (["--model", "mlp", "train.py"], "both --model and a script"),
     ([], "needs a script"),
     (["--run-dir", "x", "train.py"], "--run-dir cannot be used here"),
-    (["--hosts", "a,b", "train.py"], "--hosts cannot be used here"),
+    (["--node-rank", "0", "--hosts", "a,b", "train.py"], "--node-rank cannot be used here"),
+    (["--hosts"], "needs a value"),
 ])
 def test_bench_refuses_bad_arguments_by_name(argv, message):
     with pytest.raises(ConfigError, match=message):
         parse_bench_argv(argv)
+
+
+def test_bench_hosts_are_dealt_to_every_size_in_turn():
+    plan = parse_bench_argv(["--hosts", "node-1, node-2", "--workers", "1,2,3", "--model", "mlp"])
+    assert plan.hosts == ("node-1", "node-2") and "--hosts" not in plan.launch_argv
+    assert [plan.hosts_for(n) for n in plan.sizes] == [
+        ("node-1",), ("node-1", "node-2"), ("node-1", "node-2", "node-1")]
+    assert parse_bench_argv(["train.py"]).hosts_for(2) == ()  # no --hosts: a local run
+    with pytest.raises(ConfigError, match="run tfrun bench on one of them with --hosts"):
+        parse_bench_argv(["--node-rank", "auto", "train.py"])
 
 
 def test_sizes_and_scaling_note():

@@ -46,7 +46,7 @@ _MODELS = ("mlp", "cnn")
 #: tfrun flags that would fight bench over where and how many tasks run
 _REFUSED = ("--run-dir", "--run-id", "--node-rank", "--layout", "--name")
 
-USAGE = ("usage: tfrun bench [--workers 1,2,...] [--strong] [--json FILE] [tfrun options]\n"
+USAGE = ("usage: tfrun bench [--workers 1,2,...] [--hosts a,b] [--strong] [--json FILE] [tfrun options]\n"
          "                   (script.py | -m module | --model mlp|cnn) [script args] [-- args]")
 
 
