@@ -1,16 +1,17 @@
 """Scaling across hosts: 2 or 3 fake hosts, by hand and under tfrun, side by side.
 
-    python benchmarks/bench_cross_host.py [--hosts 2] [--rounds 3] [--keras 3|2] [--steps 40]
+    python benchmarks/bench_cross_host.py [--hosts 2] [--per-host 1] [--rounds 3] [--keras 3|2]
 
 Root only: the hosts are network namespaces (tests/multihost/fake_hosts.py: each its own
 IP, port space and hostname, joined by a bridge), each pinned to one CPU of this machine
 (host i to CPU i mod CPUs). The workload is bench_scaling.py's: the scaling tutorial's
-784-1024-1024-10 MLP, weak scaling, 256 samples per worker per step, one worker per host,
-a plain MultiWorkerMirroredStrategy (benchmarks/_scaling_worker.py). Each round runs, one
+784-1024-1024-10 MLP, weak scaling, 256 samples per worker per step, one worker per host
+(``--per-host K``: K, sharing the host's CPU; tfrun then sums on each host through shared
+memory before TCP), a plain MultiWorkerMirroredStrategy (benchmarks/_scaling_worker.py). Each round runs, one
 after the other (so the rounds interleave):
 
 * 1 process on 1 CPU, no strategy: the baseline;
-* by hand: one process per host with a hand-written TF_CONFIG (the hosts' addresses),
+* by hand: one process per worker with a hand-written TF_CONFIG (the hosts' addresses),
   TensorFlow's collectives (gRPC ring) and heap setting -- what a user without tfrun gets
   (Keras 3 through ``python -m tfrun.in_task.bootstrap`` only for its Keras 3 fixes, as in
   bench_scaling.py; tf_keras plainly);
@@ -46,6 +47,7 @@ PORT = 23456
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--hosts", type=int, default=2, choices=(2, 3))
+parser.add_argument("--per-host", type=int, default=1, choices=(1, 2, 3))
 parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--keras", choices=("3", "2"), default="3")
 parser.add_argument("--steps", type=int, default=40)
@@ -57,7 +59,11 @@ SCRIPT_ARGS = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
 CPUS = sorted(os.sched_getaffinity(0))
 ENV = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")} \
     | {"TF_CPP_MIN_LOG_LEVEL": "2"} | ({"TF_USE_LEGACY_KERAS": "1"} if args.keras == "2" else {})
-TFRUN_VARIANTS = {"tfrun (defaults: TCP exchange)": [], "tfrun --comm ring": ["--comm", "ring"]}
+TFRUN_VARIANTS = {"tfrun (defaults: TCP exchange)" if args.per_host == 1 else
+                  "tfrun (defaults: shared memory, then TCP)": [],
+                  "tfrun --comm ring": ["--comm", "ring"]}
+if args.per_host > 1:
+    TFRUN_VARIANTS["tfrun --comm tcp (one TCP stage)"] = ["--comm", "tcp"]
 for flags in filter(None, (v.strip() for v in args.variants.split(";"))):
     TFRUN_VARIANTS[f"tfrun {flags}"] = flags.split()
 
@@ -94,18 +100,19 @@ def one_process(hosts: FakeHosts, out: Path) -> float:
 
 
 def by_hand(hosts: FakeHosts, out: Path) -> float:
-    cluster = {"worker": [f"{hosts.address(i)}:{PORT}" for i in range(1, hosts.count + 1)]}
+    places = [(i, PORT + k) for i in range(1, hosts.count + 1) for k in range(args.per_host)]
+    cluster = {"worker": [f"{hosts.address(i)}:{port}" for i, port in places]}
     start = [sys.executable] if args.keras == "2" else [sys.executable, "-m", "tfrun.in_task.bootstrap"]
     procs = [on_host(hosts, i, [*start, SCRIPT, str(out), *SCRIPT_ARGS],
                      ENV | {"TFRUN_COMM": "ring", "TF_CONFIG": json.dumps(
-                         {"cluster": cluster, "task": {"type": "worker", "index": i - 1}})})
-             for i in range(1, hosts.count + 1)]
+                         {"cluster": cluster, "task": {"type": "worker", "index": index}})})
+             for index, (i, _) in enumerate(places)]
     wait_all(procs, "the by-hand run")
     return samples_per_second(out)
 
 
 def with_tfrun(hosts: FakeHosts, out: Path, flags: list[str]) -> float:
-    names = ",".join(hosts.name(i) for i in range(1, hosts.count + 1))
+    names = ",".join(hosts.name(i) for i in range(1, hosts.count + 1) for _ in range(args.per_host))
     keras = ["--keras", "2"] if args.keras == "2" else []
     procs = [on_host(hosts, i, [sys.executable, "-m", "tfrun", "--hosts", names, "--node-rank",
                                 "auto", "--quiet-tasks", "--color", "never", "--run-dir",
@@ -142,7 +149,8 @@ def main() -> None:
     names = list(runs)
     base, hand = median[names[0]], median[names[1]]
     cpus = min(args.hosts, len(CPUS))
-    print(f"\n{args.hosts} fake hosts, a CPU each of {len(CPUS)}, Keras {args.keras}, weak scaling, "
+    print(f"\n{args.hosts} fake hosts x {args.per_host} worker(s), a CPU each of {len(CPUS)}, "
+          f"Keras {args.keras}, weak scaling, "
           f"{args.rounds} interleaved rounds, median samples/s; efficiency against {cpus} x the "
           "baseline")
     print(f"  {'configuration':<44} {'samples/s':>10} {'efficiency':>10} {'/by hand':>9} "

@@ -107,19 +107,21 @@ def reference(tmp_path_factory):
     return dict(np.load(f"{out}-worker-0.npz"))
 
 
-def assert_exact(out_prefix: Path, ref: dict, keras_major: str = "3", tol: float = TOL) -> list:
+def assert_exact(out_prefix: Path, ref: dict, keras_major: str = "3", tol: float = TOL,
+                 workers: int = 2) -> list:
     files = sorted(out_prefix.parent.glob(out_prefix.name + "-worker-*.npz"))
-    assert len(files) == 2, files
+    assert len(files) == workers, files
     results = [dict(np.load(f)) for f in files]
     for got in results:
         assert str(got["strategy"]) == "CollectiveAllReduceStrategy"
-        assert int(got["num_replicas"]) == 2
+        assert int(got["num_replicas"]) == workers
         assert str(got["keras_version"]).startswith(keras_major + ".")
         for i in range(4):
             np.testing.assert_allclose(got[f"spe1_w{i}"], ref[f"spe1_w{i}"], atol=tol)
         np.testing.assert_allclose(got["spe1_eval"], ref["spe1_eval"], atol=tol)
     for key in ("spe1_w0", "spe1_w2", "bn_moving_mean"):
-        np.testing.assert_array_equal(results[0][key], results[1][key])
+        for other in results[1:]:
+            np.testing.assert_array_equal(results[0][key], other[key])
     return results
 
 
@@ -316,6 +318,25 @@ def test_pernode_launch_mwms_is_exact_and_logs_land_side_by_side(fake_hosts, ref
     assert sorted(p.name for p in (tmp_path / "run" / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {t["task"]: t["host"] for t in summary["tasks"]} == {"worker:0": "node-1", "worker:1": "node-2"}
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_pernode_two_workers_on_each_host_all_reduce_in_two_stages_exactly(fake_hosts, reference,
+                                                                         tmp_path):
+    """Two workers on each of two hosts: shared memory on each host, then TCP across (each
+    worker carrying half of its host's sum): the weights of a single process within 1e-5,
+    every worker the same bits."""
+    args = ["--run-dir", str(tmp_path / "run"), "--hosts", "node-1,node-1,node-2,node-2",
+            "--node-rank", "auto", EXACTNESS, "distributed", str(tmp_path / "out")]
+    node2 = HostRun(fake_hosts, 2, args)
+    hub = HostRun(fake_hosts, 1, args)
+    assert hub.wait() == 0, hub.stdout[-4000:]
+    assert node2.wait() == 0, node2.stdout[-4000:]
+    assert_exact(tmp_path / "out", reference, workers=4)
+    log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
+    assert "tfrun: all-reduce in two stages: shared memory among the 2 workers of each host" \
+           in log and "then TCP across 2 hosts" in log, log
     assert_nothing_left(fake_hosts)
 
 

@@ -297,3 +297,98 @@ def test_reduce_scatter_then_all_gather_is_an_all_reduce_summed_by_the_caller(si
         lengths, out = got[rank]
         assert lengths == [total * (rank + 1) // size - total * rank // size] * size, got[rank]
         assert out == [e.view(np.uint16).tobytes() for e in expected], rank
+
+
+# -- two stages: shared memory on each host, then TCP across hosts --------------------------
+
+from tfrun.in_task.hierarchical_allreduce import (HierarchicalGroup,  # noqa: E402
+                                                  HierarchicalPlan, plan_from_env as two_stage_plan)
+
+
+class TestTwoStagePlan:
+    def test_the_same_number_of_workers_on_each_host(self):
+        cluster = {"chief": ["a:1"], "worker": ["a:2", "b:1", "b:2", "c:1", "c:2"]}
+        plans = [two_stage_plan(env(cluster, task)) for task in
+                 [{"type": "chief", "index": 0}] + [{"type": "worker", "index": i} for i in range(5)]]
+        assert [p.rank for p in plans] == list(range(6))
+        assert [p.local.names for p in plans[:2]] == [("chief:0", "worker:0")] * 2
+        assert [p.across.names for p in plans[:2]] == [("chief:0", "worker:1", "worker:3"),
+                                                       ("worker:0", "worker:2", "worker:4")]
+        assert [(p.local.rank, p.across.rank) for p in plans] == [(0, 0), (1, 0), (0, 1), (1, 1),
+                                                                  (0, 2), (1, 2)]
+        assert len({p.local.address for p in plans}) == 3  # one shared-memory group per host
+        # and neither one-stage plan applies
+        assert all(tcp_plan(env(cluster, {"type": "worker", "index": i})) is None for i in range(5))
+
+    @pytest.mark.parametrize("cluster, comm", [
+        ({"worker": ["a:1", "a:2", "b:1"]}, None),            # uneven: TensorFlow's
+        ({"worker": ["a:1", "b:1"]}, None),                   # one per host: TCP alone
+        ({"worker": ["a:1", "a:2"]}, None),                   # one host: shared memory alone
+        ({"worker": ["a:1", "a:2", "b:1", "b:2"]}, "tcp"),    # asked for the flat TCP mesh
+        ({"worker": ["a:1", "a:2", "b:1", "b:2"]}, "ring"),
+        ({"worker": ["a:1", "a:2", "b:1", "b:2"], "ps": ["c:1"]}, None),
+    ])
+    def test_it_does_not_apply(self, cluster, comm):
+        extra = {"TFRUN_COMM": comm} if comm else {}
+        assert two_stage_plan(env(cluster, {"type": "worker", "index": 0}, **extra)) is None
+
+
+from tfrun.in_task.tcp_allreduce import plan_from_env as tcp_plan  # noqa: E402
+
+
+def _two_stage_plans(hosts, per_host):
+    import uuid
+
+    names = tuple(f"worker:{i}" for i in range(hosts * per_host))
+    tag = uuid.uuid4().hex
+    plans = []
+    for h in range(hosts):
+        local_names = names[h * per_host:(h + 1) * per_host]
+        for j in range(per_host):
+            from tfrun.in_task.shm_allreduce import ShmPlan
+
+            local = ShmPlan(rank=j, names=local_names, address=f"\0tfrun-shm-test-{tag}-{h}")
+            across = TcpPlan(rank=h, names=tuple(names[g * per_host + j] for g in range(hosts)),
+                             hosts=("127.0.0.1",) * hosts)
+            plans.append(HierarchicalPlan(rank=h * per_host + j, names=names, local=local,
+                                          across=across))
+    return plans
+
+
+def _two_stage_member(plan, root, results):
+    try:
+        group = HierarchicalGroup(plan, DirectoryStore(root), run_key="test")
+        out = [group.all_reduce(a(plan.rank)) for a in ARRAYS]
+        results.put((plan.rank, [o.tobytes() for o in out], [str(o.dtype) for o in out]))
+        group.close()
+    except BaseException as exc:  # reported to the test
+        results.put((plan.rank, repr(exc), None))
+
+
+@pytest.mark.parametrize("hosts, per_host", [(2, 2), (3, 2), (2, 3)])
+def test_two_stages_give_every_task_the_same_sum(hosts, per_host, tmp_path):
+    """Every task gets the same bits, the sum of the host sums (each in local rank order)
+    in host order -- which is the all-reduce, within float rounding of rank order."""
+    results = CTX.Queue()
+    plans = _two_stage_plans(hosts, per_host)
+    procs = [CTX.Process(target=_two_stage_member, args=(p, tmp_path, results)) for p in plans]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        rank, *rest = results.get(timeout=60)
+        got[rank] = rest
+    for p in procs:
+        p.join(30)
+    assert sorted(got) == list(range(len(plans))), got
+    for i, make in enumerate(ARRAYS):
+        expected = None
+        for h in range(hosts):
+            host_sum = make(h * per_host)
+            for j in range(1, per_host):
+                host_sum = (host_sum + make(h * per_host + j)).astype(host_sum.dtype)
+            expected = host_sum if expected is None else (expected + host_sum).astype(host_sum.dtype)
+        for rank in range(len(plans)):
+            out, dtypes = got[rank]
+            assert isinstance(out, list), out
+            assert out[i] == expected.tobytes(), (rank, i)

@@ -194,8 +194,8 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                     help="collective all-reduce options for MultiWorkerMirroredStrategy: "
                          "auto|shm|tcp|ring|nccl, pack=SIZE, timeout=SECONDS, e.g. 'ring,pack=4MB'; "
                          "auto (default, on CPU): shared memory when every worker is on one "
-                         "host, tfrun's TCP exchange when each is on a host of its own, "
-                         "TensorFlow's collectives otherwise")
+                         "host, tfrun's TCP exchange across hosts (after shared memory on each "
+                         "host when they run several each), TensorFlow's collectives otherwise")
     tf.add_argument("--mmap-threshold", default=DEFAULT_THRESHOLD, metavar="SIZE",
                     help="glibc's mmap threshold in every task (default 32M); 'tf' keeps the "
                          "128K TensorFlow's tf.data pins, under which every large MatMul buffer "

@@ -389,8 +389,12 @@ _last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> 
 def install(environ=None) -> bool:
     """Route this task's MultiWorkerMirroredStrategy all-reduces through tfrun's exchange:
     shared memory when ``plan_from_env`` says so, TCP when ``tcp_allreduce.plan_from_env``
-    does (called by the bootstrap; a no-op otherwise)."""
-    plan = plan_from_env(environ) or tcp_allreduce.plan_from_env(environ)
+    does, both in turn when ``hierarchical_allreduce.plan_from_env`` does (called by the
+    bootstrap; a no-op otherwise)."""
+    from . import hierarchical_allreduce
+
+    plan = plan_from_env(environ) or tcp_allreduce.plan_from_env(environ) \
+        or hierarchical_allreduce.plan_from_env(environ)
     if plan is None:
         return False
     run_key = (os.environ if environ is None else environ).get(contract.RUN_DIR, "")
@@ -472,7 +476,7 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout, run_key:
     from . import _native
 
     loaded = _native.kernel() if isinstance(plan, ShmPlan) else None
-    if loaded is not None or isinstance(plan, tcp_allreduce.TcpPlan):
+    if loaded is not None or not isinstance(plan, ShmPlan):
         # The native op, and the TCP exchange (it meets its peers through TensorFlow's
         # coordination service), need the group before the step first runs: join now, while
         # tracing (every worker traces the same step; the Python shared-memory exchange
@@ -483,10 +487,10 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout, run_key:
 
         def call():
             return native_op(tensors, timeout_seconds=timeout or 0.0)
-    elif isinstance(plan, tcp_allreduce.TcpPlan) and _compresses(plan, tensors):
+    elif _compresses(plan, tensors):
         def call():
             return _compressed_all_reduce(plan, tensors, timeout, run_key)
-    elif isinstance(plan, tcp_allreduce.TcpPlan):
+    elif not isinstance(plan, ShmPlan):  # TCP, or shared memory then TCP
         def exchange_many(*values):
             return _joined(plan, run_key).all_reduce_many([np.asarray(v) for v in values],
                                                           timeout)
@@ -520,8 +524,8 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout, run_key:
 
 
 def _compresses(plan, tensors) -> bool:
-    """Whether ``--comm compress=`` applies: float32 values of known sizes."""
-    return plan.compression != "none" and all(
+    """Whether ``--comm compress=`` applies: the TCP exchange, float32 values of known sizes."""
+    return getattr(plan, "compression", "none") != "none" and all(
         t.dtype.name == "float32" and t.shape.is_fully_defined() for t in tensors)
 
 
@@ -566,15 +570,18 @@ def _compressed_all_reduce(plan, tensors, timeout, run_key: str) -> list:
 
 def current_exchange() -> str | None:
     """Which exchange carries this task's all-reduces: ``"native"`` (the TfrunShmAllReduce
-    op), ``"Python"`` (the shared-memory fallback), ``"tcp"`` (across hosts), or None when
-    none has gone through tfrun's exchange."""
+    op), ``"Python"`` (the shared-memory fallback), ``"tcp"`` (across hosts), ``"shared
+    memory + tcp"`` (both in turn), or None when none has gone through tfrun's exchange."""
     if _group is None:
         return None
-    return "tcp" if isinstance(_group, tcp_allreduce.TcpGroup) else _group.exchange
+    if isinstance(_group, ShmGroup):
+        return _group.exchange
+    return "tcp" if isinstance(_group, tcp_allreduce.TcpGroup) else "shared memory + tcp"
 
 
 def current_group():
-    """The ``ShmGroup`` or ``tcp_allreduce.TcpGroup`` this process joined, or None."""
+    """The ``ShmGroup``, ``tcp_allreduce.TcpGroup`` or
+    ``hierarchical_allreduce.HierarchicalGroup`` this process joined, or None."""
     return _group
 
 
@@ -599,6 +606,18 @@ def _joined(plan, run_key: str = ""):
                       "TensorFlow's collectives)", file=sys.stderr, flush=True)
             return _group
         loaded = _native.kernel()  # built/loaded once per process; None: the Python path
+        if not isinstance(plan, ShmPlan):
+            from .hierarchical_allreduce import HierarchicalGroup
+
+            _group = HierarchicalGroup(plan, native=loaded[1] if loaded else None,
+                                       run_key=run_key)
+            if plan.rank == 0:
+                print(f"tfrun: all-reduce in two stages: shared memory among the "
+                      f"{plan.local.size} workers of each host ({_group.local.exchange} "
+                      f"exchange), then TCP across {plan.across.size} hosts (tfrun's "
+                      "exchange; --comm ring for TensorFlow's collectives)", file=sys.stderr,
+                      flush=True)
+            return _group
         _group = ShmGroup(plan)
         if loaded is not None:
             _group.use_native(loaded[1])

@@ -75,8 +75,8 @@ def plan_from_env(environ=None) -> TcpPlan | None:
 
     It applies when the task is a chief or worker of a cluster of at least two such tasks and
     no parameter servers, and ``contract.COMM`` asks for ``tcp``, or for ``auto`` (the default)
-    with every chief/worker on a host of its own (several workers on one host and others
-    elsewhere stay on TensorFlow's collectives: a shared-memory stage per host is not built).
+    with every chief/worker on a host of its own (several workers on each host:
+    ``hierarchical_allreduce``).
     """
     environ = os.environ if environ is None else environ
     comm = from_env(environ) or CommOptions()
