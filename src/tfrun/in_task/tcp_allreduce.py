@@ -99,6 +99,10 @@ def plan_from_env(environ=None) -> TcpPlan | None:
                    compression=comm.compression)
 
 
+class PeerLeft(ConnectionError):
+    """A peer's connection ended under an exchange (its process or its host is gone)."""
+
+
 class KeyValue:
     """TensorFlow's coordination service as a key-value store (what ``TcpGroup`` meets
     through); a test passes any object with the same ``set``/``get``."""
@@ -168,6 +172,7 @@ class TcpGroup:
         for sock in self._peers.values():
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _notice_a_lost_host(sock)
 
     def _accept(self, listener: socket.socket, key: bytes, timeout: float) -> None:
         plan = self.plan
@@ -345,14 +350,18 @@ class TcpGroup:
             done = _receive_views(sock, views)
             if done < nbytes:
                 raise self._left(rank, f"{done} of {nbytes} bytes")
-        except TimeoutError:
+        except PeerLeft:
+            raise
+        except TimeoutError as error:
+            if timeout is None:  # no --comm timeout: the kernel gave up on the peer's host
+                raise self._left(rank, repr(error)) from None
             raise TimeoutError(f"tfrun TCP all-reduce: exchange {number} took longer than the "
                                f"--comm timeout of {timeout:g} s") from None
-        except ConnectionResetError as error:
+        except OSError as error:  # reset, or unreachable: the peer's process or host is gone
             raise self._left(rank, repr(error)) from None
 
     def _left(self, rank: int, received: str) -> ConnectionError:
-        return ConnectionError(
+        return PeerLeft(
             f"tfrun TCP all-reduce: {self.plan.names[rank]} left the exchange (its process "
             f"ended, or its host was lost?) at exchange {self._exchanges}; "
             f"{self.plan.names[self.plan.rank]} stops too. Received: {received}")
@@ -445,6 +454,23 @@ def _receive_views(sock: socket.socket, views: list) -> int:
         if count:
             views = [views[0][count:], *views[1:]]
     return done
+
+
+#: A peer whose host is gone (powered off, cut off) sends no FIN or RST: without these, a
+#: task waiting for its bytes would wait until tfrun kills it. Probes start after 5 idle
+#: seconds, one a second, 5 unanswered end the connection; unacknowledged data gives up
+#: after 15 s. A live peer's kernel answers probes, however long its step (or evaluation).
+LOST_HOST_SECONDS = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": 5}
+_USER_TIMEOUT_MS = 15_000
+
+
+def _notice_a_lost_host(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in LOST_HOST_SECONDS.items():
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _USER_TIMEOUT_MS)
 
 
 def _proof(key: bytes, rank: int) -> bytes:
