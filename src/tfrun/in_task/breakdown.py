@@ -113,11 +113,11 @@ def measure(model, data, steady_steps_per_s: float | None) -> dict:
     ``"tcp (tfrun)"`` across hosts,
     ``"tensorflow"`` otherwise, None for one replica.
     """
-    from . import shm_allreduce
+    from . import allreduce
 
     strategy = model.distribute_strategy
     reduce_ms, size = allreduce_ms(strategy, model.trainable_variables)
-    via = None if reduce_ms is None else (shm_allreduce.current_via() or "tensorflow")
+    via = None if reduce_ms is None else (allreduce.current_via() or "tensorflow")
     step = round(1000 / steady_steps_per_s, 3) if steady_steps_per_s else None
     rest = round(step - (reduce_ms or 0.0), 3) if step is not None else None
     record = {"event": "breakdown", "replicas": int(strategy.num_replicas_in_sync),
@@ -135,9 +135,9 @@ def exchange_alone(variables) -> dict:
     bandwidth (``tcp_allreduce.TcpGroup.link_mib_s``). Collective: every worker at once."""
     import numpy as np
 
-    from . import shm_allreduce
+    from . import allreduce
 
-    group = shm_allreduce.current_group()
+    group = allreduce.current_group()
     if group is None:
         return {}
     arrays = [np.zeros(tuple(int(d) for d in v.shape), np.float32) for v in variables]

@@ -19,7 +19,7 @@ applies when every host runs the same number (two or more) of the cluster's chie
 otherwise ``--comm auto`` leaves the cluster to TensorFlow's collectives.
 
     >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["a:1", "a:2", "b:1", "b:2"]}, '
-    ...        '"task": {"type": "worker", "index": 3}}', "TFRUN_RUN_DIR": "/r"}
+    ...        '"task": {"type": "worker", "index": 3}}', contract.RUN_DIR: "/r"}
     >>> plan = plan_from_env(env)
     >>> plan.rank, plan.local.rank, plan.local.names, plan.across.names, plan.across.rank
     (3, 1, ('worker:2', 'worker:3'), ('worker:1', 'worker:3'), 1)

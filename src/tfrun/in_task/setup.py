@@ -61,9 +61,9 @@ def prepare() -> None:
     from . import metrics
 
     metrics.install()  # every fit records its epochs (after the fixes: they wrap fit too)
-    from . import shm_allreduce
+    from . import allreduce
 
-    shm_allreduce.install()  # workers all on this host: all-reduce through shared memory
+    allreduce.install()  # MWMS on CPU: all-reduce through shared memory and/or TCP
     from . import heap
 
     heap.install()  # undo tf.data's 128 KiB mmap pin (a page-faulted mmap per MatMul buffer)
