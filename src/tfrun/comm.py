@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from . import contract
 from .errors import ConfigError
 
-__all__ = ["COMM_ENV", "CommOptions", "from_env", "parse_size"]
+__all__ = ["COMM_ENV", "CollectiveMembers", "CommOptions", "collective_members", "from_env",
+           "parse_size"]
 
 COMM_ENV = contract.COMM
 IMPLEMENTATIONS = ("auto", "ring", "nccl", "shm", "tcp")
@@ -119,6 +120,50 @@ def from_env(environ=None) -> CommOptions | None:
     """The options tfrun passed this task (``contract.COMM``), or None when it passed none."""
     text = (os.environ if environ is None else environ).get(COMM_ENV)
     return CommOptions.parse(text) if text else None
+
+
+@dataclass(frozen=True)
+class CollectiveMembers:
+    """The tasks of a MultiWorkerMirroredStrategy cluster that all-reduce together: ``names``
+    (chief first, then workers), each one's ``hosts`` as TF_CONFIG names it, this task's
+    ``rank`` among them, the ``comm`` options and the ``cluster`` (a ``cluster.Cluster``)."""
+
+    rank: int
+    names: tuple[str, ...]
+    hosts: tuple[str, ...]
+    comm: CommOptions
+    cluster: object
+
+
+def collective_members(environ, implementations: tuple[str, ...]) -> CollectiveMembers | None:
+    """This task's all-reduce group when ``contract.COMM`` asks for one of
+    ``implementations`` (absent: ``auto``), the task is a chief or worker of a cluster of at
+    least two such tasks, and there are no parameter servers; else None (also for a
+    TF_CONFIG tfrun did not make: TensorFlow will say what is wrong with it).
+
+    >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1"]}, '
+    ...        '"task": {"type": "worker", "index": 1}}'}
+    >>> members = collective_members(env, ("auto",))
+    >>> members.rank, members.names, members.hosts
+    (1, ('worker:0', 'worker:1'), ('a', 'b'))
+    """
+    from .cluster import parse_address, parse_tf_config
+
+    comm = from_env(environ) or CommOptions()
+    if comm.implementation not in implementations or not environ.get("TF_CONFIG"):
+        return None
+    try:
+        config = parse_tf_config(environ["TF_CONFIG"])
+    except ConfigError:
+        return None
+    cluster = config.cluster
+    members = {str(task): parse_address(address)[0] for task, address in
+               cluster.addresses().items() if task.role in ("chief", "worker")}
+    if len(members) < 2 or cluster.ps or str(config.task) not in members:
+        return None
+    names = tuple(members)  # chief first, then workers
+    return CollectiveMembers(rank=names.index(str(config.task)), names=names,
+                             hosts=tuple(members.values()), comm=comm, cluster=cluster)
 
 
 def _expected() -> str:

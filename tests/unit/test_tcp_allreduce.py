@@ -109,9 +109,12 @@ def _member(plan, root, results):
         results.put((plan.rank, repr(exc), None))
 
 
-def _run(size, root, member=_member, extra=()):
+def _run(size, root, member=_member, extra=(), plans=None):
+    """Each rank's report (``member(plan, root, results, *extra)`` in a process per plan of
+    ``plans``, by default ``_plans(size)``), and the processes (joined)."""
     results = CTX.Queue()
-    procs = [CTX.Process(target=member, args=(p, root, results, *extra)) for p in _plans(size)]
+    procs = [CTX.Process(target=member, args=(p, root, results, *extra))
+             for p in plans or _plans(size)]
     for p in procs:
         p.start()
     got = {}
@@ -369,17 +372,8 @@ def _two_stage_member(plan, root, results):
 def test_two_stages_give_every_task_the_same_sum(hosts, per_host, tmp_path):
     """Every task gets the same bits, the sum of the host sums (each in local rank order)
     in host order -- which is the all-reduce, within float rounding of rank order."""
-    results = CTX.Queue()
     plans = _two_stage_plans(hosts, per_host)
-    procs = [CTX.Process(target=_two_stage_member, args=(p, tmp_path, results)) for p in plans]
-    for p in procs:
-        p.start()
-    got = {}
-    for _ in procs:
-        rank, *rest = results.get(timeout=60)
-        got[rank] = rest
-    for p in procs:
-        p.join(30)
+    got, _ = _run(len(plans), tmp_path, _two_stage_member, plans=plans)
     assert sorted(got) == list(range(len(plans))), got
     for i, make in enumerate(ARRAYS):
         expected = None

@@ -33,9 +33,7 @@ import os
 from dataclasses import dataclass
 
 from .. import contract
-from ..cluster import parse_address, parse_tf_config
-from ..comm import CommOptions, from_env
-from ..errors import ConfigError
+from ..comm import collective_members
 from . import tcp_allreduce
 from .shm_allreduce import ShmGroup, ShmPlan
 
@@ -61,36 +59,27 @@ def plan_from_env(environ=None) -> HierarchicalPlan | None:
     """The two-stage plan, or None: it needs ``--comm auto``, no parameter servers, and two
     or more hosts each with the same number (two or more) of chief/workers."""
     environ = os.environ if environ is None else environ
-    comm = from_env(environ) or CommOptions()
-    if comm.implementation != "auto" or not environ.get("TF_CONFIG"):
-        return None
-    try:
-        config = parse_tf_config(environ["TF_CONFIG"])
-    except ConfigError:
-        return None
-    cluster = config.cluster
-    members = {str(task): parse_address(address)[0] for task, address in
-               cluster.addresses().items() if task.role in ("chief", "worker")}
-    if cluster.ps or str(config.task) not in members:
+    members = collective_members(environ, ("auto",))
+    if members is None:
         return None
     by_host: dict[str, list[str]] = {}
-    for name, host in members.items():  # chief first, then workers
+    for name, host in zip(members.names, members.hosts):  # chief first, then workers
         by_host.setdefault(host, []).append(name)
     counts = {len(names) for names in by_host.values()}
     if len(by_host) < 2 or len(counts) != 1 or counts.pop() < 2:
         return None
-    names = tuple(members)
-    me = str(config.task)
-    host = members[me]
+    names, me = members.names, members.names[members.rank]
+    host = members.hosts[members.rank]
     local_rank = by_host[host].index(me)
-    key = json.dumps([environ.get(contract.RUN_DIR, ""), sorted(cluster.as_dict().items()), host])
+    key = json.dumps([environ.get(contract.RUN_DIR, ""),
+                      sorted(members.cluster.as_dict().items()), host])
     local = ShmPlan(rank=local_rank, names=tuple(by_host[host]),
                     address="\0tfrun-shm-" + hashlib.sha256(key.encode()).hexdigest()[:24])
     hosts = list(by_host)
     across = tcp_allreduce.TcpPlan(rank=hosts.index(host),
                                    names=tuple(by_host[h][local_rank] for h in hosts),
                                    hosts=tuple(hosts))
-    return HierarchicalPlan(rank=names.index(me), names=names, local=local, across=across)
+    return HierarchicalPlan(rank=members.rank, names=names, local=local, across=across)
 
 
 class HierarchicalGroup:

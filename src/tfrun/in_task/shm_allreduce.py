@@ -47,9 +47,7 @@ import time
 from dataclasses import dataclass
 
 from .. import contract
-from ..cluster import parse_address, parse_tf_config
-from ..comm import CommOptions, from_env
-from ..errors import ConfigError
+from ..comm import collective_members
 
 __all__ = ["ShmGroup", "ShmPlan", "plan_from_env"]
 
@@ -101,27 +99,18 @@ def plan_from_env(environ=None) -> ShmPlan | None:
     hosts is a ConfigError: shared memory cannot cross machines.
     """
     environ = os.environ if environ is None else environ
-    comm = from_env(environ) or CommOptions()
-    if comm.implementation not in ("auto", "shm") or not environ.get("TF_CONFIG"):
+    members = collective_members(environ, ("auto", "shm"))
+    if members is None:
         return None
-    try:
-        config = parse_tf_config(environ["TF_CONFIG"])
-    except ConfigError:
-        return None  # not a cluster tfrun made; TensorFlow will say what is wrong with it
-    cluster = config.cluster
-    members = {task: address for task, address in cluster.addresses().items()
-               if task.role in ("chief", "worker")}
-    if len(members) < 2 or cluster.ps or config.task not in members:
-        return None
-    hosts = {parse_address(address)[0] for address in members.values()}
-    comm.check_hosts(hosts, expected="chief/worker addresses with one host name",
-                     received=", ".join(sorted(hosts)))
+    hosts = set(members.hosts)
+    members.comm.check_hosts(hosts, expected="chief/worker addresses with one host name",
+                             received=", ".join(sorted(hosts)))
     if len(hosts) != 1:
         return None
-    names = tuple(str(task) for task in members)  # chief first, then workers
-    key = json.dumps([environ.get(contract.RUN_DIR, ""), sorted(cluster.as_dict().items())])
+    key = json.dumps([environ.get(contract.RUN_DIR, ""),
+                      sorted(members.cluster.as_dict().items())])
     address = "\0tfrun-shm-" + hashlib.sha256(key.encode()).hexdigest()[:24]
-    return ShmPlan(rank=names.index(str(config.task)), names=names, address=address)
+    return ShmPlan(rank=members.rank, names=members.names, address=address)
 
 
 class ShmGroup:

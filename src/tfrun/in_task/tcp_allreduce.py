@@ -42,9 +42,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..cluster import parse_address, parse_tf_config
-from ..comm import CommOptions, from_env
-from ..errors import ConfigError
+from ..comm import collective_members
 
 __all__ = ["TcpGroup", "TcpPlan", "plan_from_env", "slice_length"]
 
@@ -79,24 +77,13 @@ def plan_from_env(environ=None) -> TcpPlan | None:
     ``hierarchical_allreduce``).
     """
     environ = os.environ if environ is None else environ
-    comm = from_env(environ) or CommOptions()
-    if comm.implementation not in ("auto", "tcp") or not environ.get("TF_CONFIG"):
+    members = collective_members(environ, ("auto", "tcp"))
+    if members is None:
         return None
-    try:
-        config = parse_tf_config(environ["TF_CONFIG"])
-    except ConfigError:
-        return None  # not a cluster tfrun made; TensorFlow will say what is wrong with it
-    cluster = config.cluster
-    members = {task: address for task, address in cluster.addresses().items()
-               if task.role in ("chief", "worker")}
-    if len(members) < 2 or cluster.ps or config.task not in members:
+    if members.comm.implementation == "auto" and len(set(members.hosts)) != len(members.hosts):
         return None
-    hosts = tuple(parse_address(address)[0] for address in members.values())
-    if comm.implementation == "auto" and len(set(hosts)) != len(hosts):
-        return None
-    names = tuple(str(task) for task in members)  # chief first, then workers
-    return TcpPlan(rank=names.index(str(config.task)), names=names, hosts=hosts,
-                   compression=comm.compression)
+    return TcpPlan(rank=members.rank, names=members.names, hosts=members.hosts,
+                   compression=members.comm.compression)
 
 
 class PeerLeft(ConnectionError):
