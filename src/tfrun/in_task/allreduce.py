@@ -22,13 +22,13 @@ import threading
 import weakref
 
 from .. import contract
-from . import tcp_allreduce
+from . import hierarchical_allreduce, tcp_allreduce
 from .shm_allreduce import ShmGroup, ShmPlan, plan_from_env
 
 __all__ = ["current_exchange", "current_group", "current_via", "install"]
 
 _SUMMABLE = ("float16", "bfloat16", "float32", "float64")
-_group = None  # the ShmGroup or tcp_allreduce.TcpGroup this process joined
+_group = None  # the ShmGroup, TcpGroup or HierarchicalGroup this process joined
 _group_lock = threading.Lock()
 _last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> last exchange
 
@@ -38,8 +38,6 @@ def install(environ=None) -> bool:
     shared memory when ``plan_from_env`` says so, TCP when ``tcp_allreduce.plan_from_env``
     does, both in turn when ``hierarchical_allreduce.plan_from_env`` does (called by the
     bootstrap; a no-op otherwise)."""
-    from . import hierarchical_allreduce
-
     plan = plan_from_env(environ) or tcp_allreduce.plan_from_env(environ) \
         or hierarchical_allreduce.plan_from_env(environ)
     if plan is None:
@@ -254,10 +252,8 @@ def _joined(plan, run_key: str = ""):
             return _group
         loaded = _native.kernel()  # built/loaded once per process; None: the Python path
         if not isinstance(plan, ShmPlan):
-            from .hierarchical_allreduce import HierarchicalGroup
-
-            _group = HierarchicalGroup(plan, native=loaded[1] if loaded else None,
-                                       run_key=run_key)
+            _group = hierarchical_allreduce.HierarchicalGroup(
+                plan, native=loaded[1] if loaded else None, run_key=run_key)
             if plan.rank == 0:
                 print(f"tfrun: all-reduce in two stages: shared memory among the "
                       f"{plan.local.size} workers of each host ({_group.local.exchange} "
