@@ -16,12 +16,10 @@ do not change.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import weakref
 
-from .. import contract
 from . import hierarchical_allreduce, tcp_allreduce
 from .shm_allreduce import ShmGroup, ShmPlan, plan_from_env
 
@@ -42,7 +40,9 @@ def install(environ=None) -> bool:
         or hierarchical_allreduce.plan_from_env(environ)
     if plan is None:
         return False
-    run_key = (os.environ if environ is None else environ).get(contract.RUN_DIR, "")
+    # The TCP exchange's keys in the coordination service: the same on every task, so from
+    # the cluster, not from this task's run dir (each Kubernetes pod has its own).
+    run_key = "|".join(plan.names)
     from ._post_import import when_imported
 
     when_imported("tensorflow.python.distribute.cross_device_utils",
