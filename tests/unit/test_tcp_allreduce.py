@@ -117,13 +117,18 @@ def _run(size, root, member=_member, extra=(), plans=None):
              for p in plans or _plans(size)]
     for p in procs:
         p.start()
+    return _collect(results, procs), procs
+
+
+def _collect(results, procs) -> dict:
+    """rank -> the rest of its report, once every process has put one; the processes joined."""
     got = {}
     for _ in procs:
         rank, *rest = results.get(timeout=60)
         got[rank] = rest
     for p in procs:
         p.join(30)
-    return got, procs
+    return got
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
@@ -257,12 +262,7 @@ def test_a_process_without_the_runs_key_cannot_join_and_no_port_stays_open(tmp_p
     stranger.sendall(_HELLO.pack(_MAGIC, 1, 2, b"\0" * 32))  # right shape, wrong proof
     assert stranger.recv(16) == b""  # hung up on, sent nothing
     stranger.close()
-    got = {}
-    for _ in procs:
-        rank, *rest = results.get(timeout=60)
-        got[rank] = rest
-    for p in procs:
-        p.join(30)
+    got = _collect(results, procs)
     assert all(isinstance(out, list) for out, _ in got.values()), got
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((host, int(port)), timeout=10)

@@ -114,7 +114,8 @@ def read_run(run_dir: str | Path) -> RunStats:
         isinstance(ended, (int, float)) else None
     files = {p.stem: p for p in sorted((path / "metrics").glob("*.jsonl"))}
     task = representative_task(list(files))
-    records = read_metrics(files[task]) if task else []
+    every = {name: read_metrics(file) for name, file in files.items()}
+    records = every[task] if task else []
     epochs = [r for r in records if r.get("event") == "epoch"]
     breakdowns = [r for r in records if r.get("event") == "breakdown"]
     steady = [r.get("steady_steps_per_s") or r.get("steps_per_s") for r in epochs]
@@ -126,8 +127,8 @@ def read_run(run_dir: str | Path) -> RunStats:
     first = next((r["first_step_s"] for r in epochs if r.get("first_step_s") is not None), None)
     hosts = {str(t.get("task", "")).replace(":", "-"): t.get("host") for t in tasks}
     per_task = []
-    for name, file in files.items():
-        last = [r for r in read_metrics(file) if r.get("event") == "breakdown"][-1:]
+    for name, task_records in every.items():
+        last = [r for r in task_records if r.get("event") == "breakdown"][-1:]
         if last:
             per_task.append({"task": name.replace("-", ":", 1), "host": hosts.get(name),
                              **_breakdown_fields(last[0])})
