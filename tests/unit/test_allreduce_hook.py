@@ -56,7 +56,7 @@ def test_a_gpu_replicas_all_reduce_goes_to_tensorflow_and_forms_no_group(monkeyp
     module = types.SimpleNamespace(CollectiveReplicaLauncher=type(
         "Launcher", (FakeLauncher,), {}))
     monkeypatch.setattr(allreduce, "_group", None)
-    allreduce._hook(module, PLAN, "run")
+    allreduce._hook(module, PLAN)
     launcher = module.CollectiveReplicaLauncher("/job:worker/replica:0/task:1/device:GPU:0")
     value = tf.constant([1.0, 2.0])
     assert launcher.all_reduce(value) is value

@@ -88,7 +88,7 @@ def _plans(size):
 
 
 def _open(plan, root):
-    return TcpGroup(plan, DirectoryStore(root), connect_timeout=30, run_key="test")
+    return TcpGroup(plan, DirectoryStore(root), connect_timeout=30)
 
 
 def _floats(dtype, n):
@@ -360,7 +360,7 @@ def _two_stage_plans(hosts, per_host):
 
 def _two_stage_member(plan, root, results):
     try:
-        group = HierarchicalGroup(plan, DirectoryStore(root), run_key="test")
+        group = HierarchicalGroup(plan, DirectoryStore(root))
         out = [group.all_reduce(a(plan.rank)) for a in ARRAYS]
         results.put((plan.rank, [o.tobytes() for o in out], [str(o.dtype) for o in out]))
         group.close()

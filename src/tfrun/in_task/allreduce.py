@@ -40,17 +40,14 @@ def install(environ=None) -> bool:
         or hierarchical_allreduce.plan_from_env(environ)
     if plan is None:
         return False
-    # The TCP exchange's keys in the coordination service: the same on every task, so from
-    # the cluster, not from this task's run dir (each Kubernetes pod has its own).
-    run_key = "|".join(plan.names)
     from ._post_import import when_imported
 
     when_imported("tensorflow.python.distribute.cross_device_utils",
-                  lambda module: _hook(module, plan, run_key))
+                  lambda module: _hook(module, plan))
     return True
 
 
-def _hook(module, plan, run_key: str = "") -> None:
+def _hook(module, plan) -> None:
     launcher_class = module.CollectiveReplicaLauncher
     original = launcher_class.all_reduce
     if getattr(original, "__tfrun_shm__", False):
@@ -62,7 +59,7 @@ def _hook(module, plan, run_key: str = "") -> None:
         if not _applies(self, plan, input_tensor, merged):
             return original(self, input_tensor, control_input, options)
         return _exchange_all_reduce(self._device, [input_tensor], control_input, plan,
-                                    merged.timeout_seconds, run_key)[0]
+                                    merged.timeout_seconds)[0]
 
     def batch_all_reduce(self, input_tensor_packs, options=None):
         # In a graph, TensorFlow concatenates each pack of gradients into one tensor for
@@ -81,7 +78,7 @@ def _hook(module, plan, run_key: str = "") -> None:
                     and all(_applies(self, plan, tensor, merged) for tensor in pack) \
                     and (not isinstance(plan, ShmPlan) or _native.kernel() is not None):
                 outputs.extend(_exchange_all_reduce(self._device, pack, None, plan,
-                                                    merged.timeout_seconds, run_key))
+                                                    merged.timeout_seconds))
             else:
                 outputs.extend(original_batch(self, [pack], options))
         return outputs
@@ -110,7 +107,7 @@ def _applies(launcher, plan, tensor, options) -> bool:
     return not control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
 
 
-def _exchange_all_reduce(device, tensors, control_input, plan, timeout, run_key: str) -> list:
+def _exchange_all_reduce(device, tensors, control_input, plan, timeout) -> list:
     """The all-reduce of ``tensors`` (one tensor for the Python shared-memory exchange; any
     number of one dtype for the native op and the TCP exchange, which exchange their
     concatenation without making it) as a list of sums."""
@@ -126,7 +123,7 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout, run_key:
         # coordination service), need the group before the step first runs: join now, while
         # tracing (every worker traces the same step; the Python shared-memory exchange
         # joins at its first call instead).
-        _joined(plan, run_key)
+        _joined(plan)
     if loaded is not None:
         native_op = loaded[0].tfrun_shm_all_reduce
 
@@ -134,10 +131,10 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout, run_key:
             return native_op(tensors, timeout_seconds=timeout or 0.0)
     elif _compresses(plan, tensors):
         def call():
-            return _compressed_all_reduce(plan, tensors, timeout, run_key)
+            return _compressed_all_reduce(plan, tensors, timeout)
     elif not isinstance(plan, ShmPlan):  # TCP, or shared memory then TCP
         def exchange_many(*values):
-            return _joined(plan, run_key).all_reduce_many([np.asarray(v) for v in values],
+            return _joined(plan).all_reduce_many([np.asarray(v) for v in values],
                                                           timeout)
 
         def call():
@@ -148,7 +145,7 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout, run_key:
 
         def exchange(values):
             array_ = np.asarray(values)  # a view: EagerTensor.numpy() would copy it first
-            return _joined(plan, run_key).all_reduce(array_, timeout).reshape(array_.shape)
+            return _joined(plan).all_reduce(array_, timeout).reshape(array_.shape)
 
         def call():
             return [tf.py_function(exchange, [tensor], tensor.dtype)]
@@ -174,7 +171,7 @@ def _compresses(plan, tensors) -> bool:
         t.dtype.name == "float32" and t.shape.is_fully_defined() for t in tensors)
 
 
-def _compressed_all_reduce(plan, tensors, timeout, run_key: str) -> list:
+def _compressed_all_reduce(plan, tensors, timeout) -> list:
     """The all-reduce of float32 ``tensors`` with 16-bit values on the wire (Horovod's
     ``Compression.fp16``, but summed as float32): TensorFlow casts them down, the exchange
     scatters every owner its slice, TensorFlow sums the slices as float32 in rank order and
@@ -192,10 +189,10 @@ def _compressed_all_reduce(plan, tensors, timeout, run_key: str) -> list:
     small = [tf.bitcast(tf.cast(t, wire), tf.uint16) for t in tensors]
 
     def scatter(*values):
-        return _joined(plan, run_key).reduce_scatter([np.asarray(v) for v in values], timeout)
+        return _joined(plan).reduce_scatter([np.asarray(v) for v in values], timeout)
 
     def gather(mine):
-        return _joined(plan, run_key).all_gather(np.asarray(mine), shapes, timeout)
+        return _joined(plan).all_gather(np.asarray(mine), shapes, timeout)
 
     parts = tf.py_function(scatter, small, [tf.uint16] * plan.size)
     total_sum = None
@@ -236,7 +233,7 @@ def current_via() -> str | None:
     return None if _group is None else _group.via
 
 
-def _joined(plan, run_key: str = ""):
+def _joined(plan):
     global _group
     from . import _native
 
@@ -244,7 +241,7 @@ def _joined(plan, run_key: str = ""):
         if _group is not None:
             return _group
         if isinstance(plan, tcp_allreduce.TcpPlan):
-            _group = tcp_allreduce.TcpGroup(plan, run_key=run_key)
+            _group = tcp_allreduce.TcpGroup(plan)
             if plan.rank == 0:
                 print(f"tfrun: all-reduce over TCP: {plan.size} workers on "
                       f"{len(set(plan.hosts))} hosts (tfrun's exchange; --comm ring for "
@@ -253,7 +250,7 @@ def _joined(plan, run_key: str = ""):
         loaded = _native.kernel()  # built/loaded once per process; None: the Python path
         if not isinstance(plan, ShmPlan):
             _group = hierarchical_allreduce.HierarchicalGroup(
-                plan, native=loaded[1] if loaded else None, run_key=run_key)
+                plan, native=loaded[1] if loaded else None)
             if plan.rank == 0:
                 print(f"tfrun: all-reduce in two stages: shared memory among the "
                       f"{plan.local.size} workers of each host ({_group.local.exchange} "

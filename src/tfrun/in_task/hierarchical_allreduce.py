@@ -87,15 +87,13 @@ class HierarchicalGroup:
     of this local rank; ``store`` as ``TcpGroup``'s): ``all_reduce_many(arrays)`` as
     ``TcpGroup``'s."""
 
-    def __init__(self, plan: HierarchicalPlan, store=None, *, native=None,
-                 run_key: str = "") -> None:
+    def __init__(self, plan: HierarchicalPlan, store=None, *, native=None) -> None:
         self.plan = plan
         self.local = ShmGroup(plan.local)
         try:
             if native is not None:
                 self.local.use_native(native)
-            self.across = tcp_allreduce.TcpGroup(plan.across, store,
-                                                 run_key=f"{run_key}/local-{plan.local.rank}")
+            self.across = tcp_allreduce.TcpGroup(plan.across, store)
         except BaseException:
             self.local.close()
             raise

@@ -115,15 +115,17 @@ class TcpGroup:
     chaining them in each graph.
     """
 
-    def __init__(self, plan: TcpPlan, store=None, *, connect_timeout: float = _CONNECT_TIMEOUT,
-                 run_key: str = "") -> None:
+    def __init__(self, plan: TcpPlan, store=None, *,
+                 connect_timeout: float = _CONNECT_TIMEOUT) -> None:
         self.plan = plan
         self._exchanges = 0
         self._peers: dict[int, socket.socket] = {}
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="tfrun-tcp-send")
         self._buffers: dict = {}
         store = KeyValue() if store is None else store
-        prefix = _KEY_PREFIX + hashlib.sha256(run_key.encode()).hexdigest()[:12] + "/"
+        # Keys named after the group's tasks: the same on each of them (not a run dir: each
+        # Kubernetes pod has its own), and distinct for every group of one cluster.
+        prefix = _KEY_PREFIX + hashlib.sha256("|".join(plan.names).encode()).hexdigest()[:12] + "/"
         try:
             self._rendezvous(store, prefix, connect_timeout)
         except BaseException:
