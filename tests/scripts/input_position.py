@@ -5,8 +5,8 @@
 One process, no cluster, plain Keras 3 loop (two dataset iterators per epoch: Keras makes
 an unused one after each epoch's last step), or tf_keras' with TF_USE_LEGACY_KERAS=1 (one
 unused iterator first, then one per epoch). For each input form below: an uninterrupted
-3-epoch fit, then the same fit stopped by an exception after global step STOP and a fresh
-model resumed from the backups. Prints one JSON line per form: the largest weight
+3-epoch fit, then the same fit stopped by an exception after global step STOP (mid-epoch,
+or right after an epoch's last step) and a fresh model resumed from the backups. Prints one JSON line per form: the largest weight
 difference between the resumed and the uninterrupted run, the difference between two
 uninterrupted runs whose shuffle seeds differ (the order matters: a resume that read the
 wrong batches would show), and the resume line backup_and_restore printed.
@@ -46,6 +46,13 @@ FORMS = {
     # steps_per_epoch shorter than the data: the iterator is remade when it runs out
     "finite-steps-per-epoch": (lambda seed: tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
         80, seed=seed).batch(8), 4, 9),
+    # stopped right after an epoch's last step (its step backup is where the next one starts)
+    "reshuffled-epochs-stopped-at-an-epoch-end": (
+        lambda seed: tf.data.Dataset.from_tensor_slices((x, y)).shuffle(80, seed=seed).batch(8),
+        None, 20),
+    "repeated-steps-per-epoch-stopped-at-an-epoch-end": (
+        lambda seed: tf.data.Dataset.from_tensor_slices((x, y)).shuffle(80, seed=seed).batch(8)
+        .repeat(), 8, 16),
 }
 
 

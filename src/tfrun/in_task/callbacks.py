@@ -383,7 +383,12 @@ class _LegacyInputPosition:
                 getattr(self._handler, "_tfrun_batches", 0))
 
     def at_epoch_end(self) -> tuple[int, int]:
-        made, read = self.now()
+        return self.after_its_epoch(self.now())
+
+    def after_its_epoch(self, position: tuple[int, int]) -> tuple[int, int]:
+        """Where the next epoch starts, from a position taken after an epoch's last step
+        (tf_keras makes no iterator between that step and the epoch's end)."""
+        made, read = position
         return (made + 1, 0) if self._remade_each_epoch() else (made, read)
 
     def restore(self, iterator: int, read: int) -> None:
@@ -522,6 +527,16 @@ def _consistent_backup_class(keras):
             save = sorted(chosen, key=lambda s: (s["name"].startswith("epoch"),
                                                  s["directory"] == self.directory))[-1]
             self._load(save["directory"], save["name"])
+            steps = (self.params or {}).get("steps")
+            if legacy and save["batch"] and steps and save["batch"] >= steps:
+                # A step backup after an epoch's last step (a preemption checked there):
+                # tf_keras' loop, started at that step, would run an epoch of no steps and
+                # refuse it ("Empty logs"), so the resume starts the next epoch instead.
+                # (Keras 3 runs that epoch's end as its loop resumes: exact as it is.)
+                position = save["input"]
+                save = {**save, "epoch": save["epoch"] + 1, "batch": 0, "input": (
+                    None if position is None or self._input is None
+                    else self._input.after_its_epoch(tuple(position)))}
             replicas = self.model.distribute_strategy.num_replicas_in_sync
             if save["replicas"] is not None and save["replicas"] != replicas:
                 print(f"tfrun: the cluster has {replicas} replicas now, {save['replicas']} when "
