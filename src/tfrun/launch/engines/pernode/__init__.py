@@ -27,7 +27,6 @@ from pathlib import Path
 from .... import __version__
 from ....cluster import ClusterPlan, TaskId
 from ....errors import ConfigError
-from ...remote.agent import NodeAgent
 from ..base import Backend, Engine, TaskSpec
 from .hub import HubBackend
 from ..local import LocalBackend
@@ -168,6 +167,10 @@ def run_node_agent(config: LaunchConfig, plan: ClusterPlan, rank: int,
                               expected=", ".join(map(str, tasks)),
                               fix="Start every node with the same flags", received=message)
         return make(task, int(message.get("restart", 0)))  # type: ignore[operator]
+
+    # Imported here: ``python -m tfrun.launch.remote.agent`` imports the engines (through
+    # tfrun.launch) before it runs the agent module, which runpy warns of when already loaded.
+    from ...remote.agent import NodeAgent
 
     agent = NodeAgent(channel, LocalBackend(hold_ports=True), spec_for, run_dir=run_dir,
                       heartbeat_timeout=config.heartbeat_timeout, stop_grace=config.stop_grace,
