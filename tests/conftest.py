@@ -13,6 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # processes they start) must behave the same anywhere. tests/slurm submits its own jobs.
 for _name in [n for n in os.environ if n.startswith("SLURM_")]:
     del os.environ[_name]
+# The launcher's report.html costs about 0.6 s per launch (matplotlib's import and the
+# plots), some 3 minutes of CI over its ~250 launches; a run never fails for its report, so
+# only the tests that read the page turn it back on (REPORT_ON). TFRUN_REPORT, not imported
+# from tfrun.contract: this module is loaded before any test's imports.
+os.environ.setdefault("TFRUN_REPORT", "0")
+REPORT_ON = {"TFRUN_REPORT": "1"}
 FAKE_TASK = Path(__file__).resolve().parent / "fake_task.py"
 
 

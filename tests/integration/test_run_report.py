@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, Run, assert_nothing_left
+from conftest import REPORT_ON, ROOT, Run, assert_nothing_left
 
 from tfrun.launch.report import (load_run, plot_metrics, plot_resources, plot_throughput,
                                  plot_timeline, write_comparison)
@@ -25,7 +25,7 @@ SCRIPT = str(ROOT / "tests" / "scripts" / "report_fit.py")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    env = {"TFRUN_METRICS_INTERVAL": "1"}
+    env = {"TFRUN_METRICS_INTERVAL": "1", **REPORT_ON}
     made = {}
     for name, args in (("one", ["--workers", "1", SCRIPT, "--epochs", "3"]),
                        ("two", ["--workers", "2", SCRIPT, "--epochs", "3", "--units", "32"]),

@@ -88,8 +88,9 @@ def test_ten_random_kills_resume_exactly_from_the_last_complete_backup(tmp_path)
 
     # 28 epochs: each kill costs the run 1-2 epochs of progress, so 10 kills fit with room
     epochs, slow = "28", "0.6"
+    # (the reference needs no slow epoch ends: the sleep changes no weight)
     clean = Run(tmp_path, ["--workers", "2", "--quiet-tasks", KILL_SCRIPT,
-                           str(tmp_path / "clean"), epochs, slow], name="clean")
+                           str(tmp_path / "clean"), epochs, "0"], name="clean")
     assert clean.run(600) == 0, clean.stdout[-3000:]
 
     seed = random.randrange(1 << 30)
@@ -237,19 +238,28 @@ def _steps(path) -> list[tuple[int, int]]:
     return [tuple(map(int, line.split())) for line in open(path).read().splitlines()]
 
 
-@pytest.mark.parametrize("flavour", ["3", "2"], ids=["keras3", "tf_keras"])
-def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path, flavour):
+@pytest.fixture(scope="module", params=["3", "2"], ids=["keras3", "tf_keras"])
+def uninterrupted(request, tmp_path_factory):
+    """The reference: step_backup.py's 3 epochs without an interruption, per Keras flavour
+    (the directory and the flavour: the tests using it run once per flavour)."""
+    flavour = request.param
+    tmp = tmp_path_factory.mktemp(f"uninterrupted-keras{flavour}")
+    clean = Run(tmp, ["--workers", "2", "--keras", flavour, "--quiet-tasks", STEP_SCRIPT,
+                      str(tmp / "clean"), "3", "1000"], name="clean")
+    assert clean.run(600) == 0, clean.stdout[-3000:]
+    return tmp, flavour
+
+
+def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path, uninterrupted):
     """Issue 32: save_freq=10, 3 epochs x 30 steps; worker:1 SIGKILLed mid-epoch 2 (after
     global step 45). The gang restarts, resumes at the newest step backup every worker
     completed (inside epoch 2, its first batches read and skipped), redoes at most 10
     steps, and ends with the weights of an uninterrupted run (both Keras flavours, MWMS,
-    Adam)."""
+    Adam). The uninterrupted run is the shared one (saving every 1000 steps trains the same)."""
     import signal
     import time
 
-    clean = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--quiet-tasks", STEP_SCRIPT,
-                           str(tmp_path / "clean"), "3", "10"], name="clean")
-    assert clean.run(600) == 0, clean.stdout[-3000:]
+    reference, flavour = uninterrupted
     run = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--max-restarts", "1", STEP_SCRIPT,
                          str(tmp_path / "killed"), "3", "10", "0.05"], name="killed").start()
     log = tmp_path / "killed-steps-worker-0.log"
@@ -272,7 +282,7 @@ def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path, flavour
     for i in range(2):
         worker_log = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
         assert "tfrun: resuming at epoch 2, after its batch" in worker_log, worker_log[-2000:]
-    want = np.load(tmp_path / "clean-worker-0.npz")
+    want = np.load(reference / "clean-worker-0.npz")
     for i in range(2):
         got = np.load(tmp_path / f"killed-worker-{i}.npz")
         for k in range(4):
@@ -303,18 +313,6 @@ def _assert_same_weights(tmp_path, name: str, clean: str) -> None:
         got = np.load(tmp_path / f"{name}-worker-{i}.npz")
         for k in range(4):
             np.testing.assert_allclose(got[f"arr_{k}"], want[f"arr_{k}"], atol=1e-6, rtol=0)
-
-
-@pytest.fixture(scope="module", params=["3", "2"], ids=["keras3", "tf_keras"])
-def uninterrupted(request, tmp_path_factory):
-    """The reference: step_backup.py's 3 epochs without an interruption, per Keras flavour
-    (the directory and the flavour: the tests using it run once per flavour)."""
-    flavour = request.param
-    tmp = tmp_path_factory.mktemp(f"uninterrupted-keras{flavour}")
-    clean = Run(tmp, ["--workers", "2", "--keras", flavour, "--quiet-tasks", STEP_SCRIPT,
-                      str(tmp / "clean"), "3", "1000"], name="clean")
-    assert clean.run(600) == 0, clean.stdout[-3000:]
-    return tmp, flavour
 
 
 def test_sigterm_to_a_worker_saves_everyone_at_one_step_and_costs_no_restart(

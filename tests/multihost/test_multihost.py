@@ -543,7 +543,7 @@ def test_elastic_a_host_that_vanishes_mid_epoch_leaves_two_that_finish(fake_host
     and report name the change."""
     out = tmp_path / "out"
     run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[0], tmp_path,
-                       [str(out), "3", "10", "0.1"])
+                       [str(out), "3", "10", "0.1"], report="1")
     log = Path(f"{out}-steps-worker-0.log")
     deadline = time.monotonic() + 240
     while max((s for _, s in _logged_steps(log)), default=0) < 45:

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from conftest import FAKE_TASK, Run, assert_nothing_left
+from conftest import FAKE_TASK, REPORT_ON, Run, assert_nothing_left
 
 FAST = ["--join-timeout", "20", "--stop-grace", "3"]
 
@@ -103,7 +103,7 @@ def test_a_preemption_restarts_without_charging_the_restart_budget(fake_run):
     # --max-restarts 0: a script error would end the run; a preempted task (SIGTERM that
     # tfrun did not send) restarts the group anyway, and the summary says which was which.
     run = fake_run(["--workers", "2", "--max-restarts", "0", *FAST],
-                   "worker:1=sleep:0.3,preempt_before_restart:1,ok;*=sleep:1,ok")
+                   "worker:1=sleep:0.3,preempt_before_restart:1,ok;*=sleep:1,ok", env=REPORT_ON)
     assert run.run() == 0, run.stdout
     assert "(preempted); restarting the whole group (preemptions do not count" in run.stdout
     summary = run.summary
