@@ -485,7 +485,11 @@ def test_bench_on_two_hosts_prints_where_a_cross_host_step_goes(fake_hosts, tmp_
         assert record["allreduce_via"] == "tcp (tfrun)", record
         assert 0 < record["exchange_ms"] and 0 < record["allreduce_ms"], record
         assert record["link_mib_s"] > 0 and record["allreduce_bytes"] > 7_000_000, record
-        assert f"{record['link_mib_s']:,.0f}" in " ".join(rows[host]), (rows[host], record)
+        # the table's cell (2 decimals under 1,000; it failed as a substring when the
+        # whole-number rounding went up, 973.90 vs "974")
+        link = record["link_mib_s"]
+        assert rows[host][-3] == (f"{link:,.2f}" if link < 1000 else f"{link:,.0f}"), \
+            (rows[host], record)
         assert rows[host][-2:] == ["tcp", "(tfrun)"], rows[host]
     one = json.loads((bench_dir / "bench.json").read_text())["runs"][0]
     assert one["workers"] == 1 and one["per_task"][0]["host"] == "node-1", one
