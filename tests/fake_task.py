@@ -12,6 +12,9 @@ Rules are ``selector=action,action,...`` separated by ``;``; the selector is
   error that names the restart while TFRUN_RESTART_COUNT < 2) | wait_done
   | print:TEXT | usage_error (exit 2) | set_tf_config (the script assigns its own TF_CONFIG)
   | tick (print a line every 0.2 s forever) | hang_in_python (silent forever)
+  | watch_stop_before_restart:N (as tfrun's preemption watch ending a task without its
+  backup: its "stopped" metrics event, then death by SIGTERM, while TFRUN_RESTART_COUNT < N)
+  | ignore_sigterm (a task whose backup takes longer than any grace)
 """
 
 import json
@@ -105,6 +108,14 @@ def run(action: str) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
+    if name == "watch_stop_before_restart" and restart < int(arg):
+        print('tfrun:metrics {"event": "stopped", "step": 7, "reason": "stalled", '
+              '"doing": "a training step"}', flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    if name == "ignore_sigterm":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if name == "fail_twice_then_ok" and restart < 2:
         raise ValueError(f"a different failure at restart {restart}")
     if name == "wait_done":

@@ -15,7 +15,7 @@ launcher (``tfrun`` CLI) stays fast.
 
 from __future__ import annotations
 
-from .in_task.callbacks import backup_and_restore
+from .in_task.backup import backup_and_restore
 from .errors import ClusterTimeout, ConfigError, TaskFailed, TfrunError
 from .in_task.evaluator import chief_output_dir, sidecar_evaluate
 from .in_task.runtime import (TaskInfo, global_batch_size, is_chief, output_dir, strategy, task,

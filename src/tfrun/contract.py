@@ -18,7 +18,8 @@ __all__ = [
     "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
-    "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "RESUMED_EVENT", "TRAINING_EVENTS",
+    "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "PREEMPTION_GRACE", "RESUMED_EVENT",
+    "STOPPED_EVENT", "TRAINING_EVENTS",
     "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "REAPER_FOR",
     "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
     "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
@@ -84,6 +85,9 @@ CACHE_DIR = "TFRUN_CACHE_DIR"
 #: The loopback bind library of local clusters (launch/loopback.py): "shipped" (default: the
 #: copy built for this architecture, else compiled), "build" (always compile), "off" (none).
 LOOPBACK_BIND = "TFRUN_LOOPBACK_BIND"
+#: Seconds a task has from a stop notice (SIGTERM) to its agreed backup (``--preemption-grace``;
+#: unset: 30, Kubernetes' default termination grace).
+PREEMPTION_GRACE = "TFRUN_PREEMPTION_GRACE"
 #: "1": leave TensorFlow's own SIGTERM handling in place.
 KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"
 
@@ -153,4 +157,9 @@ PREEMPTED_EVENT = "preempted"
 #: ... training goes on from the backup of ``step``. The supervisor notes both in the
 #: attempt they happen in (``summary.json``'s ``attempts``).
 RESUMED_EVENT = "resumed"
-TRAINING_EVENTS = (PREEMPTED_EVENT, RESUMED_EVENT)
+#: ... tfrun's own watch in the task ended it after a stop notice, without the agreed save:
+#: ``reason`` "stalled" (no step: a peer is gone) or "grace" (the save did not finish within
+#: ``PREEMPTION_GRACE``), ``doing`` (what the task was doing), ``step``. Its exit code (143)
+#: is then not a preemption but tfrun's own stop.
+STOPPED_EVENT = "stopped"
+TRAINING_EVENTS = (PREEMPTED_EVENT, RESUMED_EVENT, STOPPED_EVENT)

@@ -62,7 +62,7 @@ KILL_SCRIPT = str(ROOT / "tests" / "scripts" / "backup_kill.py")
 
 
 def _latest_backup(run, task: str) -> int:
-    from tfrun.in_task.callbacks import complete_epochs
+    from tfrun.in_task.backup import complete_epochs
 
     return max(complete_epochs(str(run.run_dir / "backup" / task)), default=0)
 

@@ -185,7 +185,7 @@ def test_a_preempted_jobset_with_a_run_volume_resumes_from_its_backups(fake_host
     one step and stops; JobSet restarts every pod with the same manifest, and they resume
     from the backups on the claim -- ending with the weights of the same pods run without
     interruption (Keras 3, MWMS, Adam)."""
-    from tfrun.in_task.callbacks import complete_epochs
+    from tfrun.in_task.backup import complete_epochs
 
     script, epochs, slow = "tests/scripts/backup_kill.py", "6", "0.3"
     clean = generate(["--name", "clean", "--workers", "2", script, str(tmp_path / "clean"),

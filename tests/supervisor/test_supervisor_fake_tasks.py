@@ -119,6 +119,59 @@ def test_a_preemption_restarts_without_charging_the_restart_budget(fake_run):
     assert_nothing_left(run)
 
 
+def test_a_stop_by_tfruns_own_watch_is_charged_not_taken_for_a_preemption(fake_run):
+    # Exit 143 after the task's "stopped" event: tfrun's watch ended it without a backup.
+    # That is no preemption (free): it is charged to --max-restarts like any failure.
+    run = fake_run(["--workers", "2", "--max-restarts", "1", *FAST],
+                   "worker:1=sleep:0.3,watch_stop_before_restart:1,ok;*=sleep:1,ok")
+    assert run.run() == 0, run.stdout
+    summary = run.summary
+    assert (summary["restarts"], summary["preemptions"]) == (1, 0), summary
+    first = summary["attempts"][0]
+    assert (first["task"], first["exit_code"], first["failure_class"]) == (
+        "worker:1", 128 + signal.SIGTERM, "tfrun-stop")
+    assert first["stopped_without_backup"] == [
+        {"task": "worker:1", "reason": "stalled", "doing": "a training step", "step": 7}]
+    assert "(tfrun-stop); restarting the whole group (restart 1 of 1)" in run.stdout
+    # With no restart budget the same stop fails the run (a preemption would not).
+    again = fake_run(["--workers", "2", "--max-restarts", "0", *FAST],
+                     "worker:1=sleep:0.3,watch_stop_before_restart:1,ok;*=sleep:1,ok",
+                     name="no-budget")
+    assert again.run() == 143, again.stdout
+    assert again.summary["root_cause"]["failure_class"] == "tfrun-stop"
+    assert_nothing_left(run)
+
+
+def test_max_preemptions_bounds_the_free_restarts(fake_run):
+    run = fake_run(["--workers", "2", "--max-preemptions", "1", *FAST],
+                   "worker:1=sleep:0.3,preempt_before_restart:2,ok;*=sleep:1,ok")
+    assert run.run() == 143, run.stdout
+    assert (run.summary["restarts"], run.summary["preemptions"]) == (1, 1)
+    assert_nothing_left(run)
+
+
+def test_a_task_whose_backup_outlasts_the_preemption_grace_is_named(fake_run):
+    # tfrun stopped: tasks back up first and get --preemption-grace (not --stop-grace);
+    # worker:1 is still "saving" when it is over, worker:0 stopped at once.
+    run = fake_run(["--workers", "2", "--stop-grace", "0.5", "--preemption-grace", "3",
+                    "--join-timeout", "20"],
+                   "worker:1=ignore_sigterm,print:ready,forever;*=print:ready,forever").start()
+    deadline = time.monotonic() + 30
+    while (run.run_dir / "logs" / "worker-1.log").exists() is False or \
+            "ready" not in (run.run_dir / "logs" / "worker-1.log").read_text():
+        assert time.monotonic() < deadline, "worker:1 never started"
+        time.sleep(0.1)
+    started = time.monotonic()
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(30) == 143, run.stdout
+    assert time.monotonic() - started >= 3.0  # the preemption grace, not the stop grace
+    assert ("worker:1: still running 3s after the stop notice (--preemption-grace): killed "
+            "before its backup finished") in run.stdout
+    assert run.summary["attempts"][-1]["backup_not_finished"] == ["worker:1"]
+    assert "preemption grace 3s" in run.stdout  # the resolved configuration says it
+    assert_nothing_left(run)
+
+
 def test_the_same_script_error_twice_is_not_retried(fake_run):
     # Budget for 3 restarts, but a deterministic error: one retry shows it is the same
     # exception, and the run fails then instead of burning the rest.

@@ -109,6 +109,12 @@ def test_exits_are_classified(code, note, log, expected):
     assert classify_exit(code, note=note, log_tail=log) is expected
 
 
+def test_a_sigterm_exit_after_tfruns_own_watch_stopped_the_task_is_not_a_preemption():
+    assert classify_exit(143, stopped_by_watch=True) is C.STOPPED_BY_WATCH
+    assert classify_exit(137, stopped_by_watch=True) is C.INFRASTRUCTURE  # killed: not its stop
+    assert classify_exit(143, stopped_by_watch=False) is C.PREEMPTED
+
+
 @pytest.mark.parametrize("failure, restarts, preemptions, repeated, max_restarts, expected", [
     # a preemption restarts even with no budget, and does not use it up
     (C.PREEMPTED, 0, 0, False, 0, R),
@@ -123,6 +129,10 @@ def test_exits_are_classified(code, note, log, expected):
     (C.SCRIPT_ERROR, 1, 0, True, 5, F),
     (C.SCRIPT_ERROR, 1, 0, False, 5, R),
     (C.INFRASTRUCTURE, 1, 0, True, 5, R),     # "repeated" is about the script's errors only
+    # tfrun's own stop of a task is charged like any failure, never free
+    (C.STOPPED_BY_WATCH, 0, 0, False, 0, F),
+    (C.STOPPED_BY_WATCH, 0, 0, False, 1, R),
+    (C.STOPPED_BY_WATCH, 1, 0, False, 1, F),
 ])
 def test_restart_policy_by_failure_class(failure, restarts, preemptions, repeated, max_restarts,
                                          expected):
@@ -130,6 +140,14 @@ def test_restart_policy_by_failure_class(failure, restarts, preemptions, repeate
     event = TaskExit(role="worker", exit_code=code, tracked=True, restarts=restarts,
                      failure=failure, preemptions=preemptions, repeated=repeated)
     assert FailurePolicy(max_restarts=max_restarts).decide(event) is expected
+
+
+@pytest.mark.parametrize("max_preemptions, preemptions, expected", [(0, 0, F), (1, 0, R),
+                                                                    (1, 1, F), (3, 2, R)])
+def test_max_preemptions_caps_the_free_restarts(max_preemptions, preemptions, expected):
+    event = TaskExit(role="worker", exit_code=143, tracked=True, restarts=0,
+                     failure=C.PREEMPTED, preemptions=preemptions)
+    assert FailurePolicy(max_preemptions=max_preemptions).decide(event) is expected
 
 
 def test_backoff_grows_exponentially_from_an_immediate_first_restart():

@@ -141,7 +141,7 @@ def test_backup_and_restore_takes_step_backups_in_both_keras_flavours(monkeypatc
 
 
 def test_the_resume_position_is_the_newest_every_replica_backed_up(capsys):
-    from tfrun.in_task.callbacks import _common_position
+    from tfrun.in_task.backup.agree import common_position as _common_position
 
     assert _common_position([[3, 5, 7], [5, 7], [5]], "runs/x/backup") == 5
     assert _common_position([[], []], "runs/x/backup") is None
@@ -159,9 +159,9 @@ def test_the_preemption_watch_thread_ends_its_process_as_sigterm_would():
     thread is blocked (here in a sleep; in a task, in a collective on a dead peer)."""
     script = textwrap.dedent("""
         import signal, threading, time
-        from tfrun.in_task.callbacks import _die_of_sigterm
+        from tfrun.in_task.preemption import die_of_sigterm
         signal.signal(signal.SIGTERM, lambda *a: print("handled", flush=True))
-        threading.Thread(target=_die_of_sigterm).start()
+        threading.Thread(target=die_of_sigterm).start()
         time.sleep(60)
         print("still alive", flush=True)
     """)

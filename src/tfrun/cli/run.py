@@ -120,6 +120,14 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                      help="seconds for every task's TensorFlow server to come up (default 300)")
     run.add_argument("--stop-grace", type=positive_float, default=10.0,
                      help="seconds between SIGTERM and SIGKILL when stopping tasks (default 10)")
+    run.add_argument("--preemption-grace", type=positive_float, default=30.0, metavar="SECONDS",
+                     help="seconds a task has from a stop notice (SIGTERM: preemption, eviction, "
+                          "tfrun stopped) to its agreed backup before it is killed; a backup "
+                          "that does not finish in time is reported by name (default 30, "
+                          "Kubernetes' termination grace)")
+    run.add_argument("--max-preemptions", type=non_negative_int, default=100,
+                     help="gang restarts after a preemption (not charged to --max-restarts) "
+                          "before the run fails (default 100)")
     run.add_argument("--hang-timeout", type=positive_float, default=None, metavar="SECONDS",
                      help="after the cluster forms, fail the run when a chief/worker prints "
                           "nothing for this long, naming it and dumping its Python stacks "
@@ -258,6 +266,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         run_dir=args.run_dir, name=args.name, max_restarts=args.max_restarts,
         max_worker_restarts=args.max_worker_restarts,
         join_timeout=args.join_timeout, stop_grace=args.stop_grace,
+        preemption_grace=args.preemption_grace, max_preemptions=args.max_preemptions,
         hang_timeout=args.hang_timeout,
         evaluator_grace=args.evaluator_grace, show=args.show, quiet_tasks=args.quiet_tasks,
         tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,

@@ -52,6 +52,9 @@ class LaunchConfig:
     max_worker_restarts: int = 3        # PS workers restarted alone (see FailurePolicy)
     join_timeout: float = 300.0         # seconds for every task's server to come up
     stop_grace: float = 10.0            # SIGTERM -> SIGKILL
+    #: a stop notice -> SIGKILL, when tasks back up first (a preemption, tfrun stopped)
+    preemption_grace: float = 30.0
+    max_preemptions: int = 100          # uncharged gang restarts after preemptions
     evaluator_grace: float = 30.0       # evaluator's time to finish after training ends
     hang_timeout: float | None = None   # fail when a tracked task is silent this long (off)
     show: str | None = None             # "chief,worker:0": console filter
@@ -118,12 +121,13 @@ class LaunchConfig:
         if kind not in ("script", "module") or not target:
             raise ConfigError("Nothing to run", expected="a script path or -m module",
                               fix="Call e.g. 'tfrun --workers 2 train.py'", received=self.entrypoint)
-        for name in ("max_restarts", "max_worker_restarts"):
+        for name in ("max_restarts", "max_worker_restarts", "max_preemptions"):
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} is negative", expected="0 or more",
                                   fix=f"Pass e.g. {flag} 2", received=getattr(self, name))
-        for name in ("join_timeout", "stop_grace", "evaluator_grace", "heartbeat_timeout"):
+        for name in ("join_timeout", "stop_grace", "preemption_grace", "evaluator_grace",
+                     "heartbeat_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive",
                                   expected="a number of seconds > 0",

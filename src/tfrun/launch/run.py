@@ -179,7 +179,8 @@ def resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi
         *([f"  comm       : {CommOptions.parse(config.comm).to_text()} "
            "(CommunicationOptions of MultiWorkerMirroredStrategy)"] if config.comm else []),
         f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
-        f"stop grace {config.stop_grace:g}s"
+        f"stop grace {config.stop_grace:g}s; preemption grace {config.preemption_grace:g}s "
+        f"(max {config.max_preemptions} preemptions)"
         + (f"; hang timeout {config.hang_timeout:g}s" if config.hang_timeout else "")
         + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if heartbeat else ""),
         *([f"  placement  : {placement}"] if placement else []),

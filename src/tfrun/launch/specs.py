@@ -100,6 +100,7 @@ def spec_factory(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, *, with
     if config.comm:
         base[COMM_ENV] = CommOptions.parse(config.comm).to_text()
     base[MMAP_THRESHOLD_ENV] = config.mmap_threshold
+    base[contract.PREEMPTION_GRACE] = f"{config.preemption_grace:g}"
     argv = task_argv(config)
     addresses = plan.cluster.addresses()
     hosts = task_hosts(plan) if remote else {}

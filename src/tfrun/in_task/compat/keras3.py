@@ -345,9 +345,9 @@ def _fix_backup_and_restore_multi_worker() -> None:
                 if self.save_freq == "epoch":
                     import keras
 
-                    from ..callbacks import _consistent_backup_class
+                    from ..backup import consistent_backup_class
 
-                    self._tfrun_delegate = _consistent_backup_class(keras)(
+                    self._tfrun_delegate = consistent_backup_class(keras)(
                         own, delete_checkpoint=self.delete_checkpoint)
                     self._tfrun_mode = "consistent"
                 else:

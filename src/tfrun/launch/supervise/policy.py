@@ -38,6 +38,9 @@ class FailureClass(str, enum.Enum):
     SCRIPT_ERROR = "script-error"        # the script's own exception or exit code
     USAGE = "usage"                      # exit 2: a usage or configuration error
     PREEMPTED = "preempted"              # SIGTERM that tfrun did not send: capacity taken away
+    STOPPED_BY_WATCH = "tfrun-stop"            # tfrun's own watch in the task ended it after a
+                                         # stop notice, without the agreed backup (no step:
+                                         # a peer is gone; or past --preemption-grace)
     NODE_LOST = "node-lost"              # the task's host, agent or actor is gone
     INFRASTRUCTURE = "infrastructure"    # SIGKILL from outside (the OOM killer), or
                                          # TensorFlow's coordination service timing out
@@ -52,13 +55,16 @@ _INFRASTRUCTURE_LINES = re.compile(
     r"(DEADLINE_EXCEEDED|UNAVAILABLE)|DEADLINE_EXCEEDED.*coordination", re.I)
 
 
-def classify_exit(exit_code: int, *, note: str | None = None,
-                  log_tail: str = "") -> FailureClass | None:
-    """The class of a task's exit (None for exit 0), from its code, the backend's note and
-    the end of its log.
+def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = "",
+                  stopped_by_watch: bool = False) -> FailureClass | None:
+    """The class of a task's exit (None for exit 0), from its code, the backend's note,
+    the end of its log and whether tfrun's watch in the task reported ending it
+    (``contract.STOPPED_EVENT``: its 143 is then not a preemption).
 
     >>> classify_exit(1), classify_exit(255, note="connection lost"), classify_exit(137)
     (<FailureClass.SCRIPT_ERROR: 'script-error'>, <FailureClass.NODE_LOST: 'node-lost'>, <FailureClass.INFRASTRUCTURE: 'infrastructure'>)
+    >>> classify_exit(143, stopped_by_watch=True)
+    <FailureClass.STOPPED_BY_WATCH: 'tfrun-stop'>
     """
     if exit_code == 0:
         return None
@@ -67,7 +73,7 @@ def classify_exit(exit_code: int, *, note: str | None = None,
     if exit_code == LOST_EXIT_CODE and note:
         return FailureClass.NODE_LOST
     if exit_code == _SIGTERM_EXIT:
-        return FailureClass.PREEMPTED
+        return FailureClass.STOPPED_BY_WATCH if stopped_by_watch else FailureClass.PREEMPTED
     if exit_code == _SIGKILL_EXIT:
         return FailureClass.INFRASTRUCTURE
     if _INFRASTRUCTURE_LINES.search(log_tail):
@@ -164,7 +170,8 @@ class FailurePolicy:
        (not charged: the floor bounds it); with fewer left, the rules below apply;
     5. a preemption (SIGTERM tfrun did not send) RESTARTs the whole group without
        charging ``max_restarts``, up to ``max_preemptions`` times (capacity comes back;
-       a bug does not turn into one);
+       a bug does not turn into one); tfrun's own stop of a task (``STOPPED_BY_WATCH``) is not
+       a preemption: it is charged like any failure (rule 7);
     6. the script's own error, the same as the attempt before (the same exception line):
        FAIL, retrying a deterministic error only burns time;
     7. any other exit of a tracked task or a ps (including a ps exiting 0: training

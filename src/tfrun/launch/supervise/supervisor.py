@@ -26,7 +26,7 @@ from pathlib import Path
 from ...cluster import ClusterPlan, TaskId
 from ..engines.base import Backend, TaskSpec
 from ..config import LaunchConfig
-from ...contract import RESUMED_EVENT, TF_CONFIG_REPLACED
+from ...contract import RESUMED_EVENT, STOPPED_EVENT, TF_CONFIG_REPLACED
 from .diagnose import culprits
 from .explain import explain
 from ..output import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
@@ -106,6 +106,7 @@ class Supervisor:
         self.reform = reform
         self.policy = FailurePolicy(max_restarts=config.max_restarts,
                                     max_task_restarts=config.max_worker_restarts,
+                                    max_preemptions=config.max_preemptions,
                                     min_nodes=config.min_nodes if reform is not None else None,
                                     exclude_after=config.exclude_after)
         self.membership: list[dict] = []  # each re-form: when, who left, the tasks after
@@ -329,7 +330,8 @@ class Supervisor:
                             backoff_seconds=pause)
                 self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                            grace=self.config.stop_grace,
-                           at_once=failure is not FailureClass.PREEMPTED)
+                           at_once=failure is not FailureClass.PREEMPTED,
+                           saving=failure is FailureClass.PREEMPTED)
                 self._note_training_events(ended)
                 if "preempted_at_step" in ended:
                     self.console.info(f"preempted at step {ended['preempted_at_step']}: "
@@ -352,9 +354,10 @@ class Supervisor:
             # The coordinator backs up the variables it reads from the ps on its way out
             # (tfrun.backup_and_restore): it goes first, the ps and workers after it.
             self._stop([r for r in self.records if r.state == TaskState.RUNNING
-                        and r.task.role == "chief"], grace=self.config.stop_grace)
+                        and r.task.role == "chief"], grace=self.config.stop_grace, saving=True)
         self._stop([r for r in self.records if r.state == TaskState.RUNNING],
-                   grace=self.config.stop_grace, at_once=outcome.kind is not Watch.SIGNAL)
+                   grace=self.config.stop_grace, at_once=outcome.kind is not Watch.SIGNAL,
+                   saving=outcome.kind is Watch.SIGNAL)
         if outcome.kind is Watch.FAIL:
             record = outcome.record
             assert record is not None and record.exit_code is not None
@@ -527,6 +530,8 @@ class Supervisor:
                     faulty = self._host_fault_within(self.config.heartbeat_timeout + 1.0)
                     if faulty is not None:
                         record, decision = faulty
+                    else:  # the failure is this task's own: a host's run of faults ends
+                        self._host_streak = (None, 0)
                 if decision is Decision.REFORM:
                     return _Outcome(Watch.REFORM, record)
                 if decision is Decision.FAIL:
@@ -577,7 +582,8 @@ class Supervisor:
         if code != 0:
             record.logger.join(timeout=2.0)  # its last lines (a traceback) are in the log
         log_text = log_tail(record.logger.path) if code != 0 else ""
-        record.failure = classify_exit(code, note=record.note, log_tail=log_text)
+        record.failure = classify_exit(code, note=record.note, log_tail=log_text,
+                                       stopped_by_watch=self._stopped_by_watch(record))
         error = None
         if record.failure is FailureClass.SCRIPT_ERROR:
             traceback = last_traceback(log_text.splitlines())
@@ -590,12 +596,11 @@ class Supervisor:
         if self.reform is not None and record.host is not None:
             nodes_left = self.reform.hosts_after(frozenset(self._lost_hosts | {record.host}))
             if record.failure in (FailureClass.INFRASTRUCTURE, FailureClass.NODE_LOST):
-                # failures of one host in a row (another host's, or the script's, ends it)
+                # failures of one host in a row (another host's, or the script's, ends it:
+                # see _end_host_streak; a survivor's collateral error does not)
                 held, count = self._host_streak
                 streak = count + 1 if held == record.host else 1
                 self._host_streak = (record.host, streak)
-            elif record.failure is not None:
-                self._host_streak = (None, 0)
         decision = self.policy.decide(TaskExit(role=record.task.role, exit_code=code,
                                                tracked=record.tracked,
                                                restarts=self.charged_restarts,
@@ -758,7 +763,14 @@ class Supervisor:
                 time.sleep(_POLL_SECONDS)
             self._stop(evaluators, grace=self.config.stop_grace)
 
-    def _stop(self, records: list[TaskRecord], *, grace: float, at_once: bool = False) -> None:
+    def _stopped_by_watch(self, record: TaskRecord) -> bool:
+        """Whether ``record``'s task reported, this attempt, that tfrun's watch in it ended
+        it after a stop notice (``contract.STOPPED_EVENT``)."""
+        events = record.logger.training_events[self._events_before.get(id(record), 0):]
+        return any(event.get("event") == STOPPED_EVENT for event in events)
+
+    def _stop(self, records: list[TaskRecord], *, grace: float, at_once: bool = False,
+              saving: bool = False) -> None:
         """SIGTERM each running task's tree, wait up to ``grace``, SIGKILL what is left;
         then release all (nothing of them may remain, on any host).
 
@@ -767,9 +779,16 @@ class Supervisor:
         the first as one and would wait for a step its dead peer never makes; a second
         one ends it at once (the coordinated save needs every worker).
 
+        ``saving``: the tasks back up before they stop (a preemption, tfrun stopped): they
+        have ``--preemption-grace`` (when longer than ``grace``), and a task still running
+        when it is over is named, in the console and the attempt (summary.json), as one
+        whose backup did not finish.
+
         Only tasks still RUNNING are signalled: a finished task was released when it
         exited, and signalling it later could hit a reused process group.
         """
+        if saving and not at_once:
+            grace = max(grace, self.config.preemption_grace)
         live = [r for r in records if r.handle is not None and r.state == TaskState.RUNNING]
         codes: dict[int, int | None] = {}
 
@@ -793,9 +812,18 @@ class Supervisor:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and not poll_all():
             time.sleep(0.05)
-        for record in live:
-            if codes.get(id(record)) is None:
-                self._backend(record).signal(record.handle, signal.SIGKILL)  # type: ignore[arg-type]
+        late = [r for r in live if codes.get(id(r)) is None]
+        for record in late:
+            self._backend(record).signal(record.handle, signal.SIGKILL)  # type: ignore[arg-type]
+        if saving and not at_once and late:
+            names = ", ".join(str(r.task) for r in late)
+            self.console.info(f"{names}: still running {grace:g}s after the stop notice "
+                              f"(--preemption-grace): killed before its backup finished; the "
+                              "resume starts from the last complete backup")
+            if self.attempts:
+                self.attempts[-1].setdefault("backup_not_finished", []).extend(
+                    str(r.task) for r in late)
+            self._event("backup-not-finished", tasks=[str(r.task) for r in late], grace=grace)
         deadline = time.monotonic() + _KILL_CONFIRM_SECONDS
         while time.monotonic() < deadline and not poll_all():
             time.sleep(0.05)
@@ -825,6 +853,13 @@ class Supervisor:
             record.logger.join(timeout=1.0)  # the last lines of tasks that just ended
             events = record.logger.training_events[self._events_before.get(id(record), 0):]
             for event in events:
+                if event.get("event") == STOPPED_EVENT:
+                    # tfrun's watch ended the task without the agreed backup: who, why
+                    stopped = {"task": str(record.task), "reason": event.get("reason"),
+                               "doing": event.get("doing"), "step": event.get("step")}
+                    if stopped not in attempt.setdefault("stopped_without_backup", []):
+                        attempt["stopped_without_backup"].append(stopped)
+                    continue
                 if isinstance(event.get("step"), int):
                     attempt.setdefault(f"{event['event']}_at_step", event["step"])
         return attempt

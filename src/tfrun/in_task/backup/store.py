@@ -1,0 +1,240 @@
+"""One worker's backup files: written whole or not at all, listed, loaded and checked.
+
+A backup ``<stem>`` is its weights and optimizer state (``<stem>.weights.h5`` under
+Keras 3; a TensorFlow checkpoint in ``<stem>.ckpt/`` under tf_keras, whose ``.h5`` leaves
+the optimizer out) and its *mark* ``<stem>.json``: the position it stands for (epoch,
+batch, global step, input position, replicas). Each file is written under a temporary
+name, fsynced and renamed; the mark is written last, after the directory is fsynced too,
+so a mark on disk always means a whole backup, even after a power loss.
+
+A restore is checked: the optimizer's step after loading must equal the mark's
+(``RestoreMismatch`` names the backup and what differed).
+
+    >>> store = BackupStore("/tmp/run/backup/worker-0")  # doctest: +SKIP
+    >>> [s["name"] for s in store.saves()]  # doctest: +SKIP
+    ['epoch-1', 'step-40']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+__all__ = ["BackupStore", "RestoreMismatch", "complete_epochs", "complete_saves", "key",
+           "KEEP"]
+
+_EPOCH_FILE = re.compile(r"epoch-(\d+)\.json")
+_SAVE_FILE = re.compile(r"(epoch|step)-(\d+)\.json")
+_WORKER_DIR = re.compile(r"(worker|chief)-\d+")
+#: Backups each worker keeps: workers are at most one save point apart (synchronous
+#: training), and an epoch's last step can be saved twice (as a step and as the epoch).
+KEEP = 3
+
+
+class RestoreMismatch(RuntimeError):
+    """A loaded backup is not the state its mark describes."""
+
+
+def key(epoch: int, batch: int) -> int:
+    """One comparable integer per position (the same on every worker for one save point).
+
+    >>> key(2, 5) > key(1, 900)
+    True
+    """
+    return epoch * 2**32 + batch
+
+
+def _has_weights(directory: str, stem: str) -> bool:
+    """Whether the backup ``stem`` has its weights on disk (either flavour's form)."""
+    return (os.path.exists(os.path.join(directory, f"{stem}.weights.h5"))
+            or os.path.isdir(os.path.join(directory, f"{stem}.ckpt")))
+
+
+def complete_epochs(directory: str) -> list[int]:
+    """Epochs with a complete backup in ``directory`` (their ``.json`` mark written last)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := _EPOCH_FILE.fullmatch(n))
+                  and _has_weights(directory, f"epoch-{m.group(1)}"))
+
+
+def _read_mark(directory: str, name: str) -> dict | None:
+    stem = name[:-len(".json")]
+    try:
+        with open(os.path.join(directory, name)) as f:
+            mark = json.load(f)
+        epoch, batch = int(mark["epoch"]), int(mark.get("batch", 0))
+        position = mark.get("input")
+        position = None if position is None else (int(position[0]), int(position[1]))
+        replicas = mark.get("replicas")
+        step = mark.get("step")
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None  # unreadable: as if absent (the mark is written last)
+    return {"epoch": epoch, "batch": batch, "name": stem, "key": key(epoch, batch),
+            "input": position, "replicas": None if replicas is None else int(replicas),
+            "step": None if step is None else int(step), "directory": directory}
+
+
+def _order(save: dict) -> tuple:
+    return save["key"], save["name"].startswith("epoch")
+
+
+def complete_saves(directory: str) -> list[dict]:
+    """Every complete backup in ``directory`` (epoch and step ones), oldest first: dicts
+    with ``epoch`` (where Keras' loop resumes), ``batch`` (batches of that epoch already
+    trained), ``name`` (the files' stem), ``key`` (the position, comparable), ``input``
+    (``(iterator, batches)``, see ``position.InputPosition``; None when not recorded),
+    ``replicas`` (replicas in sync when taken; None: not recorded), ``step`` (the
+    optimizer's step; None: not recorded) and ``directory``."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    saves = [mark for name in names if _SAVE_FILE.fullmatch(name)
+             and _has_weights(directory, name[:-len(".json")])
+             and (mark := _read_mark(directory, name)) is not None]
+    return sorted(saves, key=_order)
+
+
+def _fsync(path: str) -> None:
+    """Flush ``path`` (a file, or a directory's entries) to the device."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if os.path.isdir(path) else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: str) -> None:
+    if os.path.isdir(path):
+        for root, _dirs, files in os.walk(path):
+            for name in files:
+                _fsync(os.path.join(root, name))
+            _fsync(root)
+    else:
+        _fsync(path)
+
+
+class BackupStore:
+    """The backups of one worker, in ``directory``; ``legacy``: tf_keras' file form."""
+
+    def __init__(self, directory: str, *, legacy: bool = False) -> None:
+        self.directory = directory
+        self.legacy = legacy
+
+    def saves(self) -> list[dict]:
+        return complete_saves(self.directory)
+
+    def visible_saves(self) -> list[dict]:
+        """This worker's backups, then those of the other workers' directories it can see
+        (a shared run dir, or a host that ran another worker): synchronous workers hold the
+        same state at the same step, so any of them serves. After an elastic re-form a
+        worker may have been renumbered onto a directory that is not there."""
+        mine = self.saves()
+        parent, own = os.path.split(self.directory)
+        try:
+            others = sorted(n for n in os.listdir(parent) if n != own and _WORKER_DIR.fullmatch(n))
+        except FileNotFoundError:
+            others = []
+        seen = {save["key"] for save in mine}
+        for name in others:
+            for save in complete_saves(os.path.join(parent, name)):
+                if save["key"] not in seen or save["name"].startswith("epoch"):
+                    mine.append(save)
+                    seen.add(save["key"])
+        return sorted(mine, key=_order)
+
+    # ---------------------------------------------------------------- writing
+
+    def write(self, model, name: str, mark: dict) -> None:
+        """Save ``model``'s weights and optimizer state as backup ``name`` with ``mark``
+        (epoch, batch, step, input, replicas); keep the newest ``KEEP``."""
+        os.makedirs(self.directory, exist_ok=True)
+        self._write_weights(model, name)
+        path = os.path.join(self.directory, f"{name}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(mark, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync(self.directory)  # the weights' rename is durable before the mark exists
+        os.replace(path + ".tmp", path)  # complete from here on
+        _fsync(self.directory)
+        for old in self.saves()[:-KEEP]:  # another worker may be one save point behind
+            self.remove(old["name"])
+
+    def _write_weights(self, model, name: str) -> None:
+        """Weights and optimizer state, under a temporary name then renamed: a backup
+        killed mid-write is never taken for a whole one."""
+        if not self.legacy:
+            temporary = os.path.join(self.directory, f"{name}.tmp.weights.h5")
+            model.save_weights(temporary, overwrite=True)
+            _fsync(temporary)
+            os.replace(temporary, os.path.join(self.directory, f"{name}.weights.h5"))
+            return
+        temporary = os.path.join(self.directory, f"{name}.tmp.ckpt")
+        final = os.path.join(self.directory, f"{name}.ckpt")
+        shutil.rmtree(temporary, ignore_errors=True)
+        model.save_weights(os.path.join(temporary, "weights"), save_format="tf")
+        _fsync_tree(temporary)
+        shutil.rmtree(final, ignore_errors=True)  # the same point saved again
+        os.replace(temporary, final)
+
+    def remove(self, name: str) -> None:
+        # the mark first: never a mark without data
+        for suffix in ("json", "weights.h5"):
+            try:
+                os.remove(os.path.join(self.directory, f"{name}.{suffix}"))
+            except FileNotFoundError:
+                pass
+        shutil.rmtree(os.path.join(self.directory, f"{name}.ckpt"), ignore_errors=True)
+
+    # ---------------------------------------------------------------- reading
+
+    def load(self, model, save: dict) -> None:
+        """Load ``save`` (one of ``visible_saves()``) into ``model``, whose optimizer must
+        be built, and check it (``verify``)."""
+        directory, name = save["directory"], save["name"]
+        if self.legacy:
+            status = model.load_weights(os.path.join(directory, f"{name}.ckpt", "weights"))
+            try:
+                # Every variable the model and its optimizer have now was in the file.
+                status.assert_existing_objects_matched()
+            except AssertionError as error:
+                raise RestoreMismatch(
+                    f"tfrun.backup_and_restore: the backup {directory}/{name}.ckpt does not "
+                    f"match this model: {error}. Was it written by another script? Remove "
+                    f"{os.path.dirname(directory)} to start over") from None
+        else:
+            model.load_weights(os.path.join(directory, f"{name}.weights.h5"))
+        verify(save, _optimizer_step(model))
+
+
+def _optimizer_step(model) -> int | None:
+    optimizer = getattr(model, "optimizer", None)
+    iterations = getattr(optimizer, "iterations", None)
+    return None if iterations is None else int(iterations.numpy())
+
+
+def verify(save: dict, step: int | None) -> None:
+    """Refuse a restore whose optimizer step is not the one the mark recorded.
+
+    >>> verify({"step": 40, "directory": "b/worker-0", "name": "step-40"}, 40)
+    >>> try:
+    ...     verify({"step": 40, "directory": "b/worker-0", "name": "step-40"}, 0)
+    ... except RestoreMismatch as error:
+    ...     print(str(error)[:90])
+    tfrun.backup_and_restore: the backup b/worker-0/step-40 was taken at step 40, but the opti
+    """
+    if save.get("step") is None or step is None or step == save["step"]:
+        return
+    raise RestoreMismatch(
+        f"tfrun.backup_and_restore: the backup {save['directory']}/{save['name']} was taken at "
+        f"step {save['step']}, but the optimizer's step after loading it is {step} (its "
+        "optimizer state was not restored: a different optimizer, or a damaged file). "
+        f"Expected equal steps. Remove {os.path.dirname(save['directory'])} to start over, "
+        f"or fix the optimizer. Received: step {step}")
