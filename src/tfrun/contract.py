@@ -14,7 +14,7 @@ spells a ``TFRUN_*`` variable name: a script started by hand with these variable
 """
 
 __all__ = [
-    "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE",
+    "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE",
     "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
@@ -88,6 +88,9 @@ LOOPBACK_BIND = "TFRUN_LOOPBACK_BIND"
 #: Seconds a task has from a stop notice (SIGTERM) to its agreed backup (``--preemption-grace``;
 #: unset: 30, Kubernetes' default termination grace).
 PREEMPTION_GRACE = "TFRUN_PREEMPTION_GRACE"
+#: "sync": ``tfrun.backup_and_restore`` writes backups on the training thread instead of in
+#: the background (which needs a host-memory copy of the state: for hosts without room).
+BACKUP_WRITE = "TFRUN_BACKUP_WRITE"
 #: "1": leave TensorFlow's own SIGTERM handling in place.
 KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"
 

@@ -315,6 +315,46 @@ def _assert_same_weights(tmp_path, name: str, clean: str) -> None:
             np.testing.assert_allclose(got[f"arr_{k}"], want[f"arr_{k}"], atol=1e-6, rtol=0)
 
 
+def test_a_worker_without_the_backups_gets_the_state_from_its_peer(tmp_path, uninterrupted):
+    """Issue 43.3: each task's backups are its own (as on hosts with their own disks), and
+    worker:1 comes back from a SIGKILL with none (a spare). The newest backup worker:0 holds
+    is the resume point; worker:0 sends its state and the input position over the cluster
+    (not a start from step 0), at most save_freq steps are redone, and the final weights
+    equal an uninterrupted run's (both Keras flavours)."""
+    import signal
+    import time
+
+    reference, flavour = uninterrupted
+    run = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--max-restarts", "1", STEP_SCRIPT,
+                         str(tmp_path / "spare"), "3", "10", "0.05"], name="spare",
+              env={"PRIVATE_BACKUPS": "1"}).start()
+    log = tmp_path / "spare-steps-worker-0.log"
+    deadline = time.monotonic() + 300
+    while not log.exists() or max((s for _, s in _steps(log)), default=0) < 45:
+        assert run.proc.poll() is None, run.proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "worker:0 never reached step 45"
+        time.sleep(0.02)
+    os.kill(_running_pid(run, "worker:1"), signal.SIGKILL)
+    assert run.wait(600) == 0, run.stdout[-3000:]
+    steps = _steps(log)
+    trained_before = max(s for r, s in steps if r == 0)
+    resumed_at = min(s for r, s in steps if r == 1)
+    assert 0 <= trained_before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+    logs = [(run.run_dir / "logs" / f"worker-{i}.log").read_text() for i in range(2)]
+    assert "lost my backups" in logs[1]
+    assert "tfrun: sending the backup of epoch 2, after batch" in logs[0], logs[0][-3000:]
+    assert ("tfrun: this worker has no backup of epoch 2, after batch "
+            f"{(resumed_at - 1) - 30} (its own newest: none): its state came from replica 0 "
+            "over the cluster") in logs[1], logs[1][-3000:]
+    assert "starting from the beginning" not in logs[0] + logs[1]
+    want = np.load(reference / "clean-worker-0.npz")
+    for i in range(2):
+        got = np.load(tmp_path / f"spare-worker-{i}.npz")
+        for k in range(4):
+            np.testing.assert_allclose(got[f"arr_{k}"], want[f"arr_{k}"], atol=1e-6, rtol=0)
+    assert_nothing_left(run)
+
+
 def test_sigterm_to_a_worker_saves_everyone_at_one_step_and_costs_no_restart(
         tmp_path, uninterrupted):
     """Issue 32: a worker preempted mid-epoch (SIGTERM from outside): at the next check

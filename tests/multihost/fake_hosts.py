@@ -10,8 +10,13 @@ namespaces. Names (node-1 .. node-N) resolve through ``/etc/netns/<ns>/hosts``, 
 ``ip netns exec`` binds over /etc/hosts. Each host runs ``sshd`` in its own UTS
 namespace (``hostname`` says node-i) on its own address; the keys are made here, in
 the work directory, and the client side is one ``ssh_config`` file (``-F``).
-Processes started with ``FakeHosts.popen(i, ...)`` run in host i's network and UTS
+Processes started with ``FakeHosts.popen(i, ...)`` run in host i's network, UTS and mount
 namespaces, so they see what a process on that machine would.
+
+Every host also has a disk of its own at ``PRIVATE`` (a tmpfs mounted in its sshd's mount
+namespace): the same path on every host, different files on each, as on an SSH cluster
+without a shared filesystem. Everything else (the repo, /tmp) is one filesystem they share.
+Read a host's private files with ``FakeHosts.read(i, path)``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import psutil
 PREFIX = "tfrt"
 SUBNET = "10.215.0"
 SSHD = "/usr/sbin/sshd"
+#: A path every fake host has on a disk of its own.
+PRIVATE = "/srv/tfrun-private"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -118,9 +125,12 @@ class FakeHosts:
         Path("/run/sshd").mkdir(exist_ok=True)
 
     def _start_sshd(self, i: int) -> None:
-        command = ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "sh", "-c",
-                   f"hostname {self.name(i)}; exec {SSHD} -D -e -f {self.workdir / 'sshd_config'} "
-                   f"-o ListenAddress={self.address(i)}"]
+        Path(PRIVATE).mkdir(parents=True, exist_ok=True)
+        command = ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "--mount",
+                   "--propagation", "private", "sh", "-c",
+                   f"mount -t tmpfs -o size=4g,mode=0755 private-disk-{i} {PRIVATE} && "
+                   f"hostname {self.name(i)} && exec {SSHD} -D -e -f "
+                   f"{self.workdir / 'sshd_config'} -o ListenAddress={self.address(i)}"]
         self.sshd[i] = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
@@ -143,9 +153,11 @@ class FakeHosts:
     # ------------------------------------------------------------------ using a host
 
     def command(self, i: int, argv: list[str]) -> list[str]:
-        """``argv`` run in host i's network namespace and UTS namespace (its hostname)."""
+        """``argv`` run in host i's network, UTS (its hostname) and mount (its private disk)
+        namespaces."""
         pid = self.sshd[i].pid
-        return ["ip", "netns", "exec", self.ns(i), "nsenter", "--uts", "-t", str(pid), "--", *argv]
+        return ["ip", "netns", "exec", self.ns(i), "nsenter", "--uts", "--mount", "-t", str(pid),
+                "--", *argv]
 
     def popen(self, i: int, argv: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.command(i, argv), **kwargs)
@@ -154,6 +166,13 @@ class FakeHosts:
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
         return subprocess.run(self.command(i, argv), **kwargs)
+
+    def read(self, i: int, path: str) -> str:
+        """A file as host i sees it (its private disk included)."""
+        done = self.run(i, ["cat", path])
+        if done.returncode != 0:
+            raise FileNotFoundError(f"node-{i}: {path}: {done.stderr.strip()}")
+        return done.stdout
 
     def pids(self, i: int) -> list[int]:
         out = _ip("netns", "pids", self.ns(i), check=False).stdout.split()

@@ -517,16 +517,41 @@ def _vanish(hosts, i: int) -> None:
         proc.kill()
 
 
+def _private_run_dir(tmp_path: Path) -> str:
+    """A run directory on every host's own disk (the same path, different files on each:
+    no host sees another's backups), absent from the machine running the test."""
+    import fake_hosts as fh
+
+    path = f"{fh.PRIVATE}/{tmp_path.name}/run"
+    assert not Path(path).exists()
+    return path
+
+
 def _elastic_run(hosts, i: int, command: str, tmp_path: Path, script_args: list[str],
-                 **settings: str) -> HostRun:
-    """``command`` (a docs/elastic.md line) on fake host i, train.py being step_backup.py."""
+                 run_dir: str | None = None, **settings: str) -> HostRun:
+    """``command`` (a docs/elastic.md line) on fake host i, train.py being step_backup.py;
+    the run directory ``run_dir`` (default: tmp_path/run, which every host shares)."""
     args = command.split()[1:]
     at = args.index("train.py")
     args[at:at + 1] = [STEP_BACKUP, *script_args]
-    env = {"TFRUN_SSH_OPT": f"-F {hosts.ssh_config}", "TFRUN_RUN_DIR": str(tmp_path / "run"),
+    env = {"TFRUN_SSH_OPT": f"-F {hosts.ssh_config}",
+           "TFRUN_RUN_DIR": run_dir or str(tmp_path / "run"),
            "TFRUN_STOP_GRACE": "3", "TFRUN_HEARTBEAT_TIMEOUT": "3"}
     env.update({f"TFRUN_{k.upper()}": v for k, v in settings.items()})
     return HostRun(hosts, i, args, extra_env=env)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_two_workers(tmp_path_factory) -> dict:
+    """step_backup.py's 3 epochs of 30 steps on 2 workers, never interrupted (on this
+    machine): the weights an elastic run that keeps 2 replicas must end with."""
+    from conftest import Run
+
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    clean = Run(tmp, ["--workers", "2", "--quiet-tasks", STEP_BACKUP, str(tmp / "clean"), "3",
+                      "1000"], name="clean")
+    assert clean.run(600) == 0, clean.stdout[-3000:]
+    return dict(np.load(tmp / "clean-worker-0.npz"))
 
 
 def _logged_steps(path: Path) -> list[tuple[int, int]]:
@@ -619,15 +644,19 @@ def _wait_for_step(run, log: Path, restart: int, step: int) -> None:
 
 
 @pytest.mark.tf
-def test_elastic_a_host_failing_twice_is_excluded_and_the_spare_takes_its_place(fake_hosts,
-                                                                              tmp_path):
+def test_elastic_a_host_failing_twice_is_excluded_and_the_spare_takes_its_place(
+        fake_hosts, tmp_path, uninterrupted_two_workers):
     """Issue 33: --workers 2 on node-1, node-2, with node-3 listed as a spare. worker:1 on
     node-2 is SIGKILLed from outside (infrastructure): a gang restart (--max-restarts 1);
     SIGKILLed again on the same host: node-2 is excluded (--exclude-after 2) and the
-    cluster re-forms on node-1 and the spare node-3, which finish with equal weights."""
+    cluster re-forms on node-1 and the spare node-3, which finish with equal weights.
+    Issue 43: every host has its own disk; the spare's is empty, so its state comes from
+    worker:0 over the cluster: at most the 10 steps since the last backup are redone and
+    the weights equal an uninterrupted 2-worker run's."""
     out = tmp_path / "out"
+    run_dir = _private_run_dir(tmp_path)
     run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[1], tmp_path,
-                       [str(out), "3", "10", "0.1"], max_restarts="1")
+                       [str(out), "3", "10", "0.1"], run_dir=run_dir, max_restarts="1")
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(run, log, 0, 25)
     _kill_task_on(fake_hosts, 2)
@@ -639,7 +668,7 @@ def test_elastic_a_host_failing_twice_is_excluded_and_the_spare_takes_its_place(
     assert ("node-2 excluded after 2 infrastructure failures in a row (worker:1: " in stdout
             and "re-forming the cluster on node-1, node-3 (node-3 joining from the spares): "
                 "2 tasks (was 2; --min-nodes 2)" in stdout), stdout[-4000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads(fake_hosts.read(1, f"{run_dir}/summary.json"))
     assert summary["excluded_hosts"] == ["node-2"] and summary["restarts"] == 2
     (change,) = summary["membership"]
     assert change["left"] == ["node-2"] and change["joined"] == ["node-3"]
@@ -649,9 +678,20 @@ def test_elastic_a_host_failing_twice_is_excluded_and_the_spare_takes_its_place(
     w0, w1 = np.load(f"{out}-worker-0.npz"), np.load(f"{out}-worker-1.npz")
     for k in range(4):
         np.testing.assert_array_equal(w0[f"arr_{k}"], w1[f"arr_{k}"])
-    # the whole run trained its 3 x 30 steps
+        np.testing.assert_allclose(w0[f"arr_{k}"], uninterrupted_two_workers[f"arr_{k}"],
+                                   atol=1e-6, rtol=0)
+    # the whole run trained its 3 x 30 steps; the re-form redid at most 10
     steps = _logged_steps(log)
     assert max(s for _, s in steps) == 90
+    before = max(s for r, s in steps if r == 1)
+    resumed_at = min(s for r, s in steps if r == 2)
+    assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+    joined = fake_hosts.read(1, f"{run_dir}/logs/worker-1.log")
+    assert "its state came from replica 0 over the cluster" in joined, joined[-3000:]
+    assert "starting from the beginning" not in joined
+    assert fake_hosts.run(3, ["test", "-d", f"{run_dir}/backup/worker-1"]).returncode == 0
+    assert fake_hosts.run(2, ["test", "-d", f"{run_dir}/backup/worker-0"]).returncode != 0
+    assert not Path(run_dir).exists()  # nothing of it on the test's own disk
     assert_nothing_left(fake_hosts)
 
 
@@ -663,8 +703,10 @@ def test_elastic_per_node_a_node_that_vanishes_leaves_the_hub_and_one_node_to_fi
     tells node-2 which hosts are away (node-2 plans the smaller cluster itself); both
     finish with exit 0 and equal weights."""
     out = tmp_path / "out"
+    run_dir = _private_run_dir(tmp_path)  # each node's own disk (issue 43)
     node3, node2, hub = (_elastic_run(fake_hosts, i, README_COMMANDS_ELASTIC[2], tmp_path,
-                                      [str(out), "3", "10", "0.1"]) for i in (3, 2, 1))
+                                      [str(out), "3", "10", "0.1"], run_dir=run_dir)
+                         for i in (3, 2, 1))
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(hub, log, 0, 45)
     try:
@@ -680,7 +722,7 @@ def test_elastic_per_node_a_node_that_vanishes_leaves_the_hub_and_one_node_to_fi
     w0, w1 = np.load(f"{out}-worker-0.npz"), np.load(f"{out}-worker-1.npz")
     for k in range(4):
         np.testing.assert_array_equal(w0[f"arr_{k}"], w1[f"arr_{k}"])
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads(fake_hosts.read(1, f"{run_dir}/summary.json"))
     assert summary["membership"][0]["tasks_after"] == ["worker:0@node-1", "worker:1@node-2"]
     assert max(s for _, s in _logged_steps(log)) == 90
     assert_nothing_left(fake_hosts)
@@ -691,10 +733,13 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
         fake_hosts, tmp_path):
     """Issue 33, growing back: node-3 vanishes (re-form on 2), its link comes back; the next
     gang restart (worker:1 SIGKILLed on node-2, --max-restarts 1) takes node-3 back, and
-    the three workers finish with equal weights."""
+    the three workers finish with equal weights. Issue 43: every host has its own disk, and
+    node-3 comes back holding only its backups from before it vanished: the newest backup
+    the others hold is the resume point, and node-3 gets that state from worker:0."""
     out = tmp_path / "out"
+    run_dir = _private_run_dir(tmp_path)
     run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[0], tmp_path,
-                       [str(out), "3", "10", "0.1"], max_restarts="1")
+                       [str(out), "3", "10", "0.1"], run_dir=run_dir, max_restarts="1")
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(run, log, 0, 25)
     try:
@@ -715,7 +760,7 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
     assert run.wait(300) == 0, run.stdout[-4000:]
     assert "node-3 answered again: the restart takes it back: 3 tasks (was 2)" in run.stdout, \
         run.stdout[-4000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads(fake_hosts.read(1, f"{run_dir}/summary.json"))
     lost, back = summary["membership"]
     assert lost["left"] == ["node-3"] and back["joined"] == ["node-3"] and back["how"] == "back"
     assert back["tasks_after"] == ["worker:0@node-1", "worker:1@node-2", "worker:2@node-3"]
@@ -723,4 +768,12 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
     for k in range(4):
         np.testing.assert_array_equal(weights[0][f"arr_{k}"], weights[1][f"arr_{k}"])
         np.testing.assert_array_equal(weights[0][f"arr_{k}"], weights[2][f"arr_{k}"])
+    returned = fake_hosts.read(1, f"{run_dir}/logs/worker-2.log")
+    assert re.search(r"tfrun: this worker has no backup of .* \(its own newest: epoch \d+ "
+                     r"batch \d+\): its state came from replica 0 over the cluster",
+                     returned), returned[-3000:]
+    steps = _logged_steps(log)
+    before = max(s for r, s in steps if r == 1)
+    resumed_at = min(s for r, s in steps if r == 2)
+    assert 0 <= before - resumed_at + 1 <= 10, steps  # not back to node-3's old backups
     assert_nothing_left(fake_hosts)

@@ -8,6 +8,10 @@ appends "<restart count> <global step>" per trained batch (not per batch a resum
 and writes its final weights to OUT-<role>-<index>.npz. SLOW: seconds to sleep after
 each batch (so a test can kill a task mid-epoch). CHECK: the preemption_check (default
 "auto").
+
+PRIVATE_BACKUPS=1 in the environment: each task backs up under a directory of its own
+(no task sees another's backups, as on hosts with their own disks); and worker:1 started
+again by a restart loses its backups first (a spare that joins with an empty disk).
 """
 
 import os
@@ -58,9 +62,18 @@ class StepLog(keras.callbacks.Callback):
             time.sleep(slow)
 
 
+backup_dir = None
+if os.environ.get("PRIVATE_BACKUPS") == "1":
+    import shutil
+
+    backup_dir = os.path.join(os.environ["TFRUN_RUN_DIR"], f"disk-of-{info.role}-{info.index}")
+    if (info.role, info.index, restart) == ("worker", 1, "1"):
+        shutil.rmtree(backup_dir, ignore_errors=True)
+        print("lost my backups", flush=True)
 data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(batch)
 model.fit(data, epochs=epochs, verbose=0,
-          callbacks=[tfrun.backup_and_restore(save_freq=save_freq, preemption_check=check),
+          callbacks=[tfrun.backup_and_restore(backup_dir, save_freq=save_freq,
+                                              preemption_check=check),
                      StepLog()])
 np.savez(f"{out}-{info.role}-{info.index}.npz", *[np.array(w) for w in model.get_weights()])
 print("trained", flush=True)

@@ -121,33 +121,45 @@ def _model(keras, units: int = 4):
     return model
 
 
+def _keras(legacy: bool):
+    if legacy:
+        import tf_keras
+
+        return tf_keras
+    import keras
+
+    return keras
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background", "sync"])
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
-def test_a_restore_whose_optimizer_step_differs_from_its_mark_is_refused(tmp_path, legacy):
+def test_a_restore_whose_optimizer_step_differs_from_its_mark_is_refused(tmp_path, legacy,
+                                                                          background):
     import numpy as np
 
-    if legacy:
-        import tf_keras as keras
-    else:
-        import keras
     from tfrun.in_task.backup.store import BackupStore, RestoreMismatch, complete_saves
 
+    keras = _keras(legacy)
     model = _model(keras)
     x, y = np.ones((8, 3), "float32"), np.zeros((8, 4), "float32")
     model.fit(x, y, epochs=1, batch_size=4, verbose=0)  # 2 steps
-    store = BackupStore(str(tmp_path / "worker-0"), legacy=legacy)
+    store = BackupStore(str(tmp_path / "worker-0"), background=background)
     store.write(model, "step-2", {"epoch": 0, "batch": 2, "step": 2, "input": None,
                                   "replicas": 1})
+    trained = [np.array(w) for w in model.get_weights()]
+    model.fit(x, y, epochs=1, batch_size=4, verbose=0)  # trains on while it is written
     store.write(model, "step-9", {"epoch": 0, "batch": 9, "step": 9, "input": None,
                                   "replicas": 1})  # a mark that lies about its step
+    store.wait()
     assert not [n for n in os.listdir(store.directory) if ".tmp" in n]
     good, bad = complete_saves(store.directory)
-    fresh = _model(keras)
-    fresh.optimizer.build(fresh.trainable_variables)
+    fresh = _built(keras)
     store.load(fresh, good)
     assert int(fresh.optimizer.iterations.numpy()) == 2
-    np.testing.assert_array_equal(fresh.get_weights()[0], model.get_weights()[0])
+    for got, want in zip(fresh.get_weights(), trained):  # the state when it was taken
+        np.testing.assert_array_equal(got, want)
     with pytest.raises(RestoreMismatch, match=r"taken at step 9, but the optimizer's step "
-                                              r"after loading it is 2.*Received: step 2"):
+                                              r"after loading it is 4.*Received: step 4"):
         store.load(_built(keras), bad)
 
 
@@ -157,17 +169,38 @@ def _built(keras):
     return model
 
 
-def test_a_tf_keras_checkpoint_of_another_model_is_refused(tmp_path):
-    import tf_keras
-
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_a_backup_of_another_model_is_refused(tmp_path, legacy):
     from tfrun.in_task.backup.store import BackupStore, RestoreMismatch, complete_saves
 
-    store = BackupStore(str(tmp_path / "worker-0"), legacy=True)
-    store.write(_built(tf_keras), "epoch-1", {"epoch": 1, "batch": 0, "step": 0,
-                                              "input": None, "replicas": 1})
-    other = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(4),
-                                 tf_keras.layers.Dense(2)])
-    other.compile(optimizer=tf_keras.optimizers.Adam(0.01), loss="mse")
+    keras = _keras(legacy)
+    store = BackupStore(str(tmp_path / "worker-0"))
+    store.write(_built(keras), "epoch-1", {"epoch": 1, "batch": 0, "step": 0,
+                                           "input": None, "replicas": 1})
+    store.wait()
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5)])
+    other.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     other.optimizer.build(other.trainable_variables)
-    with pytest.raises(RestoreMismatch, match=r"does not match this model"):
+    with pytest.raises(RestoreMismatch, match=r"does not match this model: .* is \(3, 4\) "
+                                              r"float32, this model's .* is \(3, 5\) float32"):
         store.load(other, complete_saves(store.directory)[0])
+
+
+def test_a_failed_background_write_is_reported_and_leaves_no_mark(tmp_path):
+    import keras
+
+    from tfrun.in_task.backup.store import BackupStore, complete_saves
+
+    directory = tmp_path / "worker-0"
+    directory.mkdir()
+    # A file where the writer makes its temporary directory: the write fails in the
+    # background thread, and the next wait (the next backup, a stop, the end) says so.
+    (directory / "step-1.state.tmp").write_text("in the way")
+    store = BackupStore(str(directory))
+    store.write(_built(keras), "step-1", {"epoch": 0, "batch": 1, "step": 0, "input": None,
+                                          "replicas": 1})
+    with pytest.raises(RuntimeError, match=r"writing a backup failed: .*File exists.*Check the "
+                                           r"backup directory's disk"):
+        store.wait()
+    assert complete_saves(str(directory)) == [] and not (directory / "step-1.json").exists()
+    store.wait()  # reported once

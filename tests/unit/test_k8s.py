@@ -196,6 +196,10 @@ def test_preempted_pods_get_time_to_stop_and_restart_without_using_max_restarts(
             {"ExitCode"}
     default = pod_templates(job_manifest(job(kind)))[0]["spec"]
     assert default["terminationGracePeriodSeconds"] == 120
+    # the tasks' own grace for the agreed backup is the pod's
+    for template in pod_templates(manifest):
+        env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+        assert env["TFRUN_PREEMPTION_GRACE"] == "300"
 
 
 @pytest.mark.parametrize("kind", ["jobset", "tfjob"])

@@ -261,3 +261,15 @@ def test_tfrun_config_slurm(monkeypatch, capsys):
                                      "worker": ["n1:2223", "n1:2224", "n2:2225", "n2:2226"]}
     assert len(configs) == 5
     assert main(["config", "--tasks-per-node", "2"]) == 2  # without --slurm: an error
+
+
+def test_a_notice_shorter_than_the_preemption_grace_is_refused(capsys):
+    from tfrun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--notice 20 is shorter than the tfrun line's "
+                                          r"--preemption-grace 30.*Pass --notice 60 or more.*"
+                                          r"Received: --notice 20"):
+        run_sbatch_script(["--nodes", "2", "--notice", "20", "train.py"])
+    assert run_sbatch_script(["--nodes", "2", "--notice", "20", "--preemption-grace", "15",
+                              "train.py"]) == 0
+    assert "--signal=B:USR1@20" in capsys.readouterr().out

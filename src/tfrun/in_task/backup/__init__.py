@@ -27,9 +27,10 @@ reshuffles each iteration draws its order from that count) and how many batches 
 current one had given. A resume makes and drops as many iterators first, so the resumed
 epoch is shuffled as the interrupted one was: exact for any dataset whose order depends
 only on its seeds (said once at the resume), in every epoch form (``steps_per_epoch``
-or not). Weights and optimizer state are saved as ``<name>.weights.h5`` (Keras 3) or as
-a TensorFlow checkpoint in ``<name>.ckpt/`` (tf_keras: its ``.h5`` weights leave the
-optimizer out). tf_keras resumes inside an epoch through its own fault-tolerance hook
+or not). Weights and optimizer state are copied to host memory at once and written in
+the background as ``<name>.state/`` while the next steps run (the same form in both
+flavours; at most one write in flight; a preemption and the end of training wait for
+it; ``contract.BACKUP_WRITE`` set to "sync" writes on the training thread). tf_keras resumes inside an epoch through its own fault-tolerance hook
 (``model._training_state``, which sets the loop's first epoch and step) and tfrun puts its
 input back as for Keras 3 (its ``DataHandler`` counts iterators and batches).
 

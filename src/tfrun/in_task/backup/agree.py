@@ -1,41 +1,47 @@
-"""The position every replica resumes from, agreed through one all-reduce.
+"""The position every replica resumes from, and its state for the replicas that lack it.
 
-Each worker keeps its own backups. A worker killed between two workers' backups leaves
-them one save point apart, so each gathers every replica's newest few positions and all
-take the newest one every replica holds (``common_position``): resuming each from its own
-newest would silently mix steps.
+Each worker keeps its own backups, on whatever disk its host has. Synchronous workers hold
+the same state at the same step, so the newest backup *any* replica holds is the state of
+the whole cluster at that step. ``choose`` finds it from every replica's newest few
+positions (one all-gather); the replicas that hold it load it from disk, and when some do
+not (a spare or a returning host with no or older backups, disks not shared) one holder,
+the *source*, sends the weights, the optimizer state and the backup's mark to every
+replica over the cluster (``broadcast``: an all-reduce in which only the source adds
+anything, so each value arrives bit for bit). Training never starts from step 0 while a
+replica holds a backup.
 
-    >>> common_position([[5, 7], [7]], "backup")
-    7
+    >>> choose([[5, 7], [7]])
+    Choice(position=7, source=0, holders=(0, 1))
+    >>> choose([[3], [], [4, 9]])
+    Choice(position=9, source=2, holders=(2,))
+    >>> choose([[], []]) is None
+    True
 """
 
 from __future__ import annotations
 
-__all__ = ["common_position", "gather_positions"]
+from typing import NamedTuple
+
+__all__ = ["Choice", "choose", "gather_positions", "broadcast_state", "broadcast_numbers"]
 
 
-def common_position(holders: list[list[int]], backup_dir: str) -> int | None:
-    """The newest position (``store.key``) every replica has a complete backup of; None
-    when a replica has none (the start is then the only point all share: start over).
+class Choice(NamedTuple):
+    position: int          # store.key of the backup every replica resumes from
+    source: int            # the replica that sends it to those without it
+    holders: tuple         # replicas that hold it on their own disk
 
-    >>> common_position([[5, 7], []], "backup") is None
-    tfrun: no backup is complete on every worker ([[], [5, 7]]): starting from the beginning
-    True
+    def complete(self, replicas: int) -> bool:
+        return len(self.holders) == replicas
 
-    Raises RuntimeError when every replica has backups but none in common (another run's
-    backups in the same directory): guessing would mix two runs.
-    """
-    if not all(holders):
-        if any(holders):  # a worker killed before its first backup was complete
-            print(f"tfrun: no backup is complete on every worker ({sorted(map(sorted, holders))}"
-                  "): starting from the beginning", flush=True)
+
+def choose(holders: list[list[int]]) -> Choice | None:
+    """The newest position any replica holds, its holders and the source (the first
+    holder); None when no replica holds a backup (start over)."""
+    newest = max((key for row in holders for key in row), default=None)
+    if newest is None:
         return None
-    common = set.intersection(*(set(row) for row in holders))
-    if not common:
-        raise RuntimeError(f"tfrun.backup_and_restore: the replicas share no backup "
-                           f"({[sorted(row) for row in holders]}); remove {backup_dir} to "
-                           "start over")
-    return max(common)
+    having = tuple(r for r, row in enumerate(holders) if newest in row)
+    return Choice(newest, having[0], having)
 
 
 def gather_positions(strategy, keys: list[int], width: int) -> list[list[int]]:
@@ -51,3 +57,31 @@ def gather_positions(strategy, keys: list[int], width: int) -> list[list[int]]:
     gathered = strategy.gather(strategy.run(lambda: tf.identity(padded[None, :])),
                                axis=0).numpy()
     return [[int(k) for k in row if k >= 0] for row in gathered]
+
+
+def _from_source(strategy, source: int, value):
+    """``value`` as the source replica has it, on every replica: a sum in which every
+    other replica adds zeros (exact: x + 0 == x)."""
+    import tensorflow as tf
+
+    def contribution():
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        mine = tf.convert_to_tensor(value)  # a variable: this replica's copy
+        return tf.where(tf.equal(replica, source), mine, tf.zeros_like(mine))
+
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(contribution), axis=None)
+
+
+def broadcast_numbers(strategy, source: int, numbers: list[int]) -> list[int]:
+    """Small integers (a backup's mark) from the source replica to every replica."""
+    import numpy as np
+
+    values = np.asarray(numbers, dtype=np.int64)
+    return [int(v) for v in _from_source(strategy, source, values).numpy()]
+
+
+def broadcast_state(strategy, source: int, variables) -> None:
+    """Assign every replica's ``variables`` the source replica's values, one variable at a
+    time (the peak extra memory is the largest variable, not the model)."""
+    for variable in variables:
+        variable.assign(_from_source(strategy, source, variable))

@@ -8,7 +8,6 @@ position and the preemption watch together (see the package docstring for what i
 from __future__ import annotations
 
 import contextlib
-import os
 
 from ... import contract
 from ..compat import internals
@@ -19,6 +18,14 @@ from . import agree, store
 from .position import InputPosition, LegacyInputPosition, ResumePoint, skip_batches
 
 __all__ = ["consistent_backup_class"]
+
+
+def _variables(optimizer) -> list:
+    """The optimizer's variables (its step, its slots), in either flavour."""
+    if optimizer is None:
+        return []
+    found = optimizer.variables
+    return list(found() if callable(found) else found)
 
 _said: set[str] = set()
 
@@ -45,7 +52,7 @@ def consistent_backup_class(keras):
                      save_freq="epoch", preemption_check="auto") -> None:
             super().__init__()
             self.directory = directory
-            self.store = store.BackupStore(directory, legacy=legacy)
+            self.store = store.BackupStore(directory)
             self.delete_checkpoint = delete_checkpoint
             self.save_freq = save_freq
             self.preemption_check = preemption_check
@@ -75,19 +82,26 @@ def consistent_backup_class(keras):
 
         def _resume(self):
             visible = self.store.visible_saves()
-            position = self._agree([save["key"] for save in visible])
-            if position is None:
+            keys = [save["key"] for save in visible]
+            if self._ps:  # the coordinator alone holds the training state's backups
+                holders = [keys]
+            else:
+                with self.watch.busy("the agreement on a backup", with_peers=True):
+                    holders = agree.gather_positions(self.model.distribute_strategy, keys,
+                                                     store.KEEP + 1)
+            choice = agree.choose(holders)
+            if choice is None:
                 return
-            chosen = [save for save in visible if save["key"] == position]
-            if not chosen:  # cannot happen with synchronous workers; never guess
-                raise RuntimeError(f"tfrun.backup_and_restore: the workers agreed to resume "
-                                   f"from position {divmod(position, 2**32)}, but "
-                                   f"{self.directory} holds {[s['name'] for s in visible]}")
-            # the epoch form when the same point was saved twice; this worker's own first
-            save = sorted(chosen, key=lambda s: (s["name"].startswith("epoch"),
-                                                 s["directory"] == self.directory))[-1]
             self._build_optimizer()
-            self.store.load(self.model, save)
+            mine = [save for save in visible if save["key"] == choice.position]
+            save = None
+            if mine:  # the epoch form when the same point was saved twice; our own first
+                save = sorted(mine, key=lambda s: (s["name"].startswith("epoch"),
+                                                   s["directory"] == self.directory))[-1]
+                with self.watch.busy("loading the backup"):
+                    self.store.load(self.model, save)
+            if not choice.complete(len(holders)):
+                save = self._state_from_peers(choice, save, keys)
             save = self._where_to_start(save)
             replicas = self.model.distribute_strategy.num_replicas_in_sync
             if save["replicas"] is not None and save["replicas"] != replicas:
@@ -104,6 +118,49 @@ def consistent_backup_class(keras):
             record_training_event(contract.RESUMED_EVENT, step=self._last_saved_step,
                                   epoch=save["epoch"] + 1, batch=save["batch"])
             self._put_input_back(save)
+
+        def _state_from_peers(self, choice, save: dict | None, keys: list[int]) -> dict:
+            """Some replicas lack the chosen backup (a spare, or a returning host with
+            older backups, on a disk of its own): the source replica sends its weights,
+            optimizer state and mark to all. Returns the mark as every replica has it."""
+            strategy = self.model.distribute_strategy
+            epoch, batch = divmod(choice.position, 2**32)
+            where = f"epoch {epoch + 1}, after batch {batch}" if batch else f"the end of epoch {epoch}"
+            if save is not None and self._replica_holds_source(choice):
+                print(f"tfrun: sending the backup of {where} ({save['directory']}/"
+                      f"{save['name']}) to the replicas without it "
+                      f"({sorted(set(range(strategy.num_replicas_in_sync)) - set(choice.holders))}"
+                      ")", flush=True)
+            position = (save or {}).get("input") or (-1, -1)
+            numbers = [epoch, batch, (save or {}).get("step") or -1, position[0], position[1],
+                       (save or {}).get("replicas") or -1]
+            with self.watch.busy("receiving the backup from a peer", with_peers=True):
+                numbers = agree.broadcast_numbers(strategy, choice.source, numbers)
+                agree.broadcast_state(strategy, choice.source,
+                                      list(self.model.weights) + _variables(self.model.optimizer))
+            got = {"epoch": numbers[0], "batch": numbers[1],
+                   "step": None if numbers[2] < 0 else numbers[2],
+                   "input": None if numbers[3] < 0 else (numbers[3], numbers[4]),
+                   "replicas": None if numbers[5] < 0 else numbers[5],
+                   "key": choice.position, "name": f"replica {choice.source}'s backup",
+                   "directory": f"replica {choice.source}"}
+            if save is None:
+                newest = max(keys) if keys else None
+                print(f"tfrun: this worker has no backup of {where} (its own newest: "
+                      + ("none" if newest is None else
+                         "epoch {} batch {}".format(*divmod(newest, 2**32)))
+                      + f"): its state came from replica {choice.source} over the cluster",
+                      flush=True)
+                store.verify(got, self._global_step())
+            return save if save is not None else got
+
+        def _replica_holds_source(self, choice) -> bool:
+            import tensorflow as tf
+
+            strategy = self.model.distribute_strategy
+            ids = strategy.experimental_local_results(strategy.run(
+                lambda: tf.identity(tf.distribute.get_replica_context().replica_id_in_sync_group)))
+            return any(int(i) == choice.source for i in ids)
 
         def _where_to_start(self, save: dict) -> dict:
             """``save`` itself, or for tf_keras a step backup taken after an epoch's last
@@ -144,15 +201,6 @@ def consistent_backup_class(keras):
                   f"reshuffle_each_iteration=False)", flush=True)
             skip_batches(self.model, 0 if legacy else save["batch"], save["batch"])
 
-        def _agree(self, keys: list[int]) -> int | None:
-            """The newest position every replica has backed up (None: none)."""
-            if self._ps:  # the coordinator alone holds the training state's backups
-                return max(keys) if keys else None
-            with self.watch.busy("the agreement on a backup", with_peers=True):
-                holders = agree.gather_positions(self.model.distribute_strategy, keys,
-                                                 store.KEEP + 1)
-            return agree.common_position(holders, os.path.dirname(self.directory))
-
         def _build_optimizer(self) -> None:
             """Build the optimizer before loading, so that its state is restored into it
             (inside the strategy's scope: tf_keras makes per-replica optimizer variables
@@ -182,7 +230,9 @@ def consistent_backup_class(keras):
                 self._last_saved_step = step
             if self.watch.due(step) and self.watch.agree(self.model.distribute_strategy, step):
                 if self._last_saved_step != step:
-                    self._save(f"step-{step}", self._epoch, batch + 1)
+                    self._save(f"step-{step}", self._epoch, batch + 1, wait=True)
+                with self.watch.busy("the backup"):
+                    self.store.wait()  # on disk before the task stops
                 stop_preempted("every worker", step,
                                f"epoch {self._epoch + 1}, batch {batch + 1}",
                                epoch=self._epoch + 1, batch=batch + 1)
@@ -196,9 +246,11 @@ def consistent_backup_class(keras):
         def on_epoch_end(self, epoch, logs=None):
             done = epoch + 1  # epochs completed: where a resume starts
             self._epoch = done  # also where Keras' hooks reach us without on_epoch_begin
+            stopping = self._ps and self.watch.stop_asked
             self._save(f"epoch-{done}", done, 0,
-                       self._input.at_epoch_end() if self._input is not None else None)
-            if self._ps and self.watch.stop_asked:
+                       self._input.at_epoch_end() if self._input is not None else None,
+                       wait=stopping)
+            if stopping:
                 # Parameter-server training: the coordinator has waited for the epoch's
                 # scheduled steps (the next point where the state is whole) and saved it.
                 stop_preempted("the coordinator", self._global_step(),
@@ -212,6 +264,8 @@ def consistent_backup_class(keras):
             return not is_parameter_server_strategy(tf.distribute.get_strategy())
 
         def on_train_end(self, logs=None):
+            with self.watch.busy("the backup"):
+                self.store.wait()  # the last backup is on disk when fit returns
             self.watch.close()
             if legacy:
                 self.model._training_state = None
@@ -223,13 +277,15 @@ def consistent_backup_class(keras):
             return int(self.model.optimizer.iterations.numpy())
 
         def _save(self, name: str, epoch: int, batch: int,
-                  input_position: tuple[int, int] | None = None) -> None:
+                  input_position: tuple[int, int] | None = None, *, wait: bool = False) -> None:
+            """Back up now: the state is copied at once, its files written in the
+            background (``wait``: before returning)."""
             if input_position is None and self._input is not None:
                 input_position = self._input.now()
             mark = {"epoch": epoch, "batch": batch, "step": self._global_step(),
                     "input": input_position,
                     "replicas": self.model.distribute_strategy.num_replicas_in_sync}
             with self.watch.busy("the backup"):
-                self.store.write(self.model, name, mark)
+                self.store.write(self.model, name, mark, wait=wait)
 
     return ConsistentBackup

@@ -1,13 +1,16 @@
 """One worker's backup files: written whole or not at all, listed, loaded and checked.
 
-A backup ``<stem>`` is its weights and optimizer state (``<stem>.weights.h5`` under
-Keras 3; a TensorFlow checkpoint in ``<stem>.ckpt/`` under tf_keras, whose ``.h5`` leaves
-the optimizer out) and its *mark* ``<stem>.json``: the position it stands for (epoch,
-batch, global step, input position, replicas). Each file is written under a temporary
-name, fsynced and renamed; the mark is written last, after the directory is fsynced too,
-so a mark on disk always means a whole backup, even after a power loss.
+A backup ``<stem>`` is its weights and optimizer state (``<stem>.state/``, see
+``snapshot``: the same form in both Keras flavours) and its *mark* ``<stem>.json``: the
+position it stands for (epoch, batch, global step, input position, replicas). The state
+is copied to host memory on the training thread and written in the background (at most
+one write in flight; ``contract.BACKUP_WRITE=sync`` writes on the training thread, for
+hosts without memory to spare for the copy); each file is fsynced, then the directory,
+and the mark is written last, so a mark on disk always means a whole backup, even after
+a power loss.
 
-A restore is checked: the optimizer's step after loading must equal the mark's
+A restore is checked: the state must fit the model (count, shapes and dtypes of its
+variables) and the optimizer's step after loading must equal the mark's
 (``RestoreMismatch`` names the backup and what differed).
 
     >>> store = BackupStore("/tmp/run/backup/worker-0")  # doctest: +SKIP
@@ -21,6 +24,9 @@ import json
 import os
 import re
 import shutil
+
+from ... import contract
+from . import snapshot
 
 __all__ = ["BackupStore", "RestoreMismatch", "complete_epochs", "complete_saves", "key",
            "KEEP"]
@@ -47,9 +53,8 @@ def key(epoch: int, batch: int) -> int:
 
 
 def _has_weights(directory: str, stem: str) -> bool:
-    """Whether the backup ``stem`` has its weights on disk (either flavour's form)."""
-    return (os.path.exists(os.path.join(directory, f"{stem}.weights.h5"))
-            or os.path.isdir(os.path.join(directory, f"{stem}.ckpt")))
+    """Whether the backup ``stem`` has its state on disk."""
+    return os.path.isdir(os.path.join(directory, f"{stem}.state"))
 
 
 def complete_epochs(directory: str) -> list[int]:
@@ -110,22 +115,14 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def _fsync_tree(path: str) -> None:
-    if os.path.isdir(path):
-        for root, _dirs, files in os.walk(path):
-            for name in files:
-                _fsync(os.path.join(root, name))
-            _fsync(root)
-    else:
-        _fsync(path)
-
-
 class BackupStore:
     """The backups of one worker, in ``directory``; ``legacy``: tf_keras' file form."""
 
-    def __init__(self, directory: str, *, legacy: bool = False) -> None:
+    def __init__(self, directory: str, *, background: bool | None = None) -> None:
         self.directory = directory
-        self.legacy = legacy
+        self.background = (os.environ.get(contract.BACKUP_WRITE, "background") != "sync"
+                           if background is None else background)
+        self._writer = snapshot.Writer()
 
     def saves(self) -> list[dict]:
         return complete_saves(self.directory)
@@ -151,66 +148,60 @@ class BackupStore:
 
     # ---------------------------------------------------------------- writing
 
-    def write(self, model, name: str, mark: dict) -> None:
-        """Save ``model``'s weights and optimizer state as backup ``name`` with ``mark``
-        (epoch, batch, step, input, replicas); keep the newest ``KEEP``."""
+    def write(self, model, name: str, mark: dict, *, wait: bool = False) -> None:
+        """Back ``model``'s weights and optimizer state up as ``name`` with ``mark`` (epoch,
+        batch, step, input, replicas); keep the newest ``KEEP``. The state is copied now;
+        the files are written in the background unless ``wait`` (a preemption's save,
+        which must be on disk before the task stops) or the store writes synchronously."""
         os.makedirs(self.directory, exist_ok=True)
-        self._write_weights(model, name)
-        path = os.path.join(self.directory, f"{name}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(mark, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync(self.directory)  # the weights' rename is durable before the mark exists
-        os.replace(path + ".tmp", path)  # complete from here on
-        _fsync(self.directory)
-        for old in self.saves()[:-KEEP]:  # another worker may be one save point behind
-            self.remove(old["name"])
+        self._writer.wait()  # one write in flight; a state copy of each at most
+        state = snapshot.take(model)
 
-    def _write_weights(self, model, name: str) -> None:
-        """Weights and optimizer state, under a temporary name then renamed: a backup
-        killed mid-write is never taken for a whole one."""
-        if not self.legacy:
-            temporary = os.path.join(self.directory, f"{name}.tmp.weights.h5")
-            model.save_weights(temporary, overwrite=True)
-            _fsync(temporary)
-            os.replace(temporary, os.path.join(self.directory, f"{name}.weights.h5"))
-            return
-        temporary = os.path.join(self.directory, f"{name}.tmp.ckpt")
-        final = os.path.join(self.directory, f"{name}.ckpt")
-        shutil.rmtree(temporary, ignore_errors=True)
-        model.save_weights(os.path.join(temporary, "weights"), save_format="tf")
-        _fsync_tree(temporary)
-        shutil.rmtree(final, ignore_errors=True)  # the same point saved again
-        os.replace(temporary, final)
+        def write_mark() -> None:
+            path = os.path.join(self.directory, f"{name}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(mark, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)  # complete from here on
+            _fsync(self.directory)
+            for old in self.saves()[:-KEEP]:  # another worker may be one save point behind
+                self.remove(old["name"])
+
+        self._writer.write(state, os.path.join(self.directory, f"{name}.state"), write_mark,
+                           background=self.background and not wait)
+
+    def wait(self) -> None:
+        """Until the backup being written (if any) is complete on disk."""
+        self._writer.wait()
+
+    @property
+    def writing(self) -> bool:
+        return self._writer.busy
 
     def remove(self, name: str) -> None:
         # the mark first: never a mark without data
-        for suffix in ("json", "weights.h5"):
-            try:
-                os.remove(os.path.join(self.directory, f"{name}.{suffix}"))
-            except FileNotFoundError:
-                pass
-        shutil.rmtree(os.path.join(self.directory, f"{name}.ckpt"), ignore_errors=True)
+        try:
+            os.remove(os.path.join(self.directory, f"{name}.json"))
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(os.path.join(self.directory, f"{name}.state"), ignore_errors=True)
 
     # ---------------------------------------------------------------- reading
 
     def load(self, model, save: dict) -> None:
         """Load ``save`` (one of ``visible_saves()``) into ``model``, whose optimizer must
         be built, and check it (``verify``)."""
+        self._writer.wait()
         directory, name = save["directory"], save["name"]
-        if self.legacy:
-            status = model.load_weights(os.path.join(directory, f"{name}.ckpt", "weights"))
-            try:
-                # Every variable the model and its optimizer have now was in the file.
-                status.assert_existing_objects_matched()
-            except AssertionError as error:
-                raise RestoreMismatch(
-                    f"tfrun.backup_and_restore: the backup {directory}/{name}.ckpt does not "
-                    f"match this model: {error}. Was it written by another script? Remove "
-                    f"{os.path.dirname(directory)} to start over") from None
-        else:
-            model.load_weights(os.path.join(directory, f"{name}.weights.h5"))
+        try:
+            snapshot.load(model, os.path.join(directory, f"{name}.state"))
+        except snapshot.StateMismatch as error:
+            raise RestoreMismatch(
+                f"tfrun.backup_and_restore: the backup {directory}/{name} does not match this "
+                f"model: {error}. Was it written by another script? Remove "
+                f"{os.path.dirname(directory)} to start over. Received: {directory}/{name}"
+            ) from None
         verify(save, _optimizer_step(model))
 
 

@@ -180,6 +180,10 @@ def _common_env(job: K8sJob) -> list[dict]:
 
     env = script_env(strategy=job.strategy, keras=job.keras, roles=job.roles,
                      run_dir=job.run_dir)
+    if job.grace_period:
+        # The pod's own notice: its tasks' agreed backup must fit in what Kubernetes gives
+        # between SIGTERM and SIGKILL.
+        env[contract.PREEMPTION_GRACE] = str(job.grace_period)
     env.update(dict(job.env))
     return [{"name": k, "value": v} for k, v in env.items()]
 

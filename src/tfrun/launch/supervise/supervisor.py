@@ -30,8 +30,9 @@ from ...contract import RESUMED_EVENT, STOPPED_EVENT, TF_CONFIG_REPLACED
 from .diagnose import culprits
 from .explain import explain
 from ..output import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
+from .attempts import Attempts, earlier_attempts
 from .policy import (ALLOWED_TRANSITIONS, Decision, FailureClass, FailurePolicy, TaskExit,
-                     TaskState, backoff_seconds, classify_exit)
+                     TaskState, classify_exit)
 from ..rendezvous import JoinProbe
 from .records import (HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus,
                       TaskRecord)
@@ -83,15 +84,6 @@ class _Outcome:
     culprit: TaskRecord | None = None  # for fail: the task TensorFlow blamed, if another
 
 
-def _earlier_attempts(run_dir: Path) -> list[dict]:
-    """The attempts of the run this one resumes (its summary.json), marked as earlier."""
-    try:
-        earlier = json.loads((run_dir / "summary.json").read_text()).get("attempts") or []
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [{**a, "earlier_launch": True} for a in earlier if isinstance(a, dict)]
-
-
 class Supervisor:
     def __init__(self, config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
                  backends: Mapping[TaskId, Backend], console: ConsoleSink,
@@ -113,23 +105,16 @@ class Supervisor:
         self.departed: list[TaskRecord] = []  # tasks of lost hosts, for the summary
         self._lost_hosts: set[str] = set()  # lost or excluded: never used again this run
         self.excluded_hosts: list[str] = []  # excluded after failures in a row
-        self._host_streak: tuple[str | None, int] = (None, 0)
         self._opened: list[Backend] = []
         self._every_record: list[TaskRecord] = []  # of every membership, for its events
         self._adopt(plan, backends, make_spec)
-        self.restarts = 0           # gang restarts, all (the tasks see this count)
-        self.charged_restarts = 0   # those charged to --max-restarts (not preemptions)
-        self.preemptions = 0        # gang restarts after a preemption
-        #: one entry per ended attempt: when, which task ended it, its failure class
-        self.attempts: list[dict] = _earlier_attempts(run_dir)  # a resumed run's go on
-        self._attempt_started = time.time()
+        #: budgets, streaks and one record per ended attempt (a resumed run's go on)
+        self.ledger = Attempts(max_restarts=config.max_restarts,
+                               earlier=earlier_attempts(run_dir))
         #: per task, how many of its training events came before this attempt
         self._events_before: dict[int, int] = {}
         #: per task, its last epoch record and step when this attempt started
         self._progress_before: dict[int, tuple] = {}
-        #: gang restarts in a row after attempts that trained nothing (the backoff's count)
-        self._crash_streak = 0
-        self._last_error: tuple[str, str] | None = None  # (role, exception line) last attempt
         self._signal: int | None = None
         self._events = run_dir / "events.jsonl"
         self._probe: JoinProbe | None = None
@@ -183,6 +168,19 @@ class Supervisor:
                     f"{change['resumed_at_step']}, {change['seconds_to_resume']:g}s after tfrun "
                     "noticed" + (f"; {change['steps_redone']} steps redone (at least)"
                                  if "steps_redone" in change else ""))
+
+    @property
+    def restarts(self) -> int:
+        """Gang restarts and re-forms so far (the tasks see this count)."""
+        return self.ledger.restarts
+
+    @property
+    def attempts(self) -> list[dict]:
+        return self.ledger.records
+
+    @property
+    def preemptions(self) -> int:
+        return self.ledger.preemptions
 
     def _backend(self, record: TaskRecord) -> Backend:
         return self.backends[record.task]
@@ -307,20 +305,12 @@ class Supervisor:
                 record = outcome.record
                 assert record is not None
                 failure = record.failure
-                if failure is FailureClass.PREEMPTED:
-                    self.preemptions += 1
-                    budget = "preemptions do not count against --max-restarts"
-                else:
-                    self.charged_restarts += 1
-                    budget = f"restart {self.charged_restarts} of {self.config.max_restarts}"
+                budget = self.ledger.charge(failure)
                 self._end_attempt(record, "restart")
                 # The pause guards against a crash loop: an attempt that trained (an epoch
                 # or a step further) starts the count again, so a long job preempted ten
                 # times does not wait a minute each time.
-                if self._made_progress():
-                    self._crash_streak = 0
-                self._crash_streak += 1
-                pause = backoff_seconds(self._crash_streak)
+                pause = self.ledger.pause_before_restart(trained=self._made_progress())
                 ended = self.attempts[-1]
                 self.console.info(f"{record.task} exited with code {record.exit_code} "
                                   f"({failure}); restarting the whole group ({budget})"
@@ -341,8 +331,7 @@ class Supervisor:
                     outcome = _Outcome(Watch.SIGNAL)
                     break
                 self._take_back_hosts()
-                self.restarts += 1
-                self._attempt_started = time.time()
+                self.ledger.next_attempt()
                 continue
             break
         self._end_attempt(outcome.record if outcome.kind is not Watch.SUCCESS else None,
@@ -415,11 +404,10 @@ class Supervisor:
             + (f" ({', '.join(joined)} joining from the spares)" if joined else "")
             + f": {len(self.records)} tasks (was "
             f"{len(before)}; --min-nodes {self.config.min_nodes}); the tasks resume from "
-            "their newest common backup; the global batch "
+            "the newest backup any of them holds; the global batch "
             + ("stays what it was (per-replica batches grow)" if self.config.keep_global_batch
                else "is per-replica x the replicas left"))
-        self.restarts += 1
-        self._attempt_started = time.time()
+        self.ledger.next_attempt()
 
     def _take_back_hosts(self) -> None:
         """At a gang restart of an elastic run: hosts lost earlier (not excluded) that
@@ -531,7 +519,7 @@ class Supervisor:
                     if faulty is not None:
                         record, decision = faulty
                     else:  # the failure is this task's own: a host's run of faults ends
-                        self._host_streak = (None, 0)
+                        self.ledger.end_host_streak()
                 if decision is Decision.REFORM:
                     return _Outcome(Watch.REFORM, record)
                 if decision is Decision.FAIL:
@@ -589,21 +577,17 @@ class Supervisor:
             traceback = last_traceback(log_text.splitlines())
             if traceback:
                 error = (record.task.role, traceback.strip().splitlines()[-1])
-        repeated = error is not None and error == self._last_error
-        if error is not None:
-            self._last_error = error
+        repeated = self.ledger.repeated(error)
         nodes_left, streak = None, 0
         if self.reform is not None and record.host is not None:
             nodes_left = self.reform.hosts_after(frozenset(self._lost_hosts | {record.host}))
             if record.failure in (FailureClass.INFRASTRUCTURE, FailureClass.NODE_LOST):
                 # failures of one host in a row (another host's, or the script's, ends it:
                 # see _end_host_streak; a survivor's collateral error does not)
-                held, count = self._host_streak
-                streak = count + 1 if held == record.host else 1
-                self._host_streak = (record.host, streak)
+                streak = self.ledger.host_failure(record.host)
         decision = self.policy.decide(TaskExit(role=record.task.role, exit_code=code,
                                                tracked=record.tracked,
-                                               restarts=self.charged_restarts,
+                                               restarts=self.ledger.charged,
                                                task_restarts=record.task_restarts,
                                                task_preemptions=record.task_preemptions,
                                                failure=record.failure,
@@ -837,13 +821,9 @@ class Supervisor:
 
     def _end_attempt(self, record: TaskRecord | None, how: str) -> None:
         """Note the attempt that just ended (summary.json's ``attempts``)."""
-        self.attempts.append({
-            "attempt": len(self.attempts) + 1, "started_at": self._attempt_started,
-            "ended_at": time.time(), "ended": how,
-            "task": None if record is None else str(record.task),
-            "exit_code": None if record is None else record.exit_code,
-            "failure_class": None if record is None or record.failure is None
-            else str(record.failure)})
+        self.ledger.end(how, task=None if record is None else str(record.task),
+                        exit_code=None if record is None else record.exit_code,
+                        failure=None if record is None else record.failure)
 
     def _note_training_events(self, attempt: dict) -> dict:
         """Add the attempt's ``preempted_at_step`` / ``resumed_at_step`` (the steps its

@@ -74,6 +74,14 @@ def run_sbatch_script(argv: Sequence[str], parse_launch) -> int:
     # The tfrun line must be valid where the job runs: check it now, as tfrun will read it
     # (outside any allocation, so Slurm defaults do not apply here).
     config = parse_launch(tfrun_args, environ={})
+    if args.notice and args.notice < config.preemption_grace:
+        raise ConfigError(f"--notice {args.notice} is shorter than the tfrun line's "
+                          f"--preemption-grace {config.preemption_grace:g}",
+                          expected="a notice at least as long as the time the tasks have to "
+                                   "back up after it",
+                          fix=f"Pass --notice {int(config.preemption_grace) + 30} or more, or a "
+                              f"smaller --preemption-grace on the tfrun line",
+                          received=f"--notice {args.notice}")
     if config.min_nodes is not None and config.min_nodes > args.nodes:
         raise ConfigError(f"--min-nodes {config.min_nodes} asks for more nodes than the job "
                           f"has (--nodes {args.nodes})",

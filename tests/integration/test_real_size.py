@@ -1,0 +1,101 @@
+"""Issue 43: the preemption guarantees at real size -- a 201.9M-parameter model (with Adam,
+about 2.4 GB of state per worker: each backup takes seconds), two MWMS workers.
+
+One uninterrupted reference run is shared; one preempted run then meets both kinds of
+notice: SIGTERM to worker:1 mid-epoch 2 (the workers agree, save at one step, stop, tfrun
+restarts them uncharged), then SIGTERM to tfrun itself (every worker saves, tfrun exits
+143), then the same command again finishes. Each resume must redo no step, and the final
+weights equal the reference's within 1e-6.
+"""
+
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, Run, assert_nothing_left
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+SCRIPT = str(ROOT / "tests" / "scripts" / "large_model.py")
+EPOCHS, STEPS = 3, 6  # epoch 2 is steps 7-12
+
+
+def _args(out) -> list[str]:
+    return ["--workers", "2", "--max-restarts", "0", SCRIPT, str(out), str(EPOCHS), str(STEPS)]
+
+
+def _steps(path) -> list[tuple[int, int]]:
+    if not path.exists():
+        return []
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
+
+
+def _wait_for(run, log, restart: int, step: int) -> None:
+    deadline = time.monotonic() + 400
+    while not any(r == restart and s >= step for r, s in _steps(log)):
+        assert run.proc.poll() is None, run.proc.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, f"never reached step {step} at restart {restart}"
+        time.sleep(0.05)
+
+
+def _pid(run, task: str) -> int:
+    return [e for e in run.events() if e["event"] == "state" and e["task"] == task
+            and e["new"] == "running"][-1]["pid"]
+
+
+def _saves(output: str) -> list[int]:
+    """The agreed preemption saves, in order (each printed by both workers)."""
+    steps = [int(s) for s in re.findall(r"tfrun: preempted: every worker saved at step (\d+)",
+                                        output)]
+    return sorted(set(steps))
+
+
+@pytest.mark.timeout(1200)
+def test_a_201m_parameter_model_preempted_twice_redoes_no_step_and_ends_as_uninterrupted(
+        tmp_path):
+    reference = Run(tmp_path, _args(tmp_path / "clean"), name="clean")
+    assert reference.run(600) == 0, reference.stdout[-4000:]
+    assert int((tmp_path / "clean-params.txt").read_text()) >= 200_000_000
+
+    log = tmp_path / "stopped-steps-worker-0.log"
+    first = Run(tmp_path, _args(tmp_path / "stopped"), name="stopped").start()
+    _wait_for(first, log, 0, STEPS + 2)  # mid-epoch 2, after epoch 1's backup
+    os.kill(_pid(first, "worker:1"), signal.SIGTERM)
+    _wait_for(first, log, 1, max(s for _, s in _steps(log)) + 2)  # the restart trains on
+    assert max(s for _, s in _steps(log)) < EPOCHS * STEPS - 2, _steps(log)  # time to stop
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(300) == 143, first.stdout[-4000:]
+    # Both saves completed: no stop by tfrun's own watch, none past the grace.
+    assert "stopping without a backup" not in first.stdout, first.stdout[-4000:]
+    assert "tfrun-stop" not in first.stdout and "backup_not_finished" not in str(first.summary)
+    saved = _saves(first.stdout + "".join(
+        (first.run_dir / "logs" / f"worker-{i}.log").read_text() for i in range(2)))
+    assert len(saved) == 2, saved
+    assert first.summary["preemptions"] == 1 and first.summary["restarts"] == 1
+    attempts = first.summary["attempts"]
+    assert [a["failure_class"] for a in attempts] == ["preempted", None], attempts
+    assert [a.get("preempted_at_step") for a in attempts] == saved, attempts
+
+    again = Run(tmp_path, _args(tmp_path / "stopped"), name="stopped")
+    assert again.run(600) == 0, again.stdout[-4000:]
+    assert again.summary["attempts"][-1]["resumed_at_step"] == saved[-1]
+
+    steps = _steps(log)
+    # Per start (restart count 0, 1, then the second command's 0): the first step each
+    # trained after a resume is the step after the save: nothing redone.
+    starts = [i for i in range(1, len(steps)) if steps[i][1] <= steps[i - 1][1]
+              or steps[i][0] != steps[i - 1][0]]
+    assert [steps[i][1] for i in starts] == [saved[0] + 1, saved[1] + 1], steps
+    # Every step trained once; the log misses only a save's own step (the backup stops
+    # the task in the callback before the log's).
+    trained = [s for _, s in steps]
+    assert len(trained) == len(set(trained)), steps
+    assert set(range(1, EPOCHS * STEPS + 1)) - set(trained) <= set(saved), steps
+    want, got = np.load(tmp_path / "clean-worker-0.npz"), np.load(tmp_path / "stopped-worker-0.npz")
+    assert len(want.files) == len(got.files) == 10
+    for name in want.files:
+        np.testing.assert_allclose(got[name], want[name], atol=1e-6, rtol=0, err_msg=name)
+    assert_nothing_left(again)

@@ -1,0 +1,62 @@
+"""A model of real size under MWMS with tfrun.backup_and_restore() defaults, logging steps.
+
+    tfrun --workers 2 large_model.py OUT EPOCHS STEPS_PER_EPOCH [WIDTH]
+
+Four Dense(WIDTH) layers (WIDTH 8192: 201.9M parameters; with Adam's two slots about
+2.4 GB of weights and optimizer state per worker, so a backup takes seconds, not
+milliseconds). Seeded initial weights and data, one fixed batch order: two runs of the
+same command end with the same weights. Each task appends "<restart count> <global step>"
+per trained batch to OUT-steps-<role>-<index>.log; worker:0 writes its final weights to
+OUT-worker-0.npz and every task the parameter count to OUT-params.txt.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+import keras
+import tfrun
+
+out, epochs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+width = int(sys.argv[4]) if len(sys.argv) > 4 else 8192
+info = tfrun.task()
+strategy = tfrun.strategy()
+
+import tensorflow as tf  # noqa: E402 - after tfrun.strategy(), as TensorFlow asks
+
+keras.utils.set_random_seed(0)
+batch = tfrun.global_batch_size(2)
+rng = np.random.default_rng(0)
+x = rng.normal(size=(steps * batch, 64)).astype("float32")
+y = rng.normal(size=(steps * batch, 2)).astype("float32")
+with strategy.scope():
+    model = keras.Sequential([keras.Input((64,))]
+                             + [keras.layers.Dense(width, activation="relu") for _ in range(4)]
+                             + [keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-5), loss="mse")
+with open(f"{out}-params.txt", "w") as f:
+    f.write(str(model.count_params()))
+log = open(f"{out}-steps-{info.role}-{info.index}.log", "a")
+restart = os.environ.get("TFRUN_RESTART_COUNT", "0")
+
+
+class StepLog(keras.callbacks.Callback):
+    """Logs the trained batches (a batch a resume reads past is not one)."""
+
+    def on_train_begin(self, logs=None):
+        self.last = int(self.model.optimizer.iterations.numpy())
+
+    def on_train_batch_end(self, step, logs=None):
+        now = int(self.model.optimizer.iterations.numpy())
+        if now != self.last:
+            log.write(f"{restart} {now}\n")
+            log.flush()
+            self.last = now
+
+
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+model.fit(data, epochs=epochs, verbose=0, callbacks=[tfrun.backup_and_restore(), StepLog()])
+if info.role == "worker" and info.index == 0:
+    np.savez(f"{out}-worker-0.npz", *[np.asarray(w) for w in model.get_weights()])
+print("trained", flush=True)
