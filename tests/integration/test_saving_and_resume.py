@@ -322,18 +322,13 @@ def test_a_worker_without_the_backups_gets_the_state_from_its_peer(tmp_path, uni
     (not a start from step 0), at most save_freq steps are redone, and the final weights
     equal an uninterrupted run's (both Keras flavours)."""
     import signal
-    import time
 
     reference, flavour = uninterrupted
     run = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--max-restarts", "1", STEP_SCRIPT,
                          str(tmp_path / "spare"), "3", "10", "0.05"], name="spare",
               env={"PRIVATE_BACKUPS": "1"}).start()
     log = tmp_path / "spare-steps-worker-0.log"
-    deadline = time.monotonic() + 300
-    while not log.exists() or max((s for _, s in _steps(log)), default=0) < 45:
-        assert run.proc.poll() is None, run.proc.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, "worker:0 never reached step 45"
-        time.sleep(0.02)
+    _wait_for_step(run, log, 45)
     os.kill(_running_pid(run, "worker:1"), signal.SIGKILL)
     assert run.wait(600) == 0, run.stdout[-3000:]
     steps = _steps(log)

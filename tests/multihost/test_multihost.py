@@ -506,6 +506,7 @@ README_COMMANDS_ELASTIC = [
     "tfrun --hosts node-1,node-2,node-3 --min-nodes 2 train.py",
     "tfrun --workers 2 --hosts node-1,node-2,node-3 --min-nodes 2 train.py",
     "tfrun --hosts node-1,node-2,node-3 --node-rank auto --min-nodes 2 train.py",
+    "tfrun --workers 2 --hosts node-1,node-2,node-3 --node-rank auto --min-nodes 2 train.py",
 ]
 
 
@@ -515,6 +516,11 @@ def _vanish(hosts, i: int) -> None:
     hosts.link(i, up=False)
     for proc in hosts.tfrun_processes(i):
         proc.kill()
+
+
+def fh_private(run_dir: str) -> str:
+    """The private disk's directory of this test (for listing what a host holds)."""
+    return str(Path(run_dir).parent)
 
 
 def _private_run_dir(tmp_path: Path) -> str:
@@ -725,6 +731,46 @@ def test_elastic_per_node_a_node_that_vanishes_leaves_the_hub_and_one_node_to_fi
     summary = json.loads(fake_hosts.read(1, f"{run_dir}/summary.json"))
     assert summary["membership"][0]["tasks_after"] == ["worker:0@node-1", "worker:1@node-2"]
     assert max(s for _, s in _logged_steps(log)) == 90
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_elastic_per_node_a_spare_on_its_own_disk_takes_a_lost_hosts_place_exactly(
+        fake_hosts, tmp_path, uninterrupted_two_workers):
+    """Issue 43, per-node launch with a spare, every host with its own disk: node-2
+    (worker:1) vanishes mid-epoch 2; the hub re-forms the cluster on node-1 and the spare
+    node-3, whose disk holds no backup: it gets the state and the input's position from
+    worker:0 over the cluster. At most the 10 steps since the last backup are redone and
+    the final weights equal an uninterrupted 2-worker run's."""
+    out = tmp_path / "out"
+    run_dir = _private_run_dir(tmp_path)
+    node3, node2, hub = (_elastic_run(fake_hosts, i, README_COMMANDS_ELASTIC[3], tmp_path,
+                                      [str(out), "3", "10", "0.1"], run_dir=run_dir)
+                         for i in (3, 2, 1))
+    log = Path(f"{out}-steps-worker-0.log")
+    _wait_for_step(hub, log, 0, 45)
+    try:
+        _vanish(fake_hosts, 2)
+        assert hub.wait(300) == 0, hub.stdout[-4000:]
+        assert node3.wait(60) == 0, node3.stdout[-4000:]
+    finally:
+        fake_hosts.link(2, up=True)
+    node2.wait(30)
+    assert "node-2 lost (worker:1" in hub.stdout and "(node-3 joining from the spares)" \
+        in hub.stdout, hub.stdout[-4000:]
+    steps = _logged_steps(log)
+    before = max(s for r, s in steps if r == 0)
+    resumed_at = min(s for r, s in steps if r == 1)
+    assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+    assert max(s for _, s in steps) == 90
+    # each node's tfrun shows its own tasks' output: worker:1 now runs on node-3
+    assert "its state came from replica 0 over the cluster" in node3.stdout, (
+        node3.stdout[-3000:], fake_hosts.run(3, ["find", fh_private(run_dir)]).stdout)
+    for i in range(2):
+        got = np.load(f"{out}-worker-{i}.npz")
+        for k in range(4):
+            np.testing.assert_allclose(got[f"arr_{k}"], uninterrupted_two_workers[f"arr_{k}"],
+                                       atol=1e-6, rtol=0)
     assert_nothing_left(fake_hosts)
 
 

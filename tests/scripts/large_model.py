@@ -10,13 +10,13 @@ per trained batch to OUT-steps-<role>-<index>.log; worker:0 writes its final wei
 OUT-worker-0.npz and every task the parameter count to OUT-params.txt.
 """
 
-import os
 import sys
 
 import numpy as np
 
 import keras
 import tfrun
+from _step_log import step_log
 
 out, epochs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 width = int(sys.argv[4]) if len(sys.argv) > 4 else 8192
@@ -37,26 +37,9 @@ with strategy.scope():
     model.compile(optimizer=keras.optimizers.Adam(1e-5), loss="mse")
 with open(f"{out}-params.txt", "w") as f:
     f.write(str(model.count_params()))
-log = open(f"{out}-steps-{info.role}-{info.index}.log", "a")
-restart = os.environ.get("TFRUN_RESTART_COUNT", "0")
-
-
-class StepLog(keras.callbacks.Callback):
-    """Logs the trained batches (a batch a resume reads past is not one)."""
-
-    def on_train_begin(self, logs=None):
-        self.last = int(self.model.optimizer.iterations.numpy())
-
-    def on_train_batch_end(self, step, logs=None):
-        now = int(self.model.optimizer.iterations.numpy())
-        if now != self.last:
-            log.write(f"{restart} {now}\n")
-            log.flush()
-            self.last = now
-
-
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
-model.fit(data, epochs=epochs, verbose=0, callbacks=[tfrun.backup_and_restore(), StepLog()])
+model.fit(data, epochs=epochs, verbose=0, callbacks=[tfrun.backup_and_restore(),
+                     step_log(keras, f"{out}-steps-{info.role}-{info.index}.log")])
 if info.role == "worker" and info.index == 0:
     np.savez(f"{out}-worker-0.npz", *[np.asarray(w) for w in model.get_weights()])
 print("trained", flush=True)

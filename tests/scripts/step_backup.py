@@ -16,12 +16,12 @@ again by a restart loses its backups first (a spare that joins with an empty dis
 
 import os
 import sys
-import time
 
 import numpy as np
 
 import keras
 import tfrun
+from _step_log import step_log
 
 out, epochs, save_freq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 slow = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
@@ -43,25 +43,7 @@ with strategy.scope():
     model.set_weights(init)
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-log = open(f"{out}-steps-{info.role}-{info.index}.log", "a")
 restart = os.environ.get("TFRUN_RESTART_COUNT", "0")
-
-
-class StepLog(keras.callbacks.Callback):
-    """Logs the trained batches: a batch a resume reads past (no step taken) is not one."""
-
-    def on_train_begin(self, logs=None):
-        self.last = int(self.model.optimizer.iterations.numpy())  # after a restore
-
-    def on_train_batch_end(self, step, logs=None):
-        now = int(self.model.optimizer.iterations.numpy())
-        if now != self.last:
-            log.write(f"{restart} {now}\n")
-            log.flush()
-            self.last = now
-            time.sleep(slow)
-
-
 backup_dir = None
 if os.environ.get("PRIVATE_BACKUPS") == "1":
     import shutil
@@ -74,6 +56,6 @@ data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(
 model.fit(data, epochs=epochs, verbose=0,
           callbacks=[tfrun.backup_and_restore(backup_dir, save_freq=save_freq,
                                               preemption_check=check),
-                     StepLog()])
+                     step_log(keras, f"{out}-steps-{info.role}-{info.index}.log", slow)])
 np.savez(f"{out}-{info.role}-{info.index}.npz", *[np.array(w) for w in model.get_weights()])
 print("trained", flush=True)

@@ -61,13 +61,26 @@ def _path(variable, index: int) -> str:
     return str(getattr(variable, "path", None) or getattr(variable, "name", None) or index)
 
 
-def take(model) -> State:
-    """Copy the model's state into host memory (numpy arrays the training cannot change)."""
+def take(model, into: State | None = None) -> State:
+    """Copy the model's state into host memory (numpy arrays the training cannot change).
+
+    ``into``: the state of the previous backup, whose written arrays are reused when they
+    fit. A fresh 2.4 GB allocation costs its page faults on every backup (measured: 5.3 s,
+    against well under a second to copy into pages already mapped), and the training
+    thread waits for the copy."""
     import numpy as np
 
     variables = state_variables(model)
-    return State([_path(v, i) for i, v in enumerate(variables)],
-                 [np.array(v.numpy() if hasattr(v, "numpy") else v, copy=True) for v in variables])
+    reuse = into.values if into is not None and len(into.values) == len(variables) else None
+    values = []
+    for i, variable in enumerate(variables):
+        value = np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
+        held = reuse[i] if reuse is not None else None
+        if held is None or held.shape != value.shape or held.dtype != value.dtype:
+            held = np.empty_like(value)
+        np.copyto(held, value)
+        values.append(held)
+    return State([_path(v, i) for i, v in enumerate(variables)], values)
 
 
 def _fsync(path: str, directory: bool = False) -> None:
@@ -87,8 +100,7 @@ def write_now(state: State, final: str) -> None:
     index, offset = [], 0
     with open(os.path.join(temporary, _VALUES), "wb") as out:
         for path, value in zip(state.paths, state.values):
-            data = memoryview(value.reshape(-1).view("uint8")) if value.size else b""
-            out.write(data)  # large writes release the GIL: training goes on meanwhile
+            out.write(memoryview(value.reshape(-1).view("uint8")))  # releases the GIL
             index.append({"path": path, "shape": list(value.shape), "dtype": str(value.dtype),
                           "offset": offset})
             offset += value.nbytes

@@ -123,6 +123,7 @@ class BackupStore:
         self.background = (os.environ.get(contract.BACKUP_WRITE, "background") != "sync"
                            if background is None else background)
         self._writer = snapshot.Writer()
+        self._state: snapshot.State | None = None  # the last one written: its arrays reused
 
     def saves(self) -> list[dict]:
         return complete_saves(self.directory)
@@ -154,8 +155,8 @@ class BackupStore:
         the files are written in the background unless ``wait`` (a preemption's save,
         which must be on disk before the task stops) or the store writes synchronously."""
         os.makedirs(self.directory, exist_ok=True)
-        self._writer.wait()  # one write in flight; a state copy of each at most
-        state = snapshot.take(model)
+        self._writer.wait()  # one write in flight: the last state's arrays are free again
+        state = self._state = snapshot.take(model, into=self._state)
 
         def write_mark() -> None:
             path = os.path.join(self.directory, f"{name}.json")
