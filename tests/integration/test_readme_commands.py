@@ -76,6 +76,8 @@ ELSEWHERE = {
         "tests/multihost/test_multihost.py",
     "tfrun --hosts node-1,node-2,node-3 --node-rank auto --min-nodes 2 train.py":
         "tests/multihost/test_multihost.py",
+    "tfrun --workers 2 --hosts node-1,node-2,node-3 --node-rank auto --min-nodes 2 train.py":
+        "tests/multihost/test_multihost.py",
     "tfrun slurm --nodes 2 --min-nodes 1 train.py > job.sh && sbatch job.sh":
         "tests/slurm/test_slurm.py",
     "tfrun --backend ray --workers 2 --min-nodes 1 train.py": "tests/ray/test_ray.py",
