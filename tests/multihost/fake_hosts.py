@@ -152,20 +152,21 @@ class FakeHosts:
 
     # ------------------------------------------------------------------ using a host
 
-    def command(self, i: int, argv: list[str]) -> list[str]:
+    def command(self, i: int, argv: list[str], cwd: str | None = None) -> list[str]:
         """``argv`` run in host i's network, UTS (its hostname) and mount (its private disk)
-        namespaces."""
+        namespaces, in ``cwd`` (default: this process's working directory; entering a mount
+        namespace would otherwise start it in /)."""
         pid = self.sshd[i].pid
         return ["ip", "netns", "exec", self.ns(i), "nsenter", "--uts", "--mount", "-t", str(pid),
-                "--", *argv]
+                f"--wd={cwd or os.getcwd()}", "--", *argv]
 
     def popen(self, i: int, argv: list[str], **kwargs) -> subprocess.Popen:
-        return subprocess.Popen(self.command(i, argv), **kwargs)
+        return subprocess.Popen(self.command(i, argv, kwargs.get("cwd")), **kwargs)
 
     def run(self, i: int, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
-        return subprocess.run(self.command(i, argv), **kwargs)
+        return subprocess.run(self.command(i, argv, kwargs.get("cwd")), **kwargs)
 
     def read(self, i: int, path: str) -> str:
         """A file as host i sees it (its private disk included)."""

@@ -204,3 +204,5 @@ def test_a_failed_background_write_is_reported_and_leaves_no_mark(tmp_path):
         store.wait()
     assert complete_saves(str(directory)) == [] and not (directory / "step-1.json").exists()
     store.wait()  # reported once
+    store.remove_temporaries()  # what a task killed mid-write leaves, removed at the next start
+    assert os.listdir(directory) == []

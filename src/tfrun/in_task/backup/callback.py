@@ -74,6 +74,7 @@ def consistent_backup_class(keras):
                 _say_once(internals.exact_resume_problem(flavour) or "")
             elif not self._ps and (note := internals.untested_version(flavour)):
                 _say_once(note)
+            self.store.remove_temporaries()  # of a task killed mid-write; none in flight now
             with self.watch.busy("the resume"):
                 self._resume()
             self.watch.start(self._global_step())
@@ -272,6 +273,7 @@ def consistent_backup_class(keras):
             if self.delete_checkpoint:
                 for save in self.store.saves():
                     self.store.remove(save["name"])
+                self.store.remove_temporaries()
 
         def _global_step(self) -> int:
             return int(self.model.optimizer.iterations.numpy())

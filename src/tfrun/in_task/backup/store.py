@@ -180,6 +180,24 @@ class BackupStore:
     def writing(self) -> bool:
         return self._writer.busy
 
+    def remove_temporaries(self) -> None:
+        """Remove what writes cut short left (``*.tmp``: a task killed mid-write). Call
+        only while no write is in flight (training starting, or after ``wait``)."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.endswith(".tmp"):
+                path = os.path.join(self.directory, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.remove(path)
+                    except FileNotFoundError:
+                        pass
+
     def remove(self, name: str) -> None:
         # the mark first: never a mark without data
         try:

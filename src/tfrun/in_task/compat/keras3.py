@@ -330,8 +330,8 @@ def _fix_backup_and_restore_multi_worker() -> None:
     from keras.src.callbacks.backup_and_restore import BackupAndRestore
 
     originals = {name: getattr(BackupAndRestore, name)
-                 for name in ("on_train_begin", "on_epoch_end", "on_train_batch_end",
-                              "on_train_end")}
+                 for name in ("on_train_begin", "on_epoch_end", "on_train_batch_begin",
+                              "on_train_batch_end", "on_train_end")}
 
     def _mode(self):
         """None (not multi-worker: Keras as is), "consistent" or "per_worker"."""
