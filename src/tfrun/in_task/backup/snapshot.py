@@ -40,10 +40,6 @@ class State:
     paths: list[str]
     values: list  # numpy arrays
 
-    @property
-    def nbytes(self) -> int:
-        return sum(value.nbytes for value in self.values)
-
 
 def state_variables(model) -> list:
     """What a backup holds: the model's weights (trainable and not), then its optimizer's
@@ -122,10 +118,6 @@ class Writer:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def write(self, state: State, final: str, on_done=None, *, background: bool = True) -> None:
         """Write ``state`` to ``final``, then call ``on_done()`` (which writes the mark);

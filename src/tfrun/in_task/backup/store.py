@@ -176,10 +176,6 @@ class BackupStore:
         """Until the backup being written (if any) is complete on disk."""
         self._writer.wait()
 
-    @property
-    def writing(self) -> bool:
-        return self._writer.busy
-
     def remove_temporaries(self) -> None:
         """Remove what writes cut short left (``*.tmp``: a task killed mid-write). Call
         only while no write is in flight (training starting, or after ``wait``)."""
