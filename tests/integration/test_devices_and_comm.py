@@ -152,5 +152,9 @@ def test_mmap_threshold_keeps_matmul_buffers_off_fresh_mmaps(tmp_path):
         assert_nothing_left(run)
     assert faults["default"]["faults_per_call"] < 50 and faults["tf"]["faults_per_call"] > 500, faults
     # A 4 MiB buffer is 1,024 pages: faulted in at each use unless it stays on the heap and
-    # the heap keeps it (tfrun also raises the trim threshold TensorFlow's pin left low).
-    assert faults["default"]["faults_per_buffer"] < 50 and faults["tf"]["faults_per_buffer"] > 200, faults
+    # the heap keeps it (tfrun also raises the trim threshold TensorFlow's pin left low). Under
+    # TensorFlow's pin it is a fresh mmap each time -- asked of glibc, not counted in faults,
+    # which transparent huge pages ('always') bring down to a handful.
+    assert faults["default"]["faults_per_buffer"] < 50, faults
+    assert not faults["default"]["buffer_is_a_fresh_mmap"], faults
+    assert faults["tf"]["buffer_is_a_fresh_mmap"], faults

@@ -187,7 +187,10 @@ def test_a_preempted_jobset_with_a_run_volume_resumes_from_its_backups(fake_host
     interruption (Keras 3, MWMS, Adam)."""
     from tfrun.in_task.backup import complete_epochs
 
-    script, epochs, slow = "tests/scripts/backup_kill.py", "6", "0.3"
+    # Ten slow epochs: after the test sees epoch 2 backed up, training has seconds left to
+    # notice the eviction, not a fraction (at six epochs of 0.3 s a loaded CI host finished
+    # training first, and the evicted pod rightly exited 0).
+    script, epochs, slow = "tests/scripts/backup_kill.py", "10", "0.5"
     clean = generate(["--name", "clean", "--workers", "2", script, str(tmp_path / "clean"),
                       epochs, slow])
     with SimulatedPods(fake_hosts, clean, tmp_path / "clean-pods") as pods:
@@ -206,7 +209,7 @@ def test_a_preempted_jobset_with_a_run_volume_resumes_from_its_backups(fake_host
             assert all(p.poll() is None for p in pods.procs.values()), pods.log("resume-worker-0-1")
             assert time.monotonic() < deadline, "no backup of epoch 2 on the claim"
             time.sleep(0.05)
-        assert pods.evict("resume-worker-0-1") != 0
+        assert pods.evict("resume-worker-0-1") != 0, pods.log("resume-worker-0-1")[-3000:]
         pods.restart_all()
         codes = pods.run_to_success()
         assert codes == {"resume-worker-0-0": 0, "resume-worker-0-1": 0}, \

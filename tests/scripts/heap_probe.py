@@ -8,6 +8,7 @@ glibc's mmap threshold at 128 KiB; oneDNN's MatMul packing buffers (over 1 MiB h
 then a fresh mmap each call unless tfrun set the threshold back.
 """
 
+import ctypes
 import json
 import resource
 
@@ -45,5 +46,25 @@ def faults_per_buffer(calls=40):
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
 
 
+class _MallocInfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+def buffer_is_a_fresh_mmap():
+    """Whether glibc serves a 4 MiB buffer by mmap (its count of mmapped chunks grows while
+    the buffer lives). Unlike page faults, this does not depend on the kernel's transparent
+    huge pages: with THP 'always' a fresh 4 MiB mapping faults in as two huge pages."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallocInfo
+    before = libc.mallinfo2().hblks
+    held = np.ones(1 << 20, np.float32)
+    grown = libc.mallinfo2().hblks - before
+    del held
+    return grown > 0
+
+
 print("heap_probe: " + json.dumps({"faults_per_call": faults / calls,
-                                   "faults_per_buffer": faults_per_buffer()}), flush=True)
+                                   "faults_per_buffer": faults_per_buffer(),
+                                   "buffer_is_a_fresh_mmap": buffer_is_a_fresh_mmap()}),
+      flush=True)

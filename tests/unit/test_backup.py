@@ -95,6 +95,29 @@ def test_a_collective_with_peers_counts_as_running():
     assert watch.doing == "callbacks"
 
 
+def test_agreement_checks_keep_coming_when_epochs_end_slowly():
+    """Steps of 10 ms, but each 4-step epoch ends with 0.5 s of callbacks (the k8s eviction
+    test's shape): the checks' spacing follows the real wall time, so a notice at step 8 is
+    agreed on long before the 40th and last step (an interval measured over two fast steps
+    once spaced the next check 100 steps on)."""
+    from tfrun.in_task.preemption import FIRST_CHECK, next_interval
+
+    def wall_time(step):  # seconds at the end of ``step``
+        return step * 0.01 + (step // 4) * 0.5
+
+    checks, interval, last = [], FIRST_CHECK, 0
+    step = FIRST_CHECK
+    while step <= 40:
+        checks.append(step)
+        mean = (wall_time(step) - wall_time(last)) / (step - last)
+        interval, last = next_interval(interval, mean), step
+        step += interval
+    assert checks[:3] == [1, 3, 7]  # intervals 2, 4: at most doubling
+    gaps = [wall_time(b) - wall_time(a) for a, b in zip(checks, checks[1:])]
+    assert max(gaps) < 2.5, checks
+    assert any(8 < c <= 20 for c in checks), checks
+
+
 def test_every_guarded_keras_internal_exists_on_the_pinned_versions():
     names = [i.spelled for i in internals.INTERNALS]
     assert len(names) == len(set(names)) >= 10

@@ -42,7 +42,7 @@ from .. import contract
 from .metrics import record_training_event, report_step
 
 __all__ = ["PreemptionWatch", "PREEMPTED_EXIT", "DEFAULT_GRACE", "die_of_sigterm",
-           "stop_preempted"]
+           "next_interval", "stop_preempted"]
 
 #: Exit code of a task that stopped after the coordinated save (what SIGTERM would give).
 PREEMPTED_EXIT = 128 + signal.SIGTERM
@@ -54,9 +54,22 @@ _STALL_SECONDS = 2.0
 #: preemption_check="auto": the workers check for a stop request about this often ...
 _CHECK_SECONDS = 1.0
 #: ... and first at the step after training starts or resumes: a large model's step can
-#: take seconds, so waiting for several steps could outlast the notice's grace (the first
-#: check's step time, tracing included, then spaces the next ones).
+#: take seconds, so waiting for several steps could outlast the notice's grace. The interval
+#: then at most doubles from one check to the next: one interval's mean step time is a poor
+#: guide to the next when it missed the slow parts of an epoch (its end, evaluation): two
+#: fast steps once spaced the next check 100 steps -- past the end of a short run, so a
+#: SIGTERM noticed in between was never agreed on.
 FIRST_CHECK = 1
+
+
+def next_interval(previous: int, seconds_per_step: float) -> int:
+    """Steps to the next agreement check: about ``_CHECK_SECONDS`` of steps at the measured
+    mean, but at most twice the previous interval (and at least one step).
+
+    >>> next_interval(1, 0.01), next_interval(64, 0.01), next_interval(8, 0.5)
+    (2, 100, 2)
+    """
+    return max(1, min(2 * previous, int(_CHECK_SECONDS / max(seconds_per_step, 1e-6))))
 
 
 def _grace_from_environment() -> float:
@@ -131,6 +144,7 @@ class PreemptionWatch:
         self._step_began = time.monotonic()
         self.step_seconds = 0.0             # the last step's own time (0: none measured)
         self._next_check = FIRST_CHECK
+        self._interval = FIRST_CHECK  # steps between the last two checks
         self._checked = (0, time.monotonic())
         self._previous_handler = None
         self._previous_wakeup_fd = None
@@ -245,8 +259,8 @@ class PreemptionWatch:
         """Training starts (or resumes) at ``step``: the first check comes after a few steps."""
         self.step = step
         self._checked = (step, time.monotonic())
-        self._next_check = step + (self.check_every if isinstance(self.check_every, int)
-                                   else FIRST_CHECK)
+        self._interval = self.check_every if isinstance(self.check_every, int) else FIRST_CHECK
+        self._next_check = step + self._interval
         self._step_began = time.monotonic()
 
     def due(self, step: int) -> bool:
@@ -269,5 +283,6 @@ class PreemptionWatch:
             self._next_check = step + self.check_every
         else:
             mean = float(total[1]) / strategy.num_replicas_in_sync
-            self._next_check = step + max(1, int(_CHECK_SECONDS / max(mean, 1e-6)))
+            self._interval = next_interval(self._interval, mean)
+            self._next_check = step + self._interval
         return float(total[0]) > 0
