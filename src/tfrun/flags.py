@@ -77,6 +77,20 @@ def positive_float(text: str) -> float:
     return value
 
 
+def step_timeout(text: str) -> float | None:
+    """``--step-timeout``: "auto" (None: max(60 s, 20 x the median step time)), "off"
+    (math.inf) or a number of seconds > 0."""
+    if text.strip().lower() == "auto":
+        return None
+    if text.strip().lower() == "off":
+        return math.inf
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto, off or a number of seconds > 0, received {text!r}") from None
+
+
 def add_topology_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("topology")
     group.add_argument("--workers", type=non_negative_int, default=None,

@@ -17,8 +17,8 @@ from ..in_task.heap import DEFAULT_THRESHOLD
 from ..launch.config import KERAS_FLAVOURS, ROLE_MODES, STRATEGIES, LaunchConfig
 from ..launch.engines import ENGINES, backend_choices, check_options, subcommands
 from ..flags import (add_topology_flags, apply_env_defaults, non_negative_float,
-                              non_negative_int, port, positive_float, split_hosts, split_module,
-                              topology_from)
+                     non_negative_int, port, positive_float, split_hosts, split_module,
+                     step_timeout, topology_from)
 
 __all__ = ["build_launch_parser", "config_from_args", "run_launch"]
 
@@ -133,6 +133,12 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                           "nothing for this long, naming it and dumping its Python stacks "
                           "(default: off; set it above the longest silent stretch, e.g. an "
                           "epoch with verbose=2)")
+    run.add_argument("--step-timeout", type=step_timeout, default=None,
+                     metavar="auto|off|SECONDS",
+                     help="fail the run when no task completes a training step for this long, "
+                          "naming the task that holds the others up (with every task's Python "
+                          "stacks). auto (default): max(60s, 20x the median step time); saves, "
+                          "evaluation and setup get max(600s, 10x that)")
     run.add_argument("--evaluator-grace", type=positive_float, default=30.0,
                      help="seconds the evaluator may keep running after training (default 30)")
     run.add_argument("--dry-run", action="store_true", default=False,
@@ -268,6 +274,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         join_timeout=args.join_timeout, stop_grace=args.stop_grace,
         preemption_grace=args.preemption_grace, max_preemptions=args.max_preemptions,
         hang_timeout=args.hang_timeout,
+        step_timeout=args.step_timeout,
         evaluator_grace=args.evaluator_grace, show=args.show, quiet_tasks=args.quiet_tasks,
         tf_noise=args.tf_noise, color=_color(args.color), strategy=args.strategy,
         tensorboard=args.tensorboard, dry_run=args.dry_run,

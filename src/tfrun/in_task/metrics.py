@@ -18,7 +18,8 @@ training -- never in the middle of Keras' redrawn progress line.
 
 Every few seconds (``contract.METRICS_INTERVAL``, default 2) a daemon thread also records the
 CPU and memory of the task's whole process tree (psutil), through the same lines: sampled
-where the task runs, so it works for remote tasks too.
+where the task runs, so it works for remote tasks too. Each sample also carries the steps the
+task completed and what it is doing (``tfrun.in_task.progress``): the launcher's hang clock.
 
 ``contract.METRICS=0`` switches the recording off (``benchmarks/bench_recording.py`` measures
 its cost that way). Outside tfrun nothing is installed, and ``log_metrics`` prints nothing.
@@ -34,7 +35,7 @@ import time
 from typing import Any
 
 from .. import contract
-from . import breakdown
+from . import breakdown, progress
 from ..contract import METRICS_LINE
 from ._post_import import when_imported
 
@@ -99,6 +100,7 @@ def log_metrics(step: int | None = None, **values: float) -> None:
     record: dict[str, Any] = {"event": "log", "values": _numbers(values)}
     if step is not None:
         record["step"] = int(step)
+        progress.loop_reported(int(step))  # a custom loop's progress, for the hang clock
     _emit(record)
 
 
@@ -238,15 +240,29 @@ def _recorder_class(callback_base, epoch_only: bool):
             self._timing.epoch_end(epoch, logs)
 
         def on_train_end(self, logs=None):
+            progress.doing("after training")
             self._timing.flush()
             if not epoch_only and breakdown.enabled():
                 _record_breakdown(self.model, self._data, self._timing.last_rate)
 
     if not epoch_only:
+        def on_train_batch_begin(self, batch, logs=None):
+            progress.step_began()
+
         def on_train_batch_end(self, batch, logs=None):
+            progress.step_ended()
             self._timing.batch_end(batch)
 
+        def on_test_begin(self, logs=None):
+            progress.doing("evaluation")
+
+        def on_test_end(self, logs=None):
+            progress.doing(progress.BETWEEN_STEPS)
+
+        _Recorder.on_train_batch_begin = on_train_batch_begin
         _Recorder.on_train_batch_end = on_train_batch_end
+        _Recorder.on_test_begin = on_test_begin
+        _Recorder.on_test_end = on_test_end
     return _Recorder
 
 
@@ -395,6 +411,7 @@ def _start_resource_sampler(interval: float) -> None:
                 record = sample_resources(process)
                 if _step[0] is not None:
                     record["step"] = _step[0]
+                record.update(progress.snapshot())  # the launcher's hang clock reads it
                 _emit(record)
             except Exception:  # noqa: BLE001 - never disturb the task for a sample
                 return

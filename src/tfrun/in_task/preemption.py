@@ -39,6 +39,7 @@ import threading
 import time
 
 from .. import contract
+from . import progress
 from .metrics import record_training_event, report_step
 
 __all__ = ["PreemptionWatch", "PREEMPTED_EXIT", "DEFAULT_GRACE", "die_of_sigterm",
@@ -180,7 +181,8 @@ class PreemptionWatch:
         before, self.doing = self.doing, doing
         self._running_since = time.monotonic() if with_peers else None
         try:
-            yield
+            with progress.busy(doing):  # the launcher's hang clock reads it too
+                yield
         finally:
             self._running_since = None
             self.doing = before

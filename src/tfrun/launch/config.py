@@ -57,6 +57,9 @@ class LaunchConfig:
     max_preemptions: int = 100          # uncharged gang restarts after preemptions
     evaluator_grace: float = 30.0       # evaluator's time to finish after training ends
     hang_timeout: float | None = None   # fail when a tracked task is silent this long (off)
+    #: fail when no task completes a training step this long (launch.supervise.hang):
+    #: None: auto, max(60 s, 20 x the median step time); math.inf: off
+    step_timeout: float | None = None
     show: str | None = None             # "chief,worker:0": console filter
     quiet_tasks: bool = False
     tf_noise: bool = False
@@ -133,6 +136,11 @@ class LaunchConfig:
                                   expected="a number of seconds > 0",
                                   fix=f"Pass e.g. --{name.replace('_', '-')} 30",
                                   received=getattr(self, name))
+        if self.step_timeout is not None and not self.step_timeout > 0:
+            raise ConfigError("--step-timeout must be auto, off or a number of seconds > 0",
+                              expected="auto, off or a number of seconds > 0",
+                              fix="Pass e.g. --step-timeout 300 (above the longest step), or "
+                                  "leave the default (auto)", received=self.step_timeout)
         if self.hang_timeout is not None and not 0 < self.hang_timeout < float("inf"):
             raise ConfigError("--hang-timeout must be a positive number of seconds",
                               expected="a number of seconds > 0 (or no --hang-timeout: off)",

@@ -182,6 +182,10 @@ def resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi
         f"stop grace {config.stop_grace:g}s; preemption grace {config.preemption_grace:g}s "
         f"(max {config.max_preemptions} preemptions)"
         + (f"; hang timeout {config.hang_timeout:g}s" if config.hang_timeout else "")
+        + "; step timeout " + ("auto (max(60s, 20x the median step))"
+                               if config.step_timeout is None else "off"
+                               if config.step_timeout == float("inf")
+                               else f"{config.step_timeout:g}s")
         + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if heartbeat else ""),
         *([f"  placement  : {placement}"] if placement else []),
         *([f"  network    : {network}"] if network else []),

@@ -70,6 +70,12 @@ class TaskLogger:
     #: the newest global step the task reported (its resources samples, every few seconds,
     #: and the step it had reached when told to stop)
     last_step: int | None = None
+    #: the task's progress for the hang clock (launch.supervise.hang): (monotonic time of
+    #: the newest resources sample, steps its process completed, what it is doing) ...
+    progress: tuple[float, int, str] | None = None
+    #: ... when its steps last grew (None: not since its start), and its recent step time
+    advanced_at: float | None = None
+    seconds_per_step: float | None = None
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -135,6 +141,8 @@ class TaskLogger:
             self.training_events.append(record)
         elif record.get("event") in ("resources", "step") and isinstance(record.get("step"), int):
             self.last_step = record["step"]
+        if record.get("event") == "resources" and isinstance(record.get("steps_done"), int):
+            self._note_progress(record["steps_done"], str(record.get("doing", "")))
         if self.metrics_path is not None:
             try:
                 self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,6 +151,23 @@ class TaskLogger:
             except OSError as exc:
                 self._failed(exc)
         return record.get("event")
+
+    def _note_progress(self, steps_done: int, doing: str) -> None:
+        now = time.monotonic()
+        before = self.progress
+        if before is not None and steps_done > before[1]:
+            if self.advanced_at is not None:  # a whole interval of steps: its mean
+                self.seconds_per_step = (now - self.advanced_at) / (steps_done - before[1])
+            self.advanced_at = now
+        elif before is None and steps_done > 0:
+            self.advanced_at = now
+        elif before is not None and steps_done < before[1]:  # a new process of the task
+            self.advanced_at = now if steps_done > 0 else None
+        self.progress = (now, steps_done, doing)
+
+    def reset_progress(self) -> None:
+        """The task starts again: its progress so far no longer counts."""
+        self.progress, self.advanced_at, self.seconds_per_step = None, None, None
 
     def _open_log(self) -> IO[bytes] | None:
         try:

@@ -117,3 +117,5 @@ class RunResult:
     departed: list = field(default_factory=list)
     #: hosts excluded for failing --exclude-after times in a row
     excluded_hosts: list = field(default_factory=list)
+    #: no step for --step-timeout: the culprits and who waited (launch.supervise.hang)
+    hang: dict | None = None

@@ -45,6 +45,7 @@ def write_summary(result: RunResult, run_dir: Path, started_at: float,
         "membership": result.membership,
         "departed_tasks": [r.to_dict() for r in result.departed],
         "excluded_hosts": result.excluded_hosts,
+        "hang": result.hang,
     }
     path = run_dir / "summary.json"
     tmp = path.with_suffix(".json.tmp")

@@ -36,7 +36,8 @@ from .policy import (ALLOWED_TRANSITIONS, Decision, FailureClass, FailurePolicy,
 from ..rendezvous import JoinProbe
 from .records import (HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus,
                       TaskRecord)
-from .summary import describe_code, describe_outcome, has_stack_dump, log_tail, write_summary
+from .summary import describe_code, describe_outcome, log_tail, write_summary
+from .watchdogs import Watchdogs
 
 __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Supervisor",
            "TaskRecord"]
@@ -48,8 +49,6 @@ _HOST_FAULTS = (FailureClass.NODE_LOST, FailureClass.INFRASTRUCTURE)
 _SECOND_SIGTERM_SECONDS = 0.2
 #: After SIGKILL, how long to wait for a (remote) backend to confirm the exit.
 _KILL_CONFIRM_SECONDS = 5.0
-#: How long a hung task gets to write its stack dump (SIGUSR1) before it is stopped.
-_STACK_DUMP_SECONDS = 3.0
 
 
 class Watch(enum.Enum):
@@ -60,7 +59,7 @@ class Watch(enum.Enum):
     RESTART = "restart"            # the policy said restart the group
     REFORM = "reform"              # the policy said re-form the group without a lost host
     JOIN_TIMEOUT = "join-timeout"  # the cluster never formed
-    HANG = "hang"                  # a tracked task printed nothing for --hang-timeout
+    HANG = "hang"                  # no step for --step-timeout, or silent for --hang-timeout
     STORAGE = "storage"            # the run dir's disk is full
     SIGNAL = "signal"              # Ctrl-C / SIGTERM to tfrun
 
@@ -124,6 +123,8 @@ class Supervisor:
             console.lead = self.lead_task()
         self._status_at = 0.0
         self._status_epoch: dict | None = None  # the lead's epoch record last shown
+        #: the hang clocks (--step-timeout, --hang-timeout) and their finding
+        self.watchdogs = Watchdogs(config, lambda: self.records, self._backend, self._event)
 
     def _adopt(self, plan: ClusterPlan, backends: Mapping[TaskId, Backend],
                make_spec: Callable[[TaskId, int], TaskSpec]) -> None:
@@ -473,6 +474,7 @@ class Supervisor:
         record.stopped_by_tfrun, record.note = False, None
         record.started_at = time.time()
         record.starts += 1
+        record.logger.reset_progress()
         self._transition(record, TaskState.RUNNING, pid=handle.pid, host=handle.host,
                          restart=restart_count)
         record.logger.pump(stream)
@@ -550,10 +552,10 @@ class Supervisor:
                 watched_since = time.monotonic()  # silence counts from the cluster forming
                 if not joined and time.monotonic() - started > self.config.join_timeout:
                     return self._join_timeout()
-            elif self.config.hang_timeout is not None:
-                hung = self._hung_task(watched_since)
-                if hung is not None:
-                    return self._hang_timeout(hung)
+            else:
+                found = self.watchdogs.check(watched_since)
+                if found is not None:
+                    return _Outcome(Watch.HANG, *found)
             self._tick_status()
             time.sleep(_POLL_SECONDS)
 
@@ -606,45 +608,6 @@ class Supervisor:
             self.console.info(f"{record.task} exited with code {code}; training goes on "
                               f"(an {record.task.role} failure does not stop training)")
         return decision
-
-    def _hung_task(self, watched_since: float) -> TaskRecord | None:
-        """The running chief/worker silent for --hang-timeout (the longest silent one)."""
-        assert self.config.hang_timeout is not None
-        now = time.monotonic()
-        silent = [r for r in self.records if r.tracked and r.state == TaskState.RUNNING
-                  and now - max(r.logger.last_line_at, watched_since) > self.config.hang_timeout]
-        return min(silent, key=lambda r: r.logger.last_line_at) if silent else None
-
-    def _hang_timeout(self, hung: TaskRecord) -> _Outcome:
-        """Ask the hung task for its Python stacks (SIGUSR1: faulthandler, set up by the
-        bootstrap), wait a moment for them, and fail the run naming it."""
-        assert hung.handle is not None and self.config.hang_timeout is not None
-        silent_for = time.monotonic() - hung.logger.last_line_at
-        others = [r for r in self.records if r is not hung and r.tracked
-                  and r.state == TaskState.RUNNING and r.handle is not None
-                  and time.monotonic() - r.logger.last_line_at > self.config.hang_timeout]
-        mark = hung.logger.lines_read
-        # Every silent task dumps its stacks into its log: who waits for whom shows there.
-        for record in (hung, *others):
-            self._backend(record).signal(record.handle, signal.SIGUSR1)  # type: ignore[arg-type]
-        deadline = time.monotonic() + _STACK_DUMP_SECONDS
-        while time.monotonic() < deadline and not has_stack_dump(hung.logger.lines_since(mark)):
-            time.sleep(0.05)
-        time.sleep(0.2)  # the rest of the dump
-        dump = hung.logger.lines_since(mark)
-        message = (f"{hung.task} made no progress for {silent_for:.0f}s (--hang-timeout "
-                   f"{self.config.hang_timeout:g}s: no output line)"
-                   + (f"; also silent: {', '.join(str(r.task) for r in others)} (waiting for "
-                      "it? their stacks are in their logs)" if others else ""))
-        if has_stack_dump(dump):
-            message += f". Its Python stacks (also in {hung.logger.path}):\n" + "\n".join(
-                "  " + line for line in dump)
-        else:
-            message += (f". It wrote no stack dump within {_STACK_DUMP_SECONDS:g}s of SIGUSR1: "
-                        "it is stopped (SIGSTOP) or stuck outside Python")
-        self._event("hang-timeout", task=str(hung.task), silent_for=silent_for,
-                    others=[str(r.task) for r in others])
-        return _Outcome(Watch.HANG, hung, message)
 
     def _host_fault_within(self, seconds: float) -> tuple[TaskRecord, Decision] | None:
         """A running task that ends within ``seconds`` for its host's sake (lost, killed
@@ -893,6 +856,6 @@ class Supervisor:
                            membership=self.membership, departed=self.departed,
                            excluded_hosts=self.excluded_hosts,
                            traceback=traceback, failed_because=failed_because,
-                           traceback_of=traceback_of)
+                           traceback_of=traceback_of, hang=self.watchdogs.hang)
         result.summary_path = write_summary(result, self.run_dir, self._start_time, self.console)
         return result

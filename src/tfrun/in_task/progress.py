@@ -1,0 +1,79 @@
+"""What this task is doing, and how many training steps it has completed: the evidence the
+launcher's hang clock and culprit finder read.
+
+The Keras recorder (``tfrun.in_task.metrics``) marks each training step's start and end, and
+evaluation; the backup marks its saves and the agreement on a stop. Each resources sample
+(every ``contract.METRICS_INTERVAL`` seconds, from a daemon thread that keeps running while
+the main thread is blocked in a collective) carries the two values, so the launcher sees a
+task that stopped completing steps, and what it was doing then -- for any backend, remote
+tasks included. Marking costs a dictionary store: it is cheap enough for every step.
+
+    >>> reset()
+    >>> step_began(); step_ended(); doing("the backup")
+    >>> snapshot()
+    {'steps_done': 1, 'doing': 'the backup'}
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+__all__ = ["IN_STEP", "BETWEEN_STEPS", "busy", "doing", "loop_reported", "reset", "snapshot",
+           "step_began", "step_ended"]
+
+#: The main thread is inside a training step (its collectives included): a task that stays
+#: here while a peer does not is waiting for that peer.
+IN_STEP = "a training step"
+#: Between two steps: the task's own callbacks (and Keras' bookkeeping) run.
+BETWEEN_STEPS = "callbacks"
+#: Before the first training step (imports, the strategy, the model, tracing).
+SETUP = "setup"
+
+_state = {"steps_done": 0, "doing": SETUP}
+_reported = [None]  # the newest step a custom loop reported (tfrun.log_metrics)
+
+
+def reset() -> None:
+    """Back to no step and ``setup`` (tests; a process runs one task)."""
+    _state.update(steps_done=0, doing=SETUP)
+    _reported[0] = None
+
+
+def loop_reported(step: int) -> None:
+    """A custom loop logged ``step`` (``tfrun.log_metrics(step=...)``): progress when it
+    is a new step. It counts as one step done however many it skipped: the clock only needs
+    to see progress, and the loop's logging interval then stands for its step time."""
+    if _reported[0] is None or step > _reported[0]:
+        _reported[0] = step
+        _state["steps_done"] += 1
+        _state["doing"] = IN_STEP  # (the loop's own code: nothing finer is known)
+
+
+def step_began() -> None:
+    _state["doing"] = IN_STEP
+
+
+def step_ended() -> None:
+    _state["steps_done"] += 1
+    _state["doing"] = BETWEEN_STEPS
+
+
+def doing(what: str) -> None:
+    """The main thread now does ``what`` (a short phrase: "evaluation", "the backup")."""
+    _state["doing"] = what
+
+
+@contextlib.contextmanager
+def busy(what: str):
+    """``doing(what)`` for the block, then back to what it was doing before."""
+    before = _state["doing"]
+    _state["doing"] = what
+    try:
+        yield
+    finally:
+        _state["doing"] = before
+
+
+def snapshot() -> dict:
+    """The values a resources sample carries."""
+    return dict(_state)

@@ -1,0 +1,184 @@
+"""The hang clock and the culprit finder: pure decisions on what the tasks report.
+
+Each task's resources samples (``tfrun.in_task.progress``, every couple of seconds from a
+thread that runs while its main thread is blocked) say how many training steps it completed
+and what it is doing. The clock declares a hang when no task completed a step for the
+*step limit* -- ``max(60 s, 20 x the median step time)`` by default (``--step-timeout``) --
+counted from the first step of the attempt. A task that says it is saving, evaluating or
+still setting up gets the longer *phase limit* (``max(600 s, 10 x the step limit)``): a
+backup of a large model is not a hang. Tasks after training do not hold the clock up.
+
+At a hang, the evidence names the culprit(s), most telling first:
+
+1. a task whose samples stopped coming (it is stopped, or stuck holding Python's lock);
+2. a task outside a training step while others wait inside one (its callbacks, its input);
+3. a task that completed fewer steps than the others.
+
+The others are labelled as waiting for the culprit(s). When nothing stands out (every task
+inside a step at the same count) the finding says so and names none.
+
+    >>> clock = HangClock(step_timeout=None)
+    >>> tasks = [TaskProgress("worker:0", "h0", 99.0, 30, IN_STEP, advanced_at=20.0,
+    ...                       seconds_per_step=0.1),
+    ...          TaskProgress("worker:1", "h1", 99.0, 30, "callbacks", advanced_at=20.0,
+    ...                       seconds_per_step=0.1)]
+    >>> hang = clock.check(100.0, tasks)
+    >>> [c.task for c in hang.culprits], [w.task for w in hang.waiting], hang.limit
+    (['worker:1'], ['worker:0'], 60.0)
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+__all__ = ["HangClock", "Hang", "Suspect", "TaskProgress", "IN_STEP", "step_limit"]
+
+#: What a task inside a training step reports (tfrun.in_task.progress.IN_STEP).
+IN_STEP = "a training step"
+#: What a task between two steps reports (tfrun.in_task.progress.BETWEEN_STEPS).
+BETWEEN_STEPS = "callbacks"
+#: Phases in which a task does its own work, not steps: the clock waits longer.
+_SHORT_PHASES = (IN_STEP, BETWEEN_STEPS, "the agreement on a stop")
+#: A task done with fit: what it runs next is the script's business.
+AFTER_TRAINING = "after training"
+_MIN_STEP_LIMIT = 60.0
+_STEP_FACTOR = 20.0
+_MIN_PHASE_LIMIT = 600.0
+_PHASE_FACTOR = 10.0
+#: Samples come every 2 s by default: one missing for this long means the sampler is stuck.
+STALE_SAMPLE_SECONDS = 10.0
+
+
+def step_limit(median_step_seconds: float | None, step_timeout: float | None) -> float:
+    """Seconds without a completed step that make a hang.
+
+    >>> step_limit(0.5, None), step_limit(9.0, None), step_limit(9.0, 30.0)
+    (60.0, 180.0, 30.0)
+    """
+    if step_timeout is not None:
+        return step_timeout
+    return max(_MIN_STEP_LIMIT, _STEP_FACTOR * (median_step_seconds or 0.0))
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """What the launcher knows of one running task's progress."""
+
+    task: str
+    host: str | None
+    sampled_at: float | None       # monotonic time of its newest sample (None: none yet)
+    steps_done: int                # steps its process completed
+    doing: str                     # what its main thread does (see tfrun.in_task.progress)
+    advanced_at: float | None = None   # monotonic time steps_done last grew (None: never)
+    seconds_per_step: float | None = None
+
+
+@dataclass(frozen=True)
+class Suspect:
+    task: str
+    host: str | None
+    steps_done: int
+    doing: str
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"task": self.task, "host": self.host, "steps_done": self.steps_done,
+                "doing": self.doing, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Hang:
+    """No step for ``idle`` seconds (over ``limit``); who is to blame, who waits."""
+
+    idle: float
+    limit: float
+    culprits: list[Suspect] = field(default_factory=list)
+    waiting: list[Suspect] = field(default_factory=list)
+
+    def describe(self) -> str:
+        head = (f"no task completed a training step for {self.idle:.0f}s (the limit is "
+                f"{self.limit:.0f}s, --step-timeout)")
+        if not self.culprits:
+            return head + ("; no task stands out: every one is inside a step at the same "
+                           "count (a collective outside tfrun's view?) -- their stacks follow")
+        names = ", ".join(c.task for c in self.culprits)
+        lines = [head + f"; the culprit: {names}"]
+        lines += [f"  {c.task} (host {c.host or 'local'}, {c.steps_done} steps done): {c.why}"
+                  for c in self.culprits]
+        lines += [f"  {w.task} (host {w.host or 'local'}): {w.why}" for w in self.waiting]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"idle_seconds": round(self.idle, 1), "limit_seconds": round(self.limit, 1),
+                "culprits": [c.to_dict() for c in self.culprits],
+                "waiting": [w.to_dict() for w in self.waiting]}
+
+
+class HangClock:
+    """Declares a hang from the tasks' progress (see the module docstring).
+
+    ``step_timeout``: fixed seconds, or None for ``max(60 s, 20 x median step time)``.
+    """
+
+    def __init__(self, step_timeout: float | None = None) -> None:
+        self.step_timeout = step_timeout
+
+    def limits(self, tasks: list[TaskProgress]) -> tuple[float, float]:
+        """(step limit, phase limit) for the tasks' measured step times."""
+        times = [t.seconds_per_step for t in tasks if t.seconds_per_step]
+        steps = step_limit(statistics.median(times) if times else None, self.step_timeout)
+        return steps, max(_MIN_PHASE_LIMIT, _PHASE_FACTOR * steps)
+
+    def check(self, now: float, tasks: list[TaskProgress]) -> Hang | None:
+        """A hang, or None: the clock has not started (no step yet this attempt), a task
+        made a step within the limit, or every task is done training."""
+        training = [t for t in tasks if t.doing != AFTER_TRAINING]
+        advanced = [t.advanced_at for t in tasks if t.advanced_at is not None]
+        if not training or not advanced:
+            return None
+        idle = now - max(advanced)
+        steps, phases = self.limits(tasks)
+        in_phase = any(t.doing not in _SHORT_PHASES for t in training
+                       if not _stale(t, now))
+        limit = phases if in_phase else steps
+        if idle <= limit:
+            return None
+        culprits, waiting = blame(now, training)
+        return Hang(idle=idle, limit=limit, culprits=culprits, waiting=waiting)
+
+
+def _stale(task: TaskProgress, now: float) -> bool:
+    return task.sampled_at is None or now - task.sampled_at > STALE_SAMPLE_SECONDS
+
+
+def blame(now: float, tasks: list[TaskProgress]) -> tuple[list[Suspect], list[Suspect]]:
+    """(culprits, the others labelled as waiting for them); no culprit when none stands out."""
+    def suspect(t: TaskProgress, why: str) -> Suspect:
+        return Suspect(t.task, t.host, t.steps_done, t.doing, why)
+
+    stale = [t for t in tasks if _stale(t, now)]
+    fresh = [t for t in tasks if not _stale(t, now)]
+    culprits: list[Suspect] = []
+    for t in stale:
+        since = "never sent one" if t.sampled_at is None else \
+            f"its last came {now - t.sampled_at:.0f}s ago"
+        culprits.append(suspect(t, f"sends no progress samples ({since}): stopped, or stuck "
+                                   f"holding Python's lock, while {t.doing}"))
+    if not culprits and any(t.doing == IN_STEP for t in fresh):
+        culprits = [suspect(t, f"stuck in {t.doing} (not in a training step) while the "
+                               "others wait inside one")
+                    for t in fresh if t.doing != IN_STEP]
+    if not culprits and fresh:
+        fewest = min(t.steps_done for t in fresh)
+        if any(t.steps_done > fewest for t in fresh):
+            culprits = [suspect(t, f"behind: {t.steps_done} steps done, the others more "
+                                   f"(it is in {t.doing})")
+                        for t in fresh if t.steps_done == fewest]
+    if not culprits:
+        return [], []
+    names = ", ".join(c.task for c in culprits)
+    blamed = {c.task for c in culprits}
+    waiting = [suspect(t, f"waiting in {t.doing} for {names}") for t in tasks
+               if t.task not in blamed]
+    return culprits, waiting

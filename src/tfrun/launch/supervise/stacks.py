@@ -1,0 +1,59 @@
+"""Every running task's Python stacks, asked for at a hang (SIGUSR1: faulthandler, set up by
+the task's bootstrap) and read back from its output.
+
+    stacks = ask_for_stacks(records, backend_of)  # {record: lines of its dump}
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+from .records import TaskRecord
+from .summary import has_stack_dump
+
+__all__ = ["ask_for_stacks", "main_thread_first", "STACK_DUMP_SECONDS"]
+
+#: How long the tasks get to write their stack dumps before tfrun stops them.
+STACK_DUMP_SECONDS = 3.0
+
+
+def ask_for_stacks(records: list[TaskRecord], backend_of: Callable[[TaskRecord], object],
+                   *, wait_for: list[TaskRecord] | None = None,
+                   seconds: float = STACK_DUMP_SECONDS) -> dict[int, list[str]]:
+    """Signal each running record's task and return ``{id(record): its lines since}``;
+    waits up to ``seconds`` for a dump from each of ``wait_for`` (default: all)."""
+    asked = [r for r in records if r.handle is not None]
+    marks = {id(r): r.logger.lines_read for r in asked}
+    for record in asked:
+        backend_of(record).signal(record.handle, signal.SIGUSR1)  # type: ignore[attr-defined]
+    waited = [r for r in (wait_for if wait_for is not None else asked) if id(r) in marks]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(
+            has_stack_dump(r.logger.lines_since(marks[id(r)])) for r in waited):
+        time.sleep(0.05)
+    time.sleep(0.2)  # the rest of the dumps
+    return {id(r): r.logger.lines_since(marks[id(r)]) for r in asked}
+
+
+def main_thread_first(lines: list[str]) -> list[str]:
+    """faulthandler's dump with the signalled (main) thread's block first: that is where the
+    script is; the other threads (tfrun's samplers, TensorFlow's) come after it.
+
+    >>> main_thread_first(["Thread 0x1 (most recent call first):", "  File a", "",
+    ...                    "Current thread 0x2 (most recent call first):", "  File b"])
+    ['Current thread 0x2 (most recent call first):', '  File b', '', 'Thread 0x1 (most recent call first):', '  File a']
+    """
+    blocks: list[list[str]] = []
+    for line in lines:
+        if "(most recent call first)" in line or not blocks:
+            blocks.append([])
+        if line.strip():
+            blocks[-1].append(line)
+    blocks = [b for b in blocks if b]
+    blocks.sort(key=lambda b: not b[0].startswith("Current thread"))
+    out: list[str] = []
+    for block in blocks:
+        out += ([""] if out else []) + block
+    return out

@@ -1,0 +1,138 @@
+"""The hang clock and the culprit finder (launch.supervise.hang), the task side's progress
+marks (in_task.progress) and the launcher's reading of them (TaskLogger)."""
+
+import io
+import json
+
+import pytest
+
+from tfrun.in_task import progress
+from tfrun.launch.output import ConsoleSink, TaskLogger
+from tfrun.launch.supervise.hang import IN_STEP, HangClock, TaskProgress, blame, step_limit
+from tfrun.launch.supervise.stacks import main_thread_first
+
+
+def task(name, steps=30, doing=IN_STEP, sampled_at=99.0, advanced_at=20.0, step_s=0.1):
+    return TaskProgress(name, "10.0.0." + name[-1], sampled_at, steps, doing,
+                        advanced_at=advanced_at, seconds_per_step=step_s)
+
+
+@pytest.mark.parametrize("tasks, culprits, why", [
+    # a task stuck in its own callbacks while the other waits in the all-reduce
+    ([task("worker:0"), task("worker:1", doing="callbacks")], ["worker:1"], "stuck in callbacks"),
+    # a task whose samples stopped (SIGSTOP, or holding the GIL): first in evidence
+    ([task("worker:0"), task("worker:1", sampled_at=50.0)], ["worker:1"],
+     "sends no progress samples (its last came 50s ago)"),
+    ([task("worker:0", doing="callbacks"), task("worker:1", sampled_at=None)], ["worker:1"],
+     "never sent one"),
+    # every task inside a step, one of them behind
+    ([task("worker:0", steps=31), task("worker:1", steps=30), task("worker:2", steps=31)],
+     ["worker:1"], "behind: 30 steps done"),
+])
+def test_the_culprit_is_named_by_evidence_and_the_others_wait_for_it(tasks, culprits, why):
+    hang = HangClock().check(100.0, tasks)
+    assert hang is not None and hang.limit == 60.0 and hang.idle == 80.0
+    assert [c.task for c in hang.culprits] == culprits
+    assert why in hang.culprits[0].why
+    assert sorted(w.task for w in hang.waiting) == sorted(
+        t.task for t in tasks if t.task not in culprits)
+    assert all(f"for {', '.join(culprits)}" in w.why for w in hang.waiting)
+    text = hang.describe()
+    assert f"the culprit: {', '.join(culprits)}" in text and "(host 10.0.0.1" in text
+    assert json.loads(json.dumps(hang.to_dict()))["culprits"][0]["task"] == culprits[0]
+
+
+def test_no_culprit_when_none_stands_out():
+    hang = HangClock().check(100.0, [task("worker:0"), task("worker:1")])
+    assert hang is not None and hang.culprits == [] and hang.waiting == []
+    assert "no task stands out" in hang.describe()
+
+
+def test_the_clock_starts_at_the_first_step_and_honours_what_tasks_do():
+    clock = HangClock()
+    # No step yet (tracing a large model, forming): no clock at all.
+    assert clock.check(1e6, [task("worker:0", steps=0, advanced_at=None, doing="setup")]) is None
+    # A step within the limit.
+    assert clock.check(79.0, [task("worker:0"), task("worker:1")]) is None
+    # A backup (or evaluation) takes the phase limit: max(600 s, 10 x the step limit).
+    saving = [task("worker:0", doing="the backup", sampled_at=599.0),
+              task("worker:1", sampled_at=599.0)]
+    assert clock.check(600.0, saving) is None
+    late = clock.check(700.0, [task("worker:0", doing="the backup", sampled_at=699.0),
+                               task("worker:1", sampled_at=699.0)])
+    assert late is not None and late.limit == 600.0
+    assert [c.task for c in late.culprits] == ["worker:0"]
+    # Done with fit: the script's business; the clock stops when every task is.
+    done = [task("worker:0", doing="after training"), task("worker:1", doing="after training")]
+    assert clock.check(1e6, done) is None
+    # --step-timeout off is no clock in the supervisor; a fixed one replaces the auto limit.
+    assert HangClock(step_timeout=5.0).check(26.0, [task("worker:0")]).limit == 5.0
+
+
+def test_the_auto_limit_follows_the_median_step_time():
+    assert step_limit(None, None) == 60.0
+    assert step_limit(10.0, None) == 200.0
+    tasks = [task("worker:0", step_s=10.0), task("worker:1", step_s=12.0),
+             task("worker:2", step_s=0.1)]
+    assert HangClock().limits(tasks) == (200.0, 2000.0)
+    assert HangClock().check(219.0, tasks) is None
+
+
+def test_blame_of_a_stale_task_while_the_rest_finish_a_phase():
+    culprits, waiting = blame(100.0, [task("worker:0", doing="evaluation"),
+                                      task("worker:1", sampled_at=10.0, doing="evaluation")])
+    assert [c.task for c in culprits] == ["worker:1"]
+    assert waiting[0].why == "waiting in evaluation for worker:1"
+
+
+def test_the_task_marks_its_steps_and_phases():
+    progress.reset()
+    assert progress.snapshot() == {"steps_done": 0, "doing": "setup"}
+    progress.step_began()
+    assert progress.snapshot()["doing"] == IN_STEP == progress.IN_STEP
+    progress.step_ended()
+    with progress.busy("the backup"):
+        assert progress.snapshot() == {"steps_done": 1, "doing": "the backup"}
+    assert progress.snapshot()["doing"] == progress.BETWEEN_STEPS
+    progress.reset()
+
+
+def test_a_custom_loop_s_logged_steps_are_its_progress():
+    from tfrun.in_task.metrics import log_metrics
+
+    progress.reset()
+    for step in (100, 100, 200, 150, 300):  # a step logged twice, or going back, is no progress
+        log_metrics(step=step, loss=0.5)
+    log_metrics(loss=0.25)  # no step: no progress either
+    assert progress.snapshot() == {"steps_done": 3, "doing": progress.IN_STEP}
+    progress.reset()
+
+
+def test_the_task_logger_reads_progress_from_resources_samples(tmp_path, monkeypatch):
+    clock = iter([101.0, 103.0, 105.0, 107.0, 109.0])
+    monkeypatch.setattr("tfrun.launch.output.tasklog.time.monotonic", lambda: next(clock))
+    logger = TaskLogger("worker:0", 0, tmp_path / "w.log",
+                        ConsoleSink(io.StringIO(), color=False, live=False))
+
+    def sample(steps, doing):
+        logger._record_metrics(json.dumps({"event": "resources", "steps_done": steps,
+                                           "doing": doing}))
+
+    logger.reset_progress()                 # the (re)start
+    sample(0, "setup")                      # 101
+    assert logger.progress == (101.0, 0, "setup") and logger.advanced_at is None
+    sample(10, IN_STEP)                     # 103: the first steps start the clock
+    assert logger.advanced_at == 103.0 and logger.seconds_per_step is None
+    sample(30, IN_STEP)                     # 105: 20 steps in 2 s
+    assert logger.advanced_at == 105.0 and logger.seconds_per_step == pytest.approx(0.1)
+    sample(30, "callbacks")                 # 107: no step: the clock runs on
+    assert logger.advanced_at == 105.0 and logger.progress[2] == "callbacks"
+    sample(2, IN_STEP)                      # 109: a new process of the task (fewer steps)
+    assert logger.advanced_at == 109.0
+
+
+def test_stack_dumps_show_the_main_thread_first():
+    dump = ["Thread 0x1 (most recent call first):", '  File "metrics.py", line 1 in sample', "",
+            "Current thread 0x2 (most recent call first):", '  File "train.py", line 9 in <module>']
+    assert main_thread_first(dump)[0].startswith("Current thread")
+    assert main_thread_first(dump)[-1].endswith("in sample")
