@@ -227,3 +227,15 @@ def ray_cluster():
     import ray_cluster
 
     yield from _engine_for_session("Ray", ray_cluster, lambda: ray_cluster.ADDRESS)
+
+
+#: Folders whose every test is in the quick tier (``-m quick``): pure logic, and the real
+#: supervisor with fake tasks -- no TensorFlow cluster. Elsewhere a test opts in by marker.
+QUICK_FOLDERS = ("unit", "supervisor")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).parent.name in QUICK_FOLDERS:
+            item.add_marker(pytest.mark.quick)
