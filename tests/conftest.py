@@ -239,3 +239,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if Path(str(item.fspath)).parent.name in QUICK_FOLDERS:
             item.add_marker(pytest.mark.quick)
+    # Pure tests first, then the supervisor's, then real clusters (a stable sort: each keeps
+    # its order): a broken module fails in seconds, not after the slow runs it also breaks.
+    rank = {folder: i for i, folder in enumerate(QUICK_FOLDERS)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).parent.name, len(rank)))
