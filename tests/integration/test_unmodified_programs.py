@@ -50,6 +50,29 @@ def test_lazily_built_layers_in_a_custom_loop_train_exactly(tmp_path):
     assert "You must feed a value for placeholder tensor" in logs(without)
 
 
+def history_of(output: str) -> dict:
+    return json.loads(next(l for l in output.splitlines() if "history " in l).split("history ", 1)[1])
+
+
+def test_a_metric_whose_result_is_a_variable_trains_as_alone(tmp_path):
+    """Issue 48.1: tfrun's fix of keras#20585 (mwms_reduce_logs) reduced every log value
+    across workers, and a metric whose result() returns a variable (no device) crashed it:
+    "Cannot convert input_tensor to a PerReplica object because it doesn't have device set".
+    Stock Keras passes such values through; tfrun reads them on the worker's device."""
+    alone = subprocess.run([sys.executable, script("metric_variable.py")],
+                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True,
+                           text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    run = Run(tmp_path, ["--workers", "2", script("metric_variable.py")])
+    assert run.run(300) == 0, run.stdout[-4000:]
+    want = history_of(alone.stdout)
+    for task in ("worker-0", "worker-1"):
+        got = history_of((run.run_dir / "logs" / f"{task}.log").read_text())
+        assert got["samples_seen"] == want["samples_seen"] == [64.0, 64.0]
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    assert_nothing_left(run)
+
+
 # --------------------------------------------------------------------------- 12.2
 
 

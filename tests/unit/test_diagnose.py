@@ -66,3 +66,53 @@ def test_tensorflow_errors_are_explained(log, fix):
 def test_a_script_s_own_error_gets_no_hint_and_every_rule_is_distinct():
     assert explain("Traceback ...\nValueError: the learning rate must be positive") == []
     assert len({fix for _, fix in HINTS}) == len(HINTS)
+
+
+def _traceback(*frames: str, error: str = "ValueError: boom") -> str:
+    body = "".join(f'  File "{path}", line 7, in {func}\n    code()\n' for path, func in
+                   (f.split("|") for f in frames))
+    return "I0000 noise\nTraceback (most recent call last):\n" + body + error + "\n"
+
+
+@pytest.mark.parametrize("log, where", [
+    # the case: Keras hid its frames; the raising frame is tfrun's compat fix
+    (_traceback("train.py|<module>", "/s/tfrun/in_task/metrics.py|fit",
+                "/s/keras/src/utils/traceback_utils.py|error_handler",
+                "/s/tfrun/in_task/compat/keras3.py|<lambda>"),
+     "/s/tfrun/in_task/compat/keras3.py:7 in <lambda>"),
+    (_traceback("train.py|<module>", "/venv/site-packages/tfrun/cluster.py|parse"),
+     "/venv/site-packages/tfrun/cluster.py:7 in parse"),
+    # an error Keras detects (the script's model) ends in a Keras frame: the script's
+    (_traceback("train.py|<module>", "/s/tfrun/in_task/metrics.py|fit",
+                "/s/keras/src/utils/traceback_utils.py|error_handler"), None),
+    # raised by the script itself
+    (_traceback("/s/tfrun/in_task/bootstrap.py|main", "train.py|<module>"), None),
+    # tfrun refusing the script's misuse on purpose (tfrun.errors) is not a tfrun bug
+    (_traceback("train.py|<module>", "/s/tfrun/in_task/runtime.py|strategy",
+                error="tfrun.errors.ConfigError: call tfrun.strategy() first"), None),
+    # a user's own folder called tfrun is not tfrun
+    (_traceback("/home/me/tfrun/train.py|<module>"), None),
+    ("no traceback at all", None),
+])
+def test_an_error_raised_inside_tfrun_is_told_apart_from_the_script_s(log, where):
+    from tfrun.launch.supervise.diagnose import raised_inside_tfrun
+    from tfrun.launch.supervise.policy import FailureClass, classify_exit
+
+    assert raised_inside_tfrun(log) == where
+    assert classify_exit(1, log_tail=log) is (
+        FailureClass.SCRIPT_ERROR if where is None else FailureClass.OWN_ERROR)
+    hints = explain(log)
+    assert any("raised inside tfrun" in h for h in hints) == (where is not None)
+    if where is not None:
+        assert where in hints[0] and "TFRUN_COMPAT_DISABLE=all" in hints[0]
+
+
+def test_the_same_tfrun_error_after_a_restart_fails_the_run():
+    from tfrun.launch.supervise.policy import (Decision, FailureClass, FailurePolicy,
+                                               TaskExit)
+
+    policy = FailurePolicy(max_restarts=3)
+    event = dict(role="worker", exit_code=1, tracked=True, restarts=0, task_restarts=0,
+                 task_preemptions=0, failure=FailureClass.OWN_ERROR, preemptions=0)
+    assert policy.decide(TaskExit(**event, repeated=False)) is Decision.RESTART
+    assert policy.decide(TaskExit(**event, repeated=True)) is Decision.FAIL

@@ -79,16 +79,32 @@ def _fix_mwms_reduce_logs() -> None:
     scalars, so it fails with "Invalid reduction dimension 0 for input with 0
     dimensions". The single-worker path averages the replicas element-wise; the
     multi-worker equivalent is ``axis=None`` (mean across replicas, shape kept).
+
+    A value that is not per-replica and has no device -- a metric whose ``result()``
+    returns one of its variables, as keras.io's guides write them -- cannot be reduced as
+    it is ("doesn't have device set"): it is read on this worker's device first. Values
+    that are not numbers pass through unchanged, as stock Keras passes them.
     """
+    import tensorflow as tf
     from keras.src import tree
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
     original = tf_trainer.reduce_per_replica
 
+    def mean_across_workers(value, strategy):
+        if not isinstance(value, tf.distribute.DistributedValues) \
+                and not getattr(value, "device", ""):
+            try:
+                with tf.device(strategy.extended.worker_devices[0]):
+                    value = tf.identity(value)
+            except (TypeError, ValueError):
+                return value
+        return strategy.reduce("MEAN", value, axis=None)
+
     @functools.wraps(original)
     def reduce_per_replica(values, strategy, reduction):
         if reduction in ("auto", "mean") and _is_multi_worker(strategy):
-            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+            return tree.map_structure(lambda v: mean_across_workers(v, strategy), values)
         return original(values, strategy, reduction)
 
     tf_trainer.reduce_per_replica = reduce_per_replica

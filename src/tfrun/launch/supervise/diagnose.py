@@ -19,10 +19,12 @@ words: ``tfrun shared-memory all-reduce: worker:1 left the exchange``.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from ...cluster import TaskId
+from ..output import last_traceback
 
-__all__ = ["culprits", "TAIL_BYTES"]
+__all__ = ["culprits", "raised_inside_tfrun", "TAIL_BYTES"]
 
 #: How much of the end of a log is read: the fatal error is near the end.
 TAIL_BYTES = 256 * 1024
@@ -51,3 +53,49 @@ def culprits(log_text: str) -> list[TaskId]:
         if task not in found:
             found.append(task)
     return found
+
+
+#: tfrun's own modules, wherever it is installed (a task's host may have its own copy):
+#: <...>/tfrun/in_task/..., launch/..., cli/..., or one of its top-level modules.
+_OWN_MODULE = re.compile(r"[/\\]tfrun[/\\](?:(?:in_task|launch|cli)[/\\][\w/\\]+|(\w+))\.py$")
+_TOP_LEVEL = frozenset(p.stem for p in Path(__file__).resolve().parents[2].glob("*.py"))
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)(?:, in (.+))?')
+#: Exceptions tfrun raises on purpose for the script's misuse (tfrun.errors): not its bugs.
+_OWN_ERRORS = re.compile(r"^(?:tfrun\.errors\.)?(?:ConfigError|TfrunError|ClusterTimeout|"
+                           r"TaskFailed)\b")
+
+
+def raised_inside_tfrun(log_text: str) -> str | None:
+    """Where the log's last traceback was raised, when that frame is tfrun's own code and
+    the exception is not one tfrun raises on purpose: ``"<path>:<line> in <function>"``.
+
+    The raising frame is the last one shown (Keras hides its own frames, so an error that
+    Keras detects ends in a Keras frame, and one the script raises ends in the script).
+
+    >>> raised_inside_tfrun('Traceback (most recent call last):\\n'
+    ...     '  File "train.py", line 3, in <module>\\n'
+    ...     '  File "/x/site-packages/tfrun/in_task/compat/keras3.py", line 91, in <lambda>\\n'
+    ...     'ValueError: no device')
+    '/x/site-packages/tfrun/in_task/compat/keras3.py:91 in <lambda>'
+    >>> raised_inside_tfrun('Traceback (most recent call last):\\n'
+    ...     '  File "/x/tfrun/in_task/metrics.py", line 3, in fit\\n'
+    ...     '  File "/x/keras/src/utils/traceback_utils.py", line 122, in error_handler\\n'
+    ...     'ValueError: bad shape') is None
+    True
+    """
+    traceback = last_traceback(log_text.splitlines())
+    if traceback is None:
+        return None
+    lines = traceback.splitlines()
+    frames = [(i, m) for i, line in enumerate(lines) if (m := _FRAME.match(line))]
+    if not frames:
+        return None
+    index, frame = frames[-1]
+    path = frame.group(1)
+    module = _OWN_MODULE.search(path)
+    if module is None or (module.group(1) is not None and module.group(1) not in _TOP_LEVEL):
+        return None
+    exception = next((l for l in lines[index + 1:] if l and not l.startswith(" ")), "")
+    if _OWN_ERRORS.match(exception):
+        return None
+    return f"{path}:{frame.group(2)}" + (f" in {frame.group(3)}" if frame.group(3) else "")

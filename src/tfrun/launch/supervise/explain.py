@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import re
 
+from ... import contract
+from .diagnose import raised_inside_tfrun
+
 __all__ = ["HINTS", "explain"]
 
 #: (what TensorFlow prints, what it means and the fix)
@@ -47,5 +50,12 @@ HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 def explain(log_text: str) -> list[str]:
-    """The fixes for every known TensorFlow error in ``log_text``, in HINTS order."""
-    return [fix for pattern, fix in HINTS if pattern.search(log_text)]
+    """The fixes for every known TensorFlow error in ``log_text``, in HINTS order; first, when
+    the error was raised inside tfrun's own code, what that means."""
+    where = raised_inside_tfrun(log_text)
+    own = [] if where is None else [
+        f"The error was raised inside tfrun ({where}), not by the script: a tfrun bug "
+        "(failure class tfrun-error). Please report it with this log. To rule out tfrun's "
+        f"Keras fixes, run again with {contract.COMPAT_DISABLE}=all (or one fix's name: "
+        "docs/keras3-compatibility.md lists them)."]
+    return own + [fix for pattern, fix in HINTS if pattern.search(log_text)]

@@ -21,6 +21,8 @@ import enum
 import re
 from dataclasses import dataclass
 
+from .diagnose import raised_inside_tfrun
+
 __all__ = ["TaskState", "Decision", "FailureClass", "TaskExit", "FailurePolicy",
            "USAGE_ERROR_EXIT_CODE", "LOST_EXIT_CODE", "backoff_seconds", "classify_exit",
            "exit_code_of"]
@@ -36,6 +38,7 @@ class FailureClass(str, enum.Enum):
     """Why a task ended badly, as far as tfrun can tell from outside it."""
 
     SCRIPT_ERROR = "script-error"        # the script's own exception or exit code
+    OWN_ERROR = "tfrun-error"            # an exception raised inside tfrun's own code
     USAGE = "usage"                      # exit 2: a usage or configuration error
     PREEMPTED = "preempted"              # SIGTERM that tfrun did not send: capacity taken away
     STOPPED_BY_WATCH = "tfrun-stop"            # tfrun's own watch in the task ended it after a
@@ -53,6 +56,10 @@ class FailureClass(str, enum.Enum):
 _INFRASTRUCTURE_LINES = re.compile(
     r"stopped sending heartbeats|heartbeat timeout|coordination service.*"
     r"(DEADLINE_EXCEEDED|UNAVAILABLE)|DEADLINE_EXCEEDED.*coordination", re.I)
+
+
+#: Exceptions in a task: the same one again after a restart fails the run.
+_ERRORS = (FailureClass.SCRIPT_ERROR, FailureClass.OWN_ERROR)
 
 
 def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = "",
@@ -78,6 +85,8 @@ def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = ""
         return FailureClass.INFRASTRUCTURE
     if _INFRASTRUCTURE_LINES.search(log_tail):
         return FailureClass.INFRASTRUCTURE
+    if raised_inside_tfrun(log_tail):
+        return FailureClass.OWN_ERROR
     return FailureClass.SCRIPT_ERROR
 
 
@@ -206,7 +215,7 @@ class FailurePolicy:
             return Decision.REFORM
         if event.failure is FailureClass.PREEMPTED and event.preemptions < self.max_preemptions:
             return Decision.RESTART
-        if event.failure is FailureClass.SCRIPT_ERROR and event.repeated:
+        if event.failure in _ERRORS and event.repeated:
             return Decision.FAIL
         if event.restarts < self.max_restarts:
             return Decision.RESTART

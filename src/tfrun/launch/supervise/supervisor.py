@@ -575,7 +575,7 @@ class Supervisor:
         record.failure = classify_exit(code, note=record.note, log_tail=log_text,
                                        stopped_by_watch=self._stopped_by_watch(record))
         error = None
-        if record.failure is FailureClass.SCRIPT_ERROR:
+        if record.failure in (FailureClass.SCRIPT_ERROR, FailureClass.OWN_ERROR):
             traceback = last_traceback(log_text.splitlines())
             if traceback:
                 error = (record.task.role, traceback.strip().splitlines()[-1])
