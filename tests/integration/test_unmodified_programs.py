@@ -73,6 +73,38 @@ def test_a_metric_whose_result_is_a_variable_trains_as_alone(tmp_path):
     assert_nothing_left(run)
 
 
+def wrote(log: str) -> list[str]:
+    line = next(l for l in log.splitlines() if l.startswith("wrote "))
+    return [name for name in line[len("wrote "):].split(",") if name]
+
+
+def test_only_the_chief_writes_a_model_checkpoint_and_a_save_to_one_path(tmp_path):
+    """Issue 48.4: ModelCheckpoint("m_{epoch}.keras") and model.save(path) run on both
+    workers and wrote one path at once; now only worker:0 writes (the script's audit hook
+    lists every .keras file each process opened for writing), worker:1 says so once, and
+    the files hold the trained weights. With the fix off, both write again."""
+    import keras
+
+    out = tmp_path / "models"
+    run = Run(tmp_path, ["--workers", "2", script("checkpoint_every_epoch.py"), str(out)])
+    assert run.run(300) == 0, run.stdout[-4000:]
+    log = {t: (run.run_dir / "logs" / f"{t}.log").read_text() for t in ("worker-0", "worker-1")}
+    assert wrote(log["worker-0"]) == ["final.keras", "m_1.keras", "m_2.keras"]
+    assert wrote(log["worker-1"]) == []
+    assert log["worker-1"].count("skips model.save") == 1 and "skips" not in log["worker-0"]
+    final = keras.models.load_model(out / "final.keras")
+    got = np.concatenate([w.ravel() for w in final.get_weights()])
+    np.testing.assert_array_equal(got, np.load(out / "weights-1.npy"))
+    keras.models.load_model(out / "m_2.keras")
+
+    both = Run(tmp_path, ["--workers", "2", script("checkpoint_every_epoch.py"),
+                          str(tmp_path / "both")], env={"TFRUN_COMPAT_DISABLE": "worker_saves"},
+               name="both")
+    assert both.run(300) == 0, both.stdout[-4000:]
+    assert wrote((both.run_dir / "logs" / "worker-1.log").read_text()) \
+        == ["final.keras", "m_1.keras", "m_2.keras"]
+
+
 # --------------------------------------------------------------------------- 12.2
 
 

@@ -11,6 +11,8 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
+from . import worker_saves
+
 __all__ = ["Fix", "FIXES"]
 
 TESTED = ("3.15",)
@@ -533,4 +535,6 @@ FIXES: tuple[Fix, ...] = (
     Fix("fit_under_parameter_server", "keras-team/keras#18624", _fix_fit_under_parameter_server),
     Fix("epoch_iterators_multi_worker", "tfrun (per-epoch stalls, see the docstring)",
         _fix_epoch_iterators_multi_worker),
+    Fix("worker_saves", "tfrun (every worker writing one path: see compat/worker_saves.py)",
+        worker_saves.apply),
 )
