@@ -105,6 +105,25 @@ def test_only_the_chief_writes_a_model_checkpoint_and_a_save_to_one_path(tmp_pat
         == ["final.keras", "m_1.keras", "m_2.keras"]
 
 
+def test_a_tracker_of_compute_loss_in_an_own_train_step_is_explained_once(tmp_path):
+    """Issue 48.5: Keras' compute_loss() divides the loss by the replicas in sync, so a
+    tracker of it shows 1/2 under 2 workers (the same training). tfrun says so once, on the
+    chief, with the remedy -- and the remedy shows what one process shows."""
+    program = script("own_train_step_tracker.py")
+    for variant in ("scaled", "unscaled"):
+        alone = subprocess.run([sys.executable, program, variant], capture_output=True,
+                               text=True, timeout=300,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert alone.returncode == 0, alone.stderr[-3000:]
+        run = Run(tmp_path, ["--workers", "2", program, variant], name=variant)
+        assert run.run(300) == 0, run.stdout[-4000:]
+        chief, other = ((run.run_dir / "logs" / f"worker-{i}.log").read_text() for i in (0, 1))
+        assert chief.count("Tracked has its own train_step") == 1 and "own train_step" not in other
+        want = np.array(history_of(alone.stdout)["my_loss"])
+        got = np.array(history_of(chief)["my_loss"])
+        np.testing.assert_allclose(got, want / 2 if variant == "scaled" else want, rtol=1e-5)
+
+
 # --------------------------------------------------------------------------- 12.2
 
 
