@@ -124,6 +124,29 @@ def test_a_tracker_of_compute_loss_in_an_own_train_step_is_explained_once(tmp_pa
         np.testing.assert_allclose(got, want / 2 if variant == "scaled" else want, rtol=1e-5)
 
 
+def test_a_model_without_call_trains_in_a_strategy_scope_as_alone(tmp_path):
+    """Issue 48.3: a model that only overrides train_step (two sub-models, two optimizers:
+    a GAN's or a distiller's shape) failed in any strategy's scope, "Unable to
+    automatically build the model" -- one worker or two. Under tfrun it trains, and two
+    workers end where one process without a strategy ends."""
+    program = script("pair_without_call.py")
+    alone = subprocess.run([sys.executable, program, "alone"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    want = history_of(alone.stdout)["critic_loss"]
+    one = Run(tmp_path, ["--workers", "1", program, "scope"], name="one")
+    assert one.run(300) == 0, one.stdout[-4000:]
+    two = Run(tmp_path, ["--workers", "2", program], name="two")
+    assert two.run(300) == 0, two.stdout[-4000:]
+    for run, log in ((one, "worker-0"), (two, "worker-0"), (two, "worker-1")):
+        got = history_of((run.run_dir / "logs" / f"{log}.log").read_text())["critic_loss"]
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    without = Run(tmp_path, ["--workers", "2", program],
+                  env={"TFRUN_COMPAT_DISABLE": "model_without_call"}, name="without")
+    assert without.run(300) == 1
+    assert "Unable to automatically build the model" in logs(without)
+
+
 # --------------------------------------------------------------------------- 12.2
 
 

@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from . import loss_scale_note, worker_saves
+from . import loss_scale_note, model_without_call, worker_saves
 
 __all__ = ["Fix", "FIXES"]
 
@@ -537,6 +537,8 @@ FIXES: tuple[Fix, ...] = (
         _fix_epoch_iterators_multi_worker),
     Fix("worker_saves", "tfrun (every worker writing one path: see compat/worker_saves.py)",
         worker_saves.apply),
+    Fix("model_without_call", "tfrun (Keras builds a model in a scope by calling it)",
+        model_without_call.apply),
     Fix("loss_scale_note", "Keras' compute_loss() divides by the replicas (a note, no change)",
         loss_scale_note.apply),
 )

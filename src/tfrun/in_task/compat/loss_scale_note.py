@@ -1,6 +1,7 @@
 """A note, once, for models with their own ``train_step`` under several replicas.
 
-Keras' ``compute_loss()`` returns the loss divided by the replicas in sync, so that the
+Keras' ``compute_loss()`` (and any ``keras.losses.Loss`` called under a strategy) returns
+the loss divided by the replicas in sync, so that the
 gradients the strategy *sums* across replicas are those of the global batch. Keras' own
 loss tracker undoes the division; a tracker the script updates with that loss does not, so
 with 2 workers it shows half of what one process shows (keras.io's custom ``train_step``
@@ -40,8 +41,9 @@ def _note_once(model) -> None:
     if replicas <= 1 or owner is None:
         return
     _said[0] = True
-    print(f"tfrun: {owner} has its own train_step: Keras' compute_loss() returns the loss "
-          f"divided by the {replicas} replicas in sync (the strategy sums their gradients), so "
+    print(f"tfrun: {owner} has its own train_step: Keras' losses (compute_loss(), a "
+          "keras.losses.Loss called in a strategy) return the loss divided by the "
+          f"{replicas} replicas in sync (the strategy sums their gradients), so "
           f"a loss tracker updated with it shows 1/{replicas} of what one process shows -- "
           "the training is the same. To show one process's value, update it with "
           "loss * self.distribute_strategy.num_replicas_in_sync.", file=sys.stderr, flush=True)
