@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from conftest import FAKE_TASK, Run
+from conftest import FAKE_TASK, REPORT_ON, Run
 from tfrun.errors import ConfigError
 from tfrun.launch.config import LaunchConfig
 from tfrun.launch.rundir import RunDir, run_dir_for
@@ -63,6 +63,26 @@ def test_config_json_is_private_and_redacts_secret_arguments(tmp_path):
     launch = json.loads(text)["launch"]
     assert launch["script_args"] == ["*=ok", "--token", "***", "--password=***", "--epochs", "3"]
     assert launch["forward_env"] == ["HF_TOKEN=***"]
+
+
+def test_terraform_variables_and_secret_values_appear_nowhere(tmp_path):
+    """Issue 47.2: TF_VAR_* (Terraform's inputs share TensorFlow's TF_ prefix) is never
+    forwarded, and no secret value is printed: not by --dry-run for remote hosts (where
+    forwarded variables are listed), not in the console, config.json, summary.json, events
+    or the report of a real run."""
+    env = {"TF_VAR_db_password": "hunter2", "TF_API_TOKEN": "hunter2", **REPORT_ON}
+    dry = Run(tmp_path, ["--dry-run", "--hosts", "node-1,node-2", "--env", "API_TOKEN=hunter2",
+                         str(FAKE_TASK), "*=ok"], env=env, name="dry")
+    assert dry.run(60) == 0, dry.stdout
+    assert "hunter2" not in dry.stdout and "TF_VAR_db_password" not in dry.stdout
+    run = Run(tmp_path, ["--workers", "2", "--env", "API_TOKEN=hunter2", str(FAKE_TASK),
+                         "*=ok"], env=env)
+    assert run.run(60) == 0, run.stdout
+    assert "hunter2" not in run.stdout
+    files = [p for p in run.run_dir.rglob("*") if p.is_file()]
+    assert {"config.json", "summary.json", "events.jsonl", "report.html"} <= {p.name for p in files}
+    for path in files:
+        assert b"hunter2" not in path.read_bytes(), path
 
 
 def _ended(path, status: str) -> None:

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from .config import LaunchConfig
 from .engines.base import Backend
 from .output import LEAD_AUTO, ConsoleSink, parse_task_filter
-from .redact import redact_args
+from .redact import REDACTED, looks_secret, redact_args
 from .rundir import ended_status, planned_run_dir, run_dir_for
 from .specs import spec_factory
 from .supervise import RunResult, Supervisor, describe_result
@@ -379,5 +379,6 @@ def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
         lines.append(f"task {task}" + (f" on {spec.host}" if spec.host else ""))
         lines.append(f"  TF_CONFIG  : {tf_config if tf_config else '(none: a single task)'}")
         lines.append(f"  command    : {' '.join(redact_args(list(spec.argv)))}")
-        lines.append("  environment: " + " ".join(f"{k}={v}" for k, v in set_by_tfrun.items()))
+        lines.append("  environment: " + " ".join(
+            f"{k}={REDACTED if looks_secret(k) else v}" for k, v in set_by_tfrun.items()))
     return "\n".join(lines)

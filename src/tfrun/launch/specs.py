@@ -4,7 +4,9 @@ The environment is the launcher <-> script contract: TF_CONFIG plus tfrun's (``t
 variables (``contract.RUN_DIR``, ``contract.TASK_TYPE``, ``contract.TASK_INDEX``,
 ``contract.RESTART_COUNT``, ...). A task starts from its own host's environment; for
 tasks on other hosts tfrun also forwards the launcher's variables that shape training
-(``FORWARDED_PREFIXES``, plus ``--env NAME[=VALUE]``), never the rest (paths, secrets).
+(``FORWARDED_PREFIXES``, plus ``--env NAME[=VALUE]``), never the rest (paths, secrets:
+Terraform's ``TF_VAR_*``, ``TF_CLI_*``, ``TF_TOKEN_*`` and secret-looking names go only
+when ``--env`` names them).
 
     >>> sorted(forwarded_env({"TF_CPP_MIN_LOG_LEVEL": "2", "HOME": "/root", "TF_CONFIG": "x"}, ()))
     ['TF_CPP_MIN_LOG_LEVEL']
@@ -23,6 +25,7 @@ from ..in_task.heap import MMAP_THRESHOLD_ENV
 from .engines.base import CONTROLLED_ENV, TaskSpec
 from .config import LaunchConfig
 from .ports import TF_REUSE_PORT_ENV
+from .redact import looks_secret
 
 __all__ = ["FORWARDED_PREFIXES", "forwarded_env", "script_env", "task_argv", "spec_factory",
            "task_hosts"]
@@ -30,15 +33,25 @@ __all__ = ["FORWARDED_PREFIXES", "forwarded_env", "script_env", "task_argv", "sp
 #: Launcher variables every remote task gets too (prefix match).
 FORWARDED_PREFIXES = ("TF_", contract.ENV_PREFIX, "KERAS_", "XLA_", "NCCL_", "OMP_", "MKL_",
                       "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_VISIBLE_DEVICES")
-#: ... except these, which describe the launcher itself.
+#: ... except these, which describe the launcher itself ...
 _NOT_FORWARDED = set(CONTROLLED_ENV) | {contract.RUN_DIR, contract.REAPER_FOR}
+#: ... and Terraform's, which share TensorFlow's prefix and carry its inputs and tokens
+#: (TF_VAR_db_password, TF_TOKEN_app_terraform_io, TF_CLI_ARGS).
+_NOT_FORWARDED_PREFIXES = ("TF_VAR_", "TF_CLI_", "TF_TOKEN_")
 
 
 def forwarded_env(environ: Mapping[str, str], extra: Sequence[str]) -> dict[str, str]:
     """The launcher variables a remote task gets: FORWARDED_PREFIXES plus ``--env`` entries
-    (``NAME`` copies the launcher's value, ``NAME=VALUE`` sets one)."""
+    (``NAME`` copies the launcher's value, ``NAME=VALUE`` sets one). A variable whose name
+    looks secret (``TF_API_TOKEN``) goes only when ``--env`` names it.
+
+    >>> sorted(forwarded_env({"TF_VAR_pw": "x", "TF_CPP_MIN_LOG_LEVEL": "2",
+    ...                       "TF_API_TOKEN": "y", "API_TOKEN": "z"}, ["API_TOKEN"]))
+    ['API_TOKEN', 'TF_CPP_MIN_LOG_LEVEL']
+    """
     out = {k: v for k, v in environ.items()
-           if k.startswith(FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
+           if k.startswith(FORWARDED_PREFIXES) and k not in _NOT_FORWARDED
+           and not k.startswith(_NOT_FORWARDED_PREFIXES) and not looks_secret(k)}
     for entry in extra:
         name, sep, value = entry.partition("=")
         if sep:
