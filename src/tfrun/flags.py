@@ -91,7 +91,9 @@ def step_timeout(text: str) -> float | None:
             f"expected auto, off or a number of seconds > 0, received {text!r}") from None
 
 
-def add_topology_flags(parser: argparse.ArgumentParser) -> None:
+def add_topology_flags(parser: argparse.ArgumentParser, *, hosts: bool = True) -> None:
+    """The role counts, and the host list and layout -- hidden from the help unless
+    ``hosts`` (``tfrun k8s`` places pods by role: it refuses them, with the reason)."""
     group = parser.add_argument_group("topology")
     group.add_argument("--workers", type=non_negative_int, default=None,
                        help="number of worker tasks (default 1, or one per --hosts entry)")
@@ -103,10 +105,12 @@ def add_topology_flags(parser: argparse.ArgumentParser) -> None:
                        help="add a sidecar evaluator task (outside the training cluster)")
     group.add_argument("--hosts", type=split_hosts, default=None,
                        help="comma-separated host[:port] list, one entry per training task "
-                            "(repeat a host to run several tasks on it)")
+                            "(repeat a host to run several tasks on it)"
+                       if hosts else argparse.SUPPRESS)
     group.add_argument("--layout", choices=LAYOUTS, default="default",
                        help="how hosts map to roles: default; uai (UAI Train: host0 chief, every "
-                            "host a ps); sagemaker (ports 2222/2223)")
+                            "host a ps); sagemaker (ports 2222/2223)"
+                       if hosts else argparse.SUPPRESS)
 
 
 def topology_from(args: argparse.Namespace) -> Topology:

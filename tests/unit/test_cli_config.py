@@ -111,3 +111,20 @@ def test_dry_run_prints_every_task_s_tf_config_and_creates_nothing(tmp_path, fla
     addresses = [a for c in configs[:1] for role in c["cluster"].values() for a in role]
     assert [a.rsplit(":", 1)[0] for a in addresses] == hosts
     assert out.stdout.count("-m tfrun.in_task.bootstrap train.py --lr 1") == len(hosts)
+
+
+def test_help_texts_are_whole_and_plain(capsys):
+    """Issue 45.7: no group description cut mid-sentence, no RST backticks or contract
+    names in `tfrun bench --help`, and `tfrun k8s --help` lists no --hosts/--layout (which
+    it refuses)."""
+    from tfrun.cli.bench import run_bench
+    from tfrun.cli.run import build_launch_parser
+    from tfrun.launch.engines.kubernetes import _build_k8s_parser
+
+    launch_help = build_launch_parser().format_help()
+    assert "it starts that machine's tasks" in launch_help
+    assert run_bench(["--help"]) == 0
+    bench_help = capsys.readouterr().out
+    assert "``" not in bench_help and "contract." not in bench_help and "TFRUN_REPORT=0" in bench_help
+    k8s_help = _build_k8s_parser().format_help()
+    assert "--hosts HOSTS" not in k8s_help and "--layout" not in k8s_help

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -207,6 +208,18 @@ def _write_page(runs: list, target: Path) -> Path | None:
     return write_comparison([run.run_dir for run in runs], target)
 
 
+def help_text(doc: str) -> str:
+    """The module's docstring as terminal text: no RST backticks, and the variables the
+    contract names spelled as the user sets them.
+
+    >>> help_text("``--strong``, not with contract.REPORT=0") == f"--strong, not with {contract.REPORT}=0"
+    True
+    """
+    text = re.sub(r"contract\.([A-Z_]+)", lambda m: str(getattr(contract, m.group(1), m.group(0))),
+                  doc)
+    return text.replace("``", "")
+
+
 def run_bench(argv: Sequence[str]) -> int:
     """``tfrun bench ...``: run every size, print the table; the exit code of a failed size."""
     from ..launch import launch_and_report
@@ -214,7 +227,7 @@ def run_bench(argv: Sequence[str]) -> int:
     from .run import config_from_args
 
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE + "\n\n" + (__doc__ or "").split("\n\n", 1)[1])
+        print(USAGE + "\n\n" + help_text((__doc__ or "").split("\n\n", 1)[1]))
         return 0
     plan = parse_bench_argv(argv)
     configs = [config_from_args(["--workers", str(n), *(

@@ -46,6 +46,11 @@ FOREIGN_FLAGS = {
                                   "ports)"),
     "--rdzv_endpoint": ("torchrun", "--hosts and --rdzv-port (node rank 0 is the hub)"),
     "--rdzv-endpoint": ("torchrun", "--hosts and --rdzv-port (node rank 0 is the hub)"),
+    "--max_restarts": ("torchrun", "--max-restarts K (preemptions do not count)"),
+    "--rdzv_id": ("torchrun", "--run-id ID (the run directory's name on every node)"),
+    "--rdzv-id": ("torchrun", "--run-id ID (the run directory's name on every node)"),
+    "--rdzv_backend": ("torchrun", "nothing: node rank 0 is the hub (--hosts, --rdzv-port)"),
+    "--rdzv-backend": ("torchrun", "nothing: node rank 0 is the hub (--hosts, --rdzv-port)"),
     "--standalone": ("torchrun", "nothing: tfrun runs on this machine unless --hosts names "
                                  "others"),
     "-np": ("horovodrun", "--workers N"),
@@ -149,7 +154,8 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--name", default=None, help="run name (default: the script's name)")
     hosts = parser.add_argument_group(
         "several machines", "with --hosts naming other machines, tfrun starts each host's tasks "
-        "over ssh; with --node-rank, run tfrun on every machine and it starts that machine's")
+        "over ssh; with --node-rank, run tfrun on every machine and it starts that machine's "
+        "tasks")
     hosts.add_argument("--base-port", type=port, default=2222,
                        help="first TensorFlow port on each named host (default 2222)")
     hosts.add_argument("--run-id", default=None,

@@ -486,7 +486,7 @@ def _build_k8s_parser() -> argparse.ArgumentParser:
                "  kubectl apply -f job.yaml\n"
                "  tfrun k8s --check job.yaml",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_topology_flags(parser)
+    add_topology_flags(parser, hosts=False)
     parser.add_argument("--check", default=None, metavar="FILE",
                         help="check a JobSet/TFJob manifest offline (exit 2 with the reason)")
     parser.add_argument("--image", default=None, help="container image with the script, "
