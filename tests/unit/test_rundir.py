@@ -85,6 +85,27 @@ def test_terraform_variables_and_secret_values_appear_nowhere(tmp_path):
         assert b"hunter2" not in path.read_bytes(), path
 
 
+def test_a_failed_run_prints_the_command_that_resumes_it(tmp_path):
+    """Issue 45.1: a plain rerun gets a new run directory and starts over; a run that
+    failed or was stopped prints the command that goes on with it (its run directory), and
+    that command does (the banner says so)."""
+    import shlex
+    import subprocess
+    import sys
+
+    run = Run(tmp_path, ["--workers", "2", str(FAKE_TASK), "*=exit:3", "--token", "s3cr3t"])
+    assert run.run(60) == 3, run.stdout
+    line = next(l for l in run.stdout.splitlines() if "resume: tfrun --run-dir" in l)
+    command = shlex.split(line.split("resume: ", 1)[1].split("  (the same command")[0])
+    assert command[:3] == ["tfrun", "--run-dir", str(run.run_dir)]
+    assert command[3:] == ["--color", "never", "--workers", "2", str(FAKE_TASK), "*=exit:3",
+                           "--token", "***"]  # the script's secrets are not printed
+    again = subprocess.run([sys.executable, "-m", "tfrun", *command[1:-1], "s3cr3t"],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 3
+    assert "(resumes the run that ended: failed)" in again.stdout, again.stdout
+
+
 def _ended(path, status: str) -> None:
     (path / "summary.json").write_text(json.dumps({"status": status}))
 

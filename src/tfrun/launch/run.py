@@ -16,8 +16,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from .. import contract
@@ -28,7 +30,7 @@ from .config import LaunchConfig
 from .engines.base import Backend
 from .output import LEAD_AUTO, ConsoleSink, parse_task_filter
 from .redact import REDACTED, looks_secret, redact_args
-from .rundir import ended_status, planned_run_dir, run_dir_for
+from .rundir import RESUMABLE, ended_status, planned_run_dir, run_dir_for
 from .specs import spec_factory
 from .supervise import RunResult, Supervisor, describe_result
 from .tensorboard import TensorBoardServer
@@ -244,8 +246,39 @@ def supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
             tensorboard.stop()
     console.end_progress()  # a bar whose task ended mid-line is not redrawn under the summary
     console.info(describe_result(result, started))
+    if result.status.value in RESUMABLE:
+        console.info(resume_line(run_dir, sys.argv))
     _write_report(run_dir, console)
     return result
+
+
+def resume_line(run_dir: Path, argv: Sequence[str]) -> str:
+    """How to go on with a run that failed or was stopped: the same command in the same run
+    directory (a command without --run-dir gets a new directory each time, and starts over).
+
+    >>> resume_line(Path("/r/runs/x"), ["/venv/bin/tfrun", "--workers", "2", "train.py"])
+    'resume: tfrun --run-dir /r/runs/x --workers 2 train.py  (the same command in the same run directory resumes from its backups)'
+    >>> resume_line(Path("/r/x"), ["/venv/bin/tfrun", "--run-dir", "/r/x", "train.py"])[:32]
+    'resume: tfrun --run-dir /r/x tra'
+    >>> resume_line(Path("/r/x"), ["my_launcher.py"])[:42]
+    'resume: the same launch with run_dir=/r/x '
+    """
+    why = "(the same command in the same run directory resumes from its backups)"
+    if not argv or Path(argv[0]).name not in ("tfrun", "__main__.py"):
+        return f"resume: the same launch with run_dir={run_dir} {why}"  # the Python API
+    rest, skip = [], False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--run-dir", "--run-id"):
+            skip = True
+            continue
+        if arg.startswith(("--run-dir=", "--run-id=")):
+            continue
+        rest.append(arg)
+    return " ".join(["resume: tfrun", "--run-dir", shlex.quote(str(run_dir)),
+                     *(shlex.quote(a) for a in redact_args(rest))]) + f"  {why}"
 
 
 def _write_report(run_dir: Path, console: ConsoleSink) -> None:
