@@ -152,6 +152,19 @@ def _strategy_description(config: LaunchConfig, plan: ClusterPlan) -> str:
     return "auto -> default (one device) or MirroredStrategy over local GPUs"
 
 
+def restarts_line(config: LaunchConfig, heartbeat: bool = False) -> str:
+    """The budgets and clocks of the run, one line (the banner and ``--dry-run`` show it)."""
+    return (f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
+            f"stop grace {config.stop_grace:g}s; preemption grace {config.preemption_grace:g}s "
+            f"(max {config.max_preemptions} preemptions)"
+            + (f"; hang timeout {config.hang_timeout:g}s" if config.hang_timeout else "")
+            + "; step timeout " + ("auto (max(60s, 20x the median step))"
+                                   if config.step_timeout is None else "off"
+                                   if config.step_timeout == float("inf")
+                                   else f"{config.step_timeout:g}s")
+            + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if heartbeat else ""))
+
+
 def resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool,
                    mode: str = "local", network: str | None = None,
                    containment: str | None = None, placement: str | None = None,
@@ -180,15 +193,7 @@ def resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi
            "count replaces it: the summary then says so)" if config.devices else "as found"),
         *([f"  comm       : {CommOptions.parse(config.comm).to_text()} "
            "(CommunicationOptions of MultiWorkerMirroredStrategy)"] if config.comm else []),
-        f"  restarts   : max {config.max_restarts}; join timeout {config.join_timeout:g}s; "
-        f"stop grace {config.stop_grace:g}s; preemption grace {config.preemption_grace:g}s "
-        f"(max {config.max_preemptions} preemptions)"
-        + (f"; hang timeout {config.hang_timeout:g}s" if config.hang_timeout else "")
-        + "; step timeout " + ("auto (max(60s, 20x the median step))"
-                               if config.step_timeout is None else "off"
-                               if config.step_timeout == float("inf")
-                               else f"{config.step_timeout:g}s")
-        + (f"; heartbeat timeout {config.heartbeat_timeout:g}s" if heartbeat else ""),
+        restarts_line(config, heartbeat),
         *([f"  placement  : {placement}"] if placement else []),
         *([f"  network    : {network}"] if network else []),
         *([f"  containment: {containment}"] if containment else []),
@@ -403,7 +408,9 @@ def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
     lines = ["dry run: nothing was started or created",
              f"  engine     : {engine}" + (f" ({config.origin})" if config.origin else ""),
              f"  run dir    : {run_dir} (not created)",
-             f"  strategy   : {_strategy_description(config, plan)}"]
+             f"  strategy   : {_strategy_description(config, plan)}",
+             restarts_line(config, heartbeat=remote)]
+    serves = config.roles == "auto" and bool(plan.cluster.ps)
     for task in plan.tasks:
         spec = make_spec(task, 0)
         set_by_tfrun = {k: v for k, v in sorted(spec.env.items())
@@ -411,7 +418,10 @@ def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
         tf_config = set_by_tfrun.pop("TF_CONFIG", None)
         lines.append(f"task {task}" + (f" on {spec.host}" if spec.host else ""))
         lines.append(f"  TF_CONFIG  : {tf_config if tf_config else '(none: a single task)'}")
-        lines.append(f"  command    : {' '.join(redact_args(list(spec.argv)))}")
+        lines.append(f"  command    : {' '.join(redact_args(list(spec.argv)))}"
+                     + ("  (serves as a tf.distribute.Server: --roles auto runs the script "
+                        "on the coordinator only)" if serves and task.role in ("ps", "worker")
+                        else ""))
         lines.append("  environment: " + " ".join(
             f"{k}={REDACTED if looks_secret(k) else v}" for k, v in set_by_tfrun.items()))
     return "\n".join(lines)
