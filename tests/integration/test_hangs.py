@@ -1,5 +1,11 @@
 """A stuck worker is found by progress, named with its stack, and the other labelled as
-waiting for it (issue 44: tfrun.launch.supervise.hang, tfrun.in_task.progress)."""
+waiting for it; a worker whose CPU another process shares is named as a straggler while the
+run goes on (issue 44: tfrun.launch.supervise.hang and .stragglers, tfrun.in_task.progress
+and .contention)."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -38,3 +44,35 @@ def test_a_worker_stuck_in_its_callback_is_named_with_its_stack(tmp_path, flavou
     first = stacks.split("(most recent call first)")[1]
     assert "stuck_worker.py" in first and "on_train_batch_end" in first, stacks[:3000]
     assert_nothing_left(run)
+
+
+STEADY = "tests/scripts/steady_steps.py"
+
+
+def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler(tmp_path):
+    """A busy loop (no tfrun in it) pinned to worker:1's CPU: worker:1 is named within 50
+    steps, about 2x slower, with the cause; the same run without it names nobody."""
+    cpu = sorted(os.sched_getaffinity(0))[1]  # --cpus-per-task 1 places worker:1 there
+    env = {"TFRUN_METRICS_INTERVAL": "0.5"}
+    flags = ["--workers", "2", "--cpus-per-task", "1"]
+    competitor = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c",
+                                   "while True: pass"])
+    try:
+        slowed = Run(tmp_path, [*flags, STEADY, "120"], env=env, name="slowed")
+        assert slowed.run(300) == 0, slowed.stdout[-3000:]
+    finally:
+        competitor.kill()
+        competitor.wait()
+    assert f"placement  : worker:0 CPU {sorted(os.sched_getaffinity(0))[0]}, worker:1 CPU {cpu}" \
+        in slowed.stdout
+    findings = slowed.summary["stragglers"]
+    assert findings and findings[0]["task"] == "worker:1", (findings, slowed.stdout[-3000:])
+    assert findings[0]["cause"] == "cpu-taken" and findings[0]["slower"] >= 1.3
+    assert findings[0]["steps_done"] <= 50, findings
+    assert "straggler: worker:1 (host " in slowed.stdout
+    assert all(f["task"] == "worker:1" for f in findings)
+
+    clean = Run(tmp_path, [*flags, STEADY, "300"], env=env, name="clean")
+    assert clean.run(300) == 0, clean.stdout[-3000:]
+    assert clean.summary["stragglers"] == [] and "straggler:" not in clean.stdout
+    assert_nothing_left(clean)

@@ -36,6 +36,7 @@ from typing import Any
 
 from .. import contract
 from . import breakdown, progress
+from .contention import CpuContention
 from ..contract import METRICS_LINE
 from ._post_import import when_imported
 
@@ -405,6 +406,7 @@ def _start_resource_sampler(interval: float) -> None:
 
     def sample() -> None:
         sample_resources(process)  # cpu_percent's first call only starts its clock
+        contention = CpuContention()
         while True:
             time.sleep(interval)
             try:
@@ -412,6 +414,8 @@ def _start_resource_sampler(interval: float) -> None:
                 if _step[0] is not None:
                     record["step"] = _step[0]
                 record.update(progress.snapshot())  # the launcher's hang clock reads it
+                # what other processes take of our CPUs: the launcher's straggler finder
+                record["cpu_taken"] = contention.taken(record["cpu_percent"] / 100)
                 _emit(record)
             except Exception:  # noqa: BLE001 - never disturb the task for a sample
                 return

@@ -76,6 +76,8 @@ class TaskLogger:
     #: ... when its steps last grew (None: not since its start), and its recent step time
     advanced_at: float | None = None
     seconds_per_step: float | None = None
+    #: the share of its CPUs other processes took, one per recent sample (oldest first)
+    cpu_taken: deque = field(default_factory=lambda: deque(maxlen=4))
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -143,6 +145,9 @@ class TaskLogger:
             self.last_step = record["step"]
         if record.get("event") == "resources" and isinstance(record.get("steps_done"), int):
             self._note_progress(record["steps_done"], str(record.get("doing", "")))
+        if record.get("event") == "resources" and isinstance(record.get("cpu_taken"),
+                                                              (int, float)):
+            self.cpu_taken.append(float(record["cpu_taken"]))
         if self.metrics_path is not None:
             try:
                 self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +173,7 @@ class TaskLogger:
     def reset_progress(self) -> None:
         """The task starts again: its progress so far no longer counts."""
         self.progress, self.advanced_at, self.seconds_per_step = None, None, None
+        self.cpu_taken.clear()
 
     def _open_log(self) -> IO[bytes] | None:
         try:

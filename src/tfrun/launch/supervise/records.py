@@ -119,3 +119,5 @@ class RunResult:
     excluded_hosts: list = field(default_factory=list)
     #: no step for --step-timeout: the culprits and who waited (launch.supervise.hang)
     hang: dict | None = None
+    #: stragglers named while the run went on (launch.supervise.stragglers)
+    stragglers: list = field(default_factory=list)

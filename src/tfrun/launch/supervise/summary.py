@@ -46,6 +46,7 @@ def write_summary(result: RunResult, run_dir: Path, started_at: float,
         "departed_tasks": [r.to_dict() for r in result.departed],
         "excluded_hosts": result.excluded_hosts,
         "hang": result.hang,
+        "stragglers": result.stragglers,
     }
     path = run_dir / "summary.json"
     tmp = path.with_suffix(".json.tmp")

@@ -37,6 +37,7 @@ from ..rendezvous import JoinProbe
 from .records import (HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus,
                       TaskRecord)
 from .summary import describe_code, describe_outcome, log_tail, write_summary
+from .stragglers import StragglerWatch
 from .watchdogs import Watchdogs
 
 __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Supervisor",
@@ -125,6 +126,7 @@ class Supervisor:
         self._status_epoch: dict | None = None  # the lead's epoch record last shown
         #: the hang clocks (--step-timeout, --hang-timeout) and their finding
         self.watchdogs = Watchdogs(config, lambda: self.records, self._backend, self._event)
+        self.stragglers = StragglerWatch(say=console.info, event=self._event)
 
     def _adopt(self, plan: ClusterPlan, backends: Mapping[TaskId, Backend],
                make_spec: Callable[[TaskId, int], TaskSpec]) -> None:
@@ -202,6 +204,8 @@ class Supervisor:
             rate = epoch.get("steady_steps_per_s") or epoch.get("steps_per_s")
             if rate:
                 parts.append(f"{rate:,.1f} steps/s")
+        if self.stragglers.named:
+            parts.append(f"straggler {', '.join(self.stragglers.named)}")
         restarts = self.restarts + sum(r.task_restarts + r.task_preemptions for r in self.records)
         parts.append(f"{restarts} restart{'s' if restarts != 1 else ''}")
         elapsed = int(time.time() - self._start_time)
@@ -556,6 +560,7 @@ class Supervisor:
                 found = self.watchdogs.check(watched_since)
                 if found is not None:
                     return _Outcome(Watch.HANG, *found)
+                self.stragglers.check(self.records)
             self._tick_status()
             time.sleep(_POLL_SECONDS)
 
@@ -856,6 +861,7 @@ class Supervisor:
                            membership=self.membership, departed=self.departed,
                            excluded_hosts=self.excluded_hosts,
                            traceback=traceback, failed_because=failed_because,
-                           traceback_of=traceback_of, hang=self.watchdogs.hang)
+                           traceback_of=traceback_of, hang=self.watchdogs.hang,
+                           stragglers=self.stragglers.findings)
         result.summary_path = write_summary(result, self.run_dir, self._start_time, self.console)
         return result

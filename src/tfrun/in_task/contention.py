@@ -1,0 +1,61 @@
+"""How much of this task's CPUs other processes take (Linux ``/proc/stat``).
+
+A task slowed by a competitor on its CPU -- another job's process, a data-prep script, a
+noisy neighbour -- makes every synchronous peer wait for it in each all-reduce. The busy
+time of the CPUs the task may run on (its affinity), less the task's own CPU time, is what
+others took; each resources sample carries it as ``cpu_taken`` (0..1 of those CPUs), and
+the launcher names the straggler from it (``tfrun.launch.supervise.stragglers``).
+
+    >>> meter = CpuContention([0])
+    >>> share = meter.taken(own_cores=0.0)
+    >>> share is None or 0.0 <= share <= 1.0
+    True
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["CpuContention"]
+
+
+class CpuContention:
+    """Busy time of ``cpus`` (default: this process's affinity) between two calls."""
+
+    def __init__(self, cpus=None) -> None:
+        self.cpus = frozenset(cpus if cpus is not None else os.sched_getaffinity(0))
+        self._last = self._read()
+
+    def _read(self) -> dict[int, tuple[int, int]]:
+        """{cpu: (busy jiffies, all jiffies)} for our CPUs."""
+        out = {}
+        try:
+            with open("/proc/stat") as stat:
+                for line in stat:
+                    if not (line.startswith("cpu") and line[3:4].isdigit()):
+                        continue
+                    name, *fields = line.split()
+                    cpu = int(name[3:])
+                    if cpu not in self.cpus:
+                        continue
+                    # user nice system idle iowait irq softirq steal (guest is in user)
+                    values = [int(v) for v in fields[:8]]
+                    idle = values[3] + (values[4] if len(values) > 4 else 0)
+                    out[cpu] = (sum(values) - idle, sum(values))
+        except OSError:
+            return {}
+        return out
+
+    def taken(self, own_cores: float) -> float | None:
+        """The share (0..1) of our CPUs other processes used since the last call, given
+        the cores our own process tree used meanwhile; None when unknown."""
+        now = self._read()
+        busy = total = 0
+        for cpu, (b, t) in now.items():
+            b0, t0 = self._last.get(cpu, (b, t))
+            busy, total = busy + b - b0, total + t - t0
+        self._last = now
+        if total <= 0 or not now:
+            return None
+        busy_cores = busy / total * len(now)
+        return round(min(1.0, max(0.0, (busy_cores - own_cores) / len(now))), 3)
