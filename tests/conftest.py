@@ -129,6 +129,12 @@ def fake_run(tmp_path):
     return make
 
 
+def history_of(output: str) -> dict:
+    """The ``history {...}`` line a test program prints (its Keras History), as a dict."""
+    line = next(l for l in output.splitlines() if "history {" in l)
+    return json.loads(line.split("history ", 1)[1])
+
+
 def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
     """No process of the run is alive, none of its ports is held or listening, and none
     of its tasks' cgroups remains."""

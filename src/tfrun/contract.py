@@ -19,7 +19,8 @@ __all__ = [
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
     "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "PREEMPTION_GRACE", "RESUMED_EVENT",
-    "STOPPED_EVENT", "TRAINING_EVENTS",
+    "STOPPED_EVENT", "TRAINING_EVENTS", "PHASE_AFTER_TRAINING", "PHASE_AGREEMENT",
+    "PHASE_BETWEEN_STEPS", "PHASE_EVALUATION", "PHASE_IN_STEP", "PHASE_SETUP",
     "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "REAPER_FOR",
     "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
     "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
@@ -166,3 +167,21 @@ RESUMED_EVENT = "resumed"
 #: is then not a preemption but tfrun's own stop.
 STOPPED_EVENT = "stopped"
 TRAINING_EVENTS = (PREEMPTED_EVENT, RESUMED_EVENT, STOPPED_EVENT)
+
+# ---------------------------------------------------------------- what a task is doing
+#: A resources sample's ``doing``: what the task's main thread does now
+#: (``tfrun.in_task.progress``). The launcher's hang clock gives steps, and the time between
+#: them, the step limit, and every other phase the longer phase limit. Before the first step
+#: (imports, the strategy, the model, tracing):
+PHASE_SETUP = "setup"
+#: Inside a training step, its collectives included: a task that stays here while a peer
+#: does not is waiting for that peer.
+PHASE_IN_STEP = "a training step"
+#: Between two steps: the task's own callbacks (and Keras' bookkeeping) run.
+PHASE_BETWEEN_STEPS = "callbacks"
+#: The workers agree on stopping after a preemption notice (a collective of its own).
+PHASE_AGREEMENT = "the agreement on a stop"
+#: Keras' evaluation inside fit.
+PHASE_EVALUATION = "evaluation"
+#: Done with fit: what runs next is the script's business.
+PHASE_AFTER_TRAINING = "after training"

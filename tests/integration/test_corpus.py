@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, Run, assert_nothing_left
+from conftest import ROOT, Run, assert_nothing_left, history_of
 
 pytestmark = pytest.mark.tf
 
@@ -41,11 +41,6 @@ TF_KERAS = ("fit_callbacks.py", "custom_loop.py", "functional_multi_io.py",
 #: tf_keras alone: the programs write ``import keras``, as tfrun --keras 2 runs them
 _AS_TF_KERAS = "import sys, runpy, tf_keras; sys.modules['keras'] = tf_keras; " \
                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-
-
-def history_of(text: str) -> dict:
-    line = next(l for l in text.splitlines() if "history {" in l)
-    return json.loads(line.split("history ", 1)[1])
 
 
 def alone(program, flavour: str) -> dict:

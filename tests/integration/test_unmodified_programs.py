@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, Run, assert_nothing_left
+from conftest import ROOT, Run, assert_nothing_left, history_of
 
 pytestmark = pytest.mark.tf
 PLAIN = ROOT / "tests" / "scripts" / "plain"
@@ -48,10 +48,6 @@ def test_lazily_built_layers_in_a_custom_loop_train_exactly(tmp_path):
                   env={"TFRUN_COMPAT_DISABLE": "layer_build_in_replica_context"}, name="without")
     assert without.run(300) == 1
     assert "You must feed a value for placeholder tensor" in logs(without)
-
-
-def history_of(output: str) -> dict:
-    return json.loads(next(l for l in output.splitlines() if "history " in l).split("history ", 1)[1])
 
 
 def test_a_metric_whose_result_is_a_variable_trains_as_alone(tmp_path):

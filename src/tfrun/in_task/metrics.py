@@ -241,7 +241,7 @@ def _recorder_class(callback_base, epoch_only: bool):
             self._timing.epoch_end(epoch, logs)
 
         def on_train_end(self, logs=None):
-            progress.doing("after training")
+            progress.doing(contract.PHASE_AFTER_TRAINING)
             self._timing.flush()
             if not epoch_only and breakdown.enabled():
                 _record_breakdown(self.model, self._data, self._timing.last_rate)
@@ -255,7 +255,7 @@ def _recorder_class(callback_base, epoch_only: bool):
             self._timing.batch_end(batch)
 
         def on_test_begin(self, logs=None):
-            progress.doing("evaluation")
+            progress.doing(contract.PHASE_EVALUATION)
 
         def on_test_end(self, logs=None):
             progress.doing(progress.BETWEEN_STEPS)

@@ -277,7 +277,7 @@ class PreemptionWatch:
         now = time.monotonic()
         seconds_per_step = (now - last_time) / max(step - last_step, 1)
         mine = tf.constant([1.0 if self.stop_asked else 0.0, seconds_per_step])
-        with self.busy("the agreement on a stop", with_peers=True):
+        with self.busy(contract.PHASE_AGREEMENT, with_peers=True):
             total = strategy.reduce(tf.distribute.ReduceOp.SUM,
                                     strategy.run(lambda: tf.identity(mine)), axis=None).numpy()
         self._checked = (step, now)

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import contextlib
 
+from .. import contract
+
 __all__ = ["IN_STEP", "BETWEEN_STEPS", "busy", "doing", "loop_reported", "reset", "snapshot",
            "step_began", "step_ended"]
 
-#: The main thread is inside a training step (its collectives included): a task that stays
-#: here while a peer does not is waiting for that peer.
-IN_STEP = "a training step"
-#: Between two steps: the task's own callbacks (and Keras' bookkeeping) run.
-BETWEEN_STEPS = "callbacks"
-#: Before the first training step (imports, the strategy, the model, tracing).
-SETUP = "setup"
+# The phases' names are the contract's: the launcher's hang clock reads them.
+IN_STEP = contract.PHASE_IN_STEP
+BETWEEN_STEPS = contract.PHASE_BETWEEN_STEPS
+SETUP = contract.PHASE_SETUP
 
 _state = {"steps_done": 0, "doing": SETUP}
 _reported = [None]  # the newest step a custom loop reported (tfrun.log_metrics)

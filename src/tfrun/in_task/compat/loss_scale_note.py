@@ -13,11 +13,10 @@ update the tracker with ``loss * self.distribute_strategy.num_replicas_in_sync``
 from __future__ import annotations
 
 import functools
-import sys
+
+from .notes import say_once
 
 __all__ = ["apply", "own_train_step"]
-
-_said: list[bool] = [False]
 
 
 def own_train_step(model) -> str | None:
@@ -34,19 +33,19 @@ def own_train_step(model) -> str | None:
 def _note_once(model) -> None:
     from ..runtime import is_chief
 
-    if _said[0] or not is_chief():
+    if not is_chief():
         return
     replicas = getattr(getattr(model, "distribute_strategy", None), "num_replicas_in_sync", 1)
     owner = own_train_step(model)
     if replicas <= 1 or owner is None:
         return
-    _said[0] = True
-    print(f"tfrun: {owner} has its own train_step: Keras' losses (compute_loss(), a "
-          "keras.losses.Loss called in a strategy) return the loss divided by the "
-          f"{replicas} replicas in sync (the strategy sums their gradients), so "
-          f"a loss tracker updated with it shows 1/{replicas} of what one process shows -- "
-          "the training is the same. To show one process's value, update it with "
-          "loss * self.distribute_strategy.num_replicas_in_sync.", file=sys.stderr, flush=True)
+    say_once("loss_scale_note",
+             f"tfrun: {owner} has its own train_step: Keras' losses (compute_loss(), a "
+             "keras.losses.Loss called in a strategy) return the loss divided by the "
+             f"{replicas} replicas in sync (the strategy sums their gradients), so "
+             f"a loss tracker updated with it shows 1/{replicas} of what one process shows -- "
+             "the training is the same. To show one process's value, update it with "
+             "loss * self.distribute_strategy.num_replicas_in_sync.")
 
 
 def apply() -> None:

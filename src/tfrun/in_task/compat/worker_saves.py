@@ -14,13 +14,11 @@ sends the other workers' writes to temporary directories.
 from __future__ import annotations
 
 import functools
-import sys
 
 from ... import contract
+from .notes import say_once
 
 __all__ = ["apply"]
-
-_said: list[bool] = [False]
 
 
 def _another_worker(model) -> bool:
@@ -37,18 +35,15 @@ def _another_worker(model) -> bool:
 
 
 def _say_once(method: str, filepath) -> None:
-    if _said[0]:
-        return
-    _said[0] = True
     from ..runtime import task
 
     info = task()
-    print(f"tfrun: {info.role}:{info.index} skips model.{method}({str(filepath)!r}) and every "
-          "later save: only the chief writes the model's files under "
-          "MultiWorkerMirroredStrategy (the workers hold the same weights; two workers "
-          "writing one path corrupt it). ModelCheckpoint saves through model.save. "
-          f"{contract.COMPAT_DISABLE}=worker_saves writes them on every worker again.",
-          file=sys.stderr, flush=True)
+    say_once("worker_saves",
+             f"tfrun: {info.role}:{info.index} skips model.{method}({str(filepath)!r}) and "
+             "every later save: only the chief writes the model's files under "
+             "MultiWorkerMirroredStrategy (the workers hold the same weights; two workers "
+             "writing one path corrupt it). ModelCheckpoint saves through model.save. "
+             f"{contract.COMPAT_DISABLE}=worker_saves writes them on every worker again.")
 
 
 def apply() -> None:

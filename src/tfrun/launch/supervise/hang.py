@@ -32,16 +32,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from ... import contract
+
 __all__ = ["HangClock", "Hang", "Suspect", "TaskProgress", "IN_STEP", "step_limit"]
 
-#: What a task inside a training step reports (tfrun.in_task.progress.IN_STEP).
-IN_STEP = "a training step"
-#: What a task between two steps reports (tfrun.in_task.progress.BETWEEN_STEPS).
-BETWEEN_STEPS = "callbacks"
-#: Phases in which a task does its own work, not steps: the clock waits longer.
-_SHORT_PHASES = (IN_STEP, BETWEEN_STEPS, "the agreement on a stop")
-#: A task done with fit: what it runs next is the script's business.
-AFTER_TRAINING = "after training"
+IN_STEP = contract.PHASE_IN_STEP
+BETWEEN_STEPS = contract.PHASE_BETWEEN_STEPS
+#: Phases in which a task does its own work, not steps, wait longer (the phase limit).
+_SHORT_PHASES = (IN_STEP, BETWEEN_STEPS, contract.PHASE_AGREEMENT)
+AFTER_TRAINING = contract.PHASE_AFTER_TRAINING
 _MIN_STEP_LIMIT = 60.0
 _STEP_FACTOR = 20.0
 _MIN_PHASE_LIMIT = 600.0

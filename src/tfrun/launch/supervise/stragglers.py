@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from .policy import TaskState
+
 __all__ = ["StragglerWatch", "Straggler", "TaskLoad", "find_stragglers"]
 
 #: 1.3x slower: others take this share of its CPUs.
@@ -99,7 +101,7 @@ class StragglerWatch:
         loads = [TaskLoad(str(r.task), r.handle.host if r.handle and r.handle.host else r.host,
                           list(r.logger.cpu_taken),
                           r.logger.progress[1] if r.logger.progress else 0)
-                 for r in records if r.tracked and r.state.value == "running"
+                 for r in records if r.tracked and r.state is TaskState.RUNNING
                  and r.task.role != "evaluator"]
         changed = self.update(loads)
         if changed is None or self._say is None:

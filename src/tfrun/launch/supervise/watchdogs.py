@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ... import contract
 from ..config import LaunchConfig
 from .hang import Hang, HangClock, TaskProgress
 from .policy import TaskState
@@ -63,7 +64,7 @@ class Watchdogs:
             out.append(TaskProgress(
                 str(r.task), r.handle.host if r.handle and r.handle.host else r.host,
                 sampled_at=sample[0] if sample else None, steps_done=sample[1] if sample else 0,
-                doing=sample[2] if sample else "setup", advanced_at=r.logger.advanced_at,
+                doing=sample[2] if sample else contract.PHASE_SETUP, advanced_at=r.logger.advanced_at,
                 seconds_per_step=r.logger.seconds_per_step))
         return out
 

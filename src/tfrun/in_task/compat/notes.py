@@ -1,0 +1,25 @@
+"""Notes a compat fix prints to the task's stderr, each at most once per process.
+
+A fix that changes what the script asked for (a skipped save) or explains a surprise (a
+divided loss) says so once: the same note every step would bury the training's output.
+
+    >>> say_once("example", "tfrun: a note")  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["say_once"]
+
+_said: set[str] = set()
+
+
+def say_once(topic: str, message: str) -> bool:
+    """Print ``message`` unless a note on ``topic`` was printed before; whether it printed."""
+    if topic in _said:
+        return False
+    _said.add(topic)
+    print(message, file=sys.stderr, flush=True)
+    return True
