@@ -37,6 +37,8 @@ import tfrun.in_task.isolation
 import tfrun.contract
 import tfrun.native_cache
 import tfrun.launch.loopback
+import tfrun.in_task.tcp_allreduce
+import tfrun.in_task.tcp_handshake
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
@@ -51,7 +53,8 @@ import tfrun.launch.loopback
                                     tfrun.cli.bench, tfrun.launch.runstats, tfrun.in_task._native,
                                     tfrun.in_task.shm_allreduce, tfrun.in_task.pod,
                                     tfrun.in_task.isolation, tfrun.contract,
-                                    tfrun.native_cache, tfrun.launch.loopback])
+                                    tfrun.native_cache, tfrun.launch.loopback,
+                                    tfrun.in_task.tcp_allreduce, tfrun.in_task.tcp_handshake])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

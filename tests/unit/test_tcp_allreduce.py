@@ -7,14 +7,15 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tfrun.in_task.tcp_allreduce import TcpGroup, TcpPlan, _HELLO, _MAGIC, plan_from_env
-from tfrun.in_task import shm_allreduce
+from tfrun.in_task.tcp_allreduce import TcpGroup, TcpPlan, _identity, plan_from_env
+from tfrun.in_task import shm_allreduce, tcp_handshake
 
 CTX = mp.get_context("fork")
 
@@ -71,6 +72,9 @@ class DirectoryStore:
             raise RuntimeError(f"key {key} already set")  # as the coordination service does
         (self.root / (path.name + ".tmp")).write_text(value)
         os.replace(self.root / (path.name + ".tmp"), path)
+
+    def delete(self, key):
+        (self.root / key.replace("/", "_")).unlink()
 
     def get(self, key, timeout):
         path = self.root / key.replace("/", "_")
@@ -236,37 +240,170 @@ def test_different_all_reduces_on_different_workers_are_an_error_not_a_wrong_sum
     assert any("8 bytes" in m and "16 bytes" in m for m in messages)
 
 
-def _joins_late(plan, root, results):
+def _same_bytes_other_dtype(plan, root, results):
+    group = _open(plan, root)
+    values = np.ones(4, np.float32) if plan.rank == 0 else np.ones(2, np.float64)
+    try:
+        group.all_reduce(values)  # 16 bytes on both: only the collective's identity differs
+        results.put((plan.rank, "no error"))
+    except RuntimeError as exc:
+        results.put((plan.rank, str(exc)))
+
+
+def test_the_same_bytes_of_another_collective_are_an_error_not_a_wrong_sum(tmp_path):
+    """Issue 47: messages were matched by (number, bytes) only, so 4 float32 against 2
+    float64 values summed each other's bits. Every frame now names its collective."""
+    got, _ = _run(2, tmp_path, _same_bytes_other_dtype)
+    messages = [m for (m,) in got.values()]
+    assert all("not running the same all-reduces" in m for m in messages), messages
+    assert any("reduce-scatter of 4 <f4 values" in m and "reduce-scatter of 2 <f8 values" in m
+               for m in messages), messages
+
+
+def _forms_under_attack(plan, root, results):
+    """Rank 1 joins once the test has knocked on rank 0's port; each rank reports its sums,
+    how long forming took it, and what it refused."""
     if plan.rank == 1:
-        time.sleep(1.0)  # the intruder knocks first
-    _member(plan, root, results)
+        while not (Path(root) / "attacked").exists():
+            time.sleep(0.01)
+    try:
+        started = time.monotonic()
+        # A slow handshake limit: a listener that served connections one at a time would
+        # wait on the silent ones past the 30 s formation limit.
+        group = TcpGroup(plan, DirectoryStore(root), connect_timeout=30, handshake_seconds=60)
+        formed = time.monotonic() - started
+        out = [group.all_reduce(a(plan.rank)).tobytes() for a in ARRAYS]
+        results.put((plan.rank, out, formed, group.refused))
+        group.close()
+    except BaseException as exc:  # reported to the test
+        results.put((plan.rank, repr(exc), None, None))
 
 
-def test_a_process_without_the_runs_key_cannot_join_and_no_port_stays_open(tmp_path):
-    """Rank 0 listens only until its group has formed, and only for a process that proves
-    it read the run's key from the coordination service: a stranger that knows the address
-    (published in the same store) but not the key is hung up on, and the group forms."""
-    results = CTX.Queue()
+def _published(root, name, timeout=30):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = sorted(Path(root).glob(f"tfrun_tcp-exchange_*_{name}"))
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"nothing published as {name}"
+        time.sleep(0.01)
+
+
+def _hello_and_proof(address, key, group):
+    """What a key-holding rank 1 sends in a handshake with ``address``: the bytes an
+    eavesdropper could capture (its hello, then its proof)."""
+    with socket.create_connection(address, timeout=10) as sock:
+        nonce = os.urandom(32)
+        hello = tcp_handshake._HELLO.pack(tcp_handshake.MAGIC, 2, 1, 2, nonce)
+        sock.sendall(hello)
+        _, _, listener_nonce, _ = tcp_handshake._CHALLENGE.unpack(
+            tcp_handshake.receive_exactly(sock, tcp_handshake._CHALLENGE.size))
+        sent = tcp_handshake.proof(key, "connector", group, 1, 0, nonce, listener_nonce)
+        sock.sendall(sent)
+        assert tcp_handshake.receive_exactly(sock, 4) == b"TFOK"
+    return hello, sent
+
+
+def test_replayed_foreign_and_silent_hellos_take_no_slot_and_hold_nothing_up(tmp_path):
+    """Issue 47: while rank 0 waits for rank 1, (a) a process without the key, (b) a replay of
+    a key-holder's captured hello and proof, and (c) five connections that say nothing
+    knock on its port. (a) and (b) are refused and logged with their address, (c) does not
+    hold the real rank 1 up; the group forms and sums right, then the port closes and the
+    key and the address are gone from the store."""
     plans = _plans(2)
-    procs = [CTX.Process(target=_joins_late, args=(p, tmp_path, results)) for p in plans]
+    results = CTX.Queue()
+    procs = [CTX.Process(target=_forms_under_attack, args=(p, tmp_path, results)) for p in plans]
     for p in procs:
         p.start()
-    store = DirectoryStore(tmp_path)
-    published = next(iter(sorted(tmp_path.glob("tfrun_tcp-exchange_*_0"))), None)
-    deadline = time.monotonic() + 30
-    while published is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-        published = next(iter(sorted(tmp_path.glob("tfrun_tcp-exchange_*_0"))), None)
-    host, port = published.read_text().split("|")
-    stranger = socket.create_connection((host, int(port)), timeout=10)
-    stranger.sendall(_HELLO.pack(_MAGIC, 1, 2, b"\0" * 32))  # right shape, wrong proof
-    assert stranger.recv(16) == b""  # hung up on, sent nothing
-    stranger.close()
+    host, port = _published(tmp_path, "0").read_text().split("|")
+    address = (host, int(port))
+    key = bytes.fromhex(_published(tmp_path, "key").read_text())
+    silent = [socket.create_connection(address, timeout=10) for _ in range(5)]
+
+    # (a) The right shape, a proof made with another key: hung up on, no welcome.
+    with socket.create_connection(address, timeout=10) as stranger:
+        stranger.sendall(tcp_handshake._HELLO.pack(tcp_handshake.MAGIC, 2, 1, 2, os.urandom(32)))
+        assert len(tcp_handshake.receive_exactly(stranger, tcp_handshake._CHALLENGE.size)) \
+            == tcp_handshake._CHALLENGE.size
+        stranger.sendall(os.urandom(32))
+        assert stranger.recv(16) == b""
+
+    # (b) A hello and proof captured from a real handshake (with a listener of the same key
+    # and group), replayed to rank 0: its fresh nonce makes the old proof wrong.
+    group = _identity(plans[0])
+    decoy = socket.create_server(("127.0.0.1", 0))
+    admission = tcp_handshake.Admission(decoy, key, group, 0, 2, plans[0].names, [1],
+                                        time.monotonic() + 10)
+    captured = {}
+    helper = threading.Thread(target=lambda: captured.update(admission.run()))
+    helper.start()
+    hello, sent = _hello_and_proof(decoy.getsockname()[:2], key, group)
+    helper.join(10)
+    decoy.close()
+    with socket.create_connection(address, timeout=10) as replay:
+        replay.sendall(hello)
+        tcp_handshake.receive_exactly(replay, tcp_handshake._CHALLENGE.size)
+        replay.sendall(sent)
+        assert replay.recv(16) == b""
+
+    (tmp_path / "attacked").touch()
     got = _collect(results, procs)
-    assert all(isinstance(out, list) for out, _ in got.values()), got
+    assert all(isinstance(out, list) for out, *_ in got.values()), got
+    assert got[0][0] == got[1][0]
+    refused = got[0][2]
+    assert sum("proof for worker:1 is wrong" in line for line in refused) == 2, refused
+    assert all("from 127.0.0.1:" in line for line in refused), refused
+    assert sum("had not proven itself" in line for line in refused) == 5, refused
+    print(f"rank 1 formed in {got[1][1]:.3f} s with five silent connections open")
+    for sock in silent:
+        assert sock.recv(16) == b""  # hung up on once the group formed
+        sock.close()
     with pytest.raises(ConnectionRefusedError):
-        socket.create_connection((host, int(port)), timeout=10)
-    assert store.get(published.name.replace("_", "/"), 1) == published.read_text()
+        socket.create_connection(address, timeout=10)
+    assert not list(tmp_path.glob("tfrun_tcp-exchange_*_key")), "the key stays readable"
+    assert not list(tmp_path.glob("tfrun_tcp-exchange_*_0")), "the address stays published"
+
+
+def _pair(key_of_connector, key_of_listener=b"k" * 32, group=b"g"):
+    """A listener of rank 0 admitting rank 1, and rank 1 connecting with its key: the
+    connector's outcome and the admission's refusals."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    admission = tcp_handshake.Admission(listener, key_of_listener, group, 0, 2,
+                                        ("worker:0", "worker:1"), [1], time.monotonic() + 2)
+    outcome = {}
+
+    def listen():
+        try:
+            outcome["listener"] = admission.run()
+        except TimeoutError as error:
+            outcome["listener"] = error
+
+    thread = threading.Thread(target=listen)
+    thread.start()
+    try:
+        outcome["connector"] = tcp_handshake.connect(
+            listener.getsockname()[:2], key_of_connector, group, 1, 0, 2,
+            ("worker:0", "worker:1"), time.monotonic() + 2)
+    except ConnectionError as error:
+        outcome["connector"] = error
+    thread.join(5)
+    listener.close()
+    return outcome, admission.refused
+
+
+def test_both_sides_prove_the_key():
+    outcome, refused = _pair(b"k" * 32)
+    assert isinstance(outcome["connector"], socket.socket) and set(outcome["listener"]) == {1}
+    assert refused == []
+
+
+def test_a_listener_without_the_key_is_refused_by_the_connecting_task():
+    outcome, refused = _pair(b"k" * 32, key_of_listener=b"x" * 32)
+    assert "did not prove it holds the run's key: it is not worker:0's exchange" \
+        in str(outcome["connector"])
+    assert isinstance(outcome["listener"], TimeoutError), outcome
+    # (the connecting task hung up without a proof: the listener gave it no slot)
+    assert len(refused) == 1 and "proof for worker:1 is wrong" in refused[0], refused
 
 
 def _halves_member(plan, root, results):

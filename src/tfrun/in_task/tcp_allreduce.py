@@ -11,15 +11,16 @@ script do not change.
 How: every chief/worker listens on an ephemeral port of its own address and publishes
 ``ip:port`` in TensorFlow's coordination service (the key-value store every
 MultiWorkerMirroredStrategy cluster already has), with a random key rank 0 publishes the
-same way; each task connects to every lower rank and proves it knows the key (an HMAC of its
-rank), then the listening sockets close: no port stays open after the group has formed, and
-a process that cannot read the coordination service cannot join. An all-reduce of a buffer
+same way; each task connects to every lower rank and the two prove the key to each other
+over fresh nonces (``tcp_handshake``), then the listening sockets close and the key and the
+addresses are deleted: no port stays open after the group has formed, a process that cannot
+read the coordination service cannot join, and a captured hello cannot be replayed. An all-reduce of a buffer
 is a reduce-scatter then an all-gather, both direct: task ``r`` owns the ``r``-th of ``size``
 slices, every task sends each owner its slice, the owner sums the slices *in rank order*
 (so every task ends with the same bits) and sends the sum to every other task. Each task
 sends and receives ``2 (size - 1) / size`` of the buffer, as in a ring, in two rounds. Every
-message carries the exchange number and its size: tasks running different all-reduces fail
-with both, not with wrong sums. A peer that dies closes its connection: the others fail at
+message carries the exchange number, its collective (kind, dtype, elements) and its size:
+tasks running different all-reduces fail naming both, never with wrong sums. A peer that dies closes its connection: the others fail at
 once, naming it.
 
     >>> env = {"TF_CONFIG": '{"cluster": {"worker": ["node-1:2222", "node-2:2222"]}, '
@@ -32,23 +33,26 @@ once, naming it.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import ipaddress
 import os
 import secrets
 import socket
 import struct
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..comm import collective_members
+from . import tcp_handshake
 
 __all__ = ["TcpGroup", "TcpPlan", "plan_from_env", "slice_length"]
 
-_MAGIC = b"TFRT"
-_HELLO = struct.Struct("<4sII32s")      # magic, rank, size, HMAC-SHA256(key, rank)
-_HEADER = struct.Struct("<QQ")          # exchange number, bytes of this message
+#: Every message: the exchange's number, then the collective it belongs to (its kind --
+#: scatter, gather or link test -- its dtype and its elements in all), then the bytes of
+#: this message. Two tasks in different collectives fail with both, never sum them.
+_HEADER = struct.Struct("<Q1s4sQQ")
+_KINDS = {b"s": "reduce-scatter", b"g": "all-gather", b"l": "link test"}
 _KEY_PREFIX = "tfrun/tcp-exchange/"
 _CONNECT_TIMEOUT = 600.0
 
@@ -92,7 +96,7 @@ class PeerLeft(ConnectionError):
 
 class KeyValue:
     """TensorFlow's coordination service as a key-value store (what ``TcpGroup`` meets
-    through); a test passes any object with the same ``set``/``get``."""
+    through); a test passes any object with the same ``set``/``get``/``delete``."""
 
     def __init__(self) -> None:
         from tensorflow.python.eager import context
@@ -105,6 +109,9 @@ class KeyValue:
     def get(self, key: str, timeout: float) -> str:
         return self._context.get_config_key_value(key, timeout_in_ms=int(timeout * 1000))
 
+    def delete(self, key: str) -> None:
+        self._context.delete_config_key_value(key)
+
 
 class TcpGroup:
     """The tasks of one plan, connected: ``all_reduce(values)`` returns the element-wise sum
@@ -116,8 +123,12 @@ class TcpGroup:
     """
 
     def __init__(self, plan: TcpPlan, store=None, *,
-                 connect_timeout: float = _CONNECT_TIMEOUT) -> None:
+                 connect_timeout: float = _CONNECT_TIMEOUT,
+                 handshake_seconds: float = tcp_handshake.HANDSHAKE_SECONDS) -> None:
         self.plan = plan
+        self._handshake_seconds = handshake_seconds
+        #: Why each connection that was not a peer was refused while the group formed.
+        self.refused: list[str] = []
         self._exchanges = 0
         self._peers: dict[int, socket.socket] = {}
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="tfrun-tcp-send")
@@ -139,6 +150,8 @@ class TcpGroup:
     # -- set-up -------------------------------------------------------------------------
     def _rendezvous(self, store, prefix: str, timeout: float) -> None:
         plan = self.plan
+        deadline = time.monotonic() + timeout
+        group = _identity(plan)
         if plan.rank == 0:
             store.set(prefix + "key", secrets.token_hex(32))
         key = bytes.fromhex(store.get(prefix + "key", timeout))
@@ -149,44 +162,33 @@ class TcpGroup:
             store.set(f"{prefix}{plan.rank}", f"{host}|{port}")
         try:
             for peer in range(plan.rank):
-                host, port = store.get(f"{prefix}{peer}", timeout).split("|")
-                sock = socket.create_connection((host, int(port)), timeout=timeout)
-                sock.sendall(_HELLO.pack(_MAGIC, plan.rank, plan.size, _proof(key, plan.rank)))
-                self._peers[peer] = sock
+                host, port = store.get(f"{prefix}{peer}", _left(deadline)).split("|")
+                self._peers[peer] = tcp_handshake.connect(
+                    (host, int(port)), key, group, plan.rank, peer, plan.size, plan.names,
+                    deadline)
             if listener is not None:
-                self._accept(listener, key, timeout)
+                admission = tcp_handshake.Admission(
+                    listener, key, group, plan.rank, plan.size, plan.names,
+                    range(plan.rank + 1, plan.size), deadline, self._handshake_seconds)
+                try:
+                    self._peers.update(admission.run())
+                except TimeoutError as error:
+                    raise TimeoutError(f"tfrun TCP all-reduce: {error} ({timeout:g} s)") from None
+                finally:
+                    self.refused = admission.refused
         finally:
             if listener is not None:
                 listener.close()
+        # Every higher rank proved the key to this task, so each has read the key and this
+        # task's address: neither is of use to anyone now.
+        if listener is not None:
+            _forget(store, f"{prefix}{plan.rank}")
+            if plan.rank == 0:
+                _forget(store, prefix + "key")
         for sock in self._peers.values():
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _notice_a_lost_host(sock)
-
-    def _accept(self, listener: socket.socket, key: bytes, timeout: float) -> None:
-        plan = self.plan
-        deadline = time.monotonic() + timeout
-        while len(self._peers) < plan.size - 1:
-            listener.settimeout(max(deadline - time.monotonic(), 0.001))
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                missing = [plan.names[r] for r in range(plan.rank + 1, plan.size)
-                           if r not in self._peers]
-                raise TimeoutError(f"tfrun TCP all-reduce: {', '.join(missing)} did not join "
-                                   f"{plan.names[plan.rank]}'s exchange within {timeout:g} s") from None
-            conn.settimeout(10.0)
-            try:
-                hello = _receive_exactly(conn, _HELLO.size)
-            except OSError:
-                hello = b""
-            magic, rank, size, proof = (_HELLO.unpack(hello) if len(hello) == _HELLO.size
-                                        else (None, 0, 0, b""))
-            if magic != _MAGIC or size != plan.size or not plan.rank < rank < size \
-                    or rank in self._peers or not hmac.compare_digest(proof, _proof(key, rank)):
-                conn.close()  # not one of this run's tasks
-                continue
-            self._peers[rank] = conn
 
     # -- exchange -----------------------------------------------------------------------
     def all_reduce(self, values, timeout: float | None = None):
@@ -264,13 +266,15 @@ class TcpGroup:
         """Send every owner its slice; receive every task's copy of mine into ``received``."""
         self._exchanges += 1
         self._transfer([(to, _pieces(flats, bounds[to], bounds[to + 1])) for to, _ in self._order()],
-                       [(frm, [received[frm]]) for _, frm in self._order()], timeout)
+                       [(frm, [received[frm]]) for _, frm in self._order()], timeout,
+                       (b"s", flats[0].dtype.str, bounds[-1]))
 
     def _gather(self, mine: list, outs, bounds, timeout) -> None:
         """Send my summed slice to every task; receive theirs into their place in ``outs``."""
         self._transfer([(to, mine) for to, _ in self._order()],
                        [(frm, _pieces(outs, bounds[frm], bounds[frm + 1]))
-                        for _, frm in self._order()], timeout)
+                        for _, frm in self._order()], timeout,
+                       (b"g", outs[0].dtype.str, bounds[-1]))
 
     def link_mib_s(self, nbytes: int = 8 << 20, repeats: int = 5) -> float:
         """The links' measured bandwidth, MiB/s: every task sends ``nbytes`` to the next rank
@@ -284,7 +288,8 @@ class TcpGroup:
         for _ in range(repeats + 1):
             self._exchanges += 1
             started = time.perf_counter()
-            self._transfer([((rank + 1) % size, [payload])], [((rank - 1) % size, [into])], None)
+            self._transfer([((rank + 1) % size, [payload])], [((rank - 1) % size, [into])], None,
+                           (b"l", payload.dtype.str, nbytes))
             times.append(time.perf_counter() - started)
         times = sorted(times[1:])  # the first warms the connections up
         return nbytes / (1 << 20) / times[len(times) // 2]
@@ -298,42 +303,49 @@ class TcpGroup:
                                    if r != self.plan.rank}}
         return self._buffers[key]
 
-    def _transfer(self, sends, receives, timeout: float | None) -> None:
+    def _transfer(self, sends, receives, timeout: float | None, what: tuple) -> None:
+        """Send ``sends`` and receive ``receives`` ([(rank, arrays)]) of the collective
+        ``what`` (kind, dtype, elements in all) at once."""
         number = self._exchanges
-        sending = self._sender.submit(self._send_all, sends, number)
+        sending = self._sender.submit(self._send_all, sends, number, what)
         try:
             for rank, into in receives:
-                self._receive(rank, into, number, timeout)
+                self._receive(rank, into, number, what, timeout)
         finally:
             error = sending.exception()  # waits: the next round reuses the buffers
         if error is not None:
             raise error
 
-    def _send_all(self, sends, number: int) -> None:
+    def _send_all(self, sends, number: int, what: tuple) -> None:
+        kind, dtype, elements = what
         for rank, arrays in sends:
             sock = self._peers[rank]
             views = [memoryview(a).cast("B") for a in arrays if a.size]
             try:
-                _send_views(sock, [memoryview(_HEADER.pack(number, sum(v.nbytes for v in views))),
-                                   *views])
+                header = _HEADER.pack(number, kind, dtype.encode(), elements,
+                                      sum(v.nbytes for v in views))
+                _send_views(sock, [memoryview(header), *views])
             except OSError as error:
                 raise self._left(rank, repr(error)) from None
 
-    def _receive(self, rank: int, arrays, number: int, timeout: float | None) -> None:
+    def _receive(self, rank: int, arrays, number: int, what: tuple,
+                 timeout: float | None) -> None:
         sock = self._peers[rank]
         sock.settimeout(timeout)
         views = [memoryview(a).cast("B") for a in arrays if a.size]
         nbytes = sum(v.nbytes for v in views)
         try:
-            header = _receive_exactly(sock, _HEADER.size)
+            header = tcp_handshake.receive_exactly(sock, _HEADER.size)
             if len(header) < _HEADER.size:
                 raise self._left(rank, repr(header))
-            got_number, got_bytes = _HEADER.unpack(header)
-            if (got_number, got_bytes) != (number, nbytes):
+            got_number, kind, dtype, elements, got_bytes = _HEADER.unpack(header)
+            theirs = (got_number, kind, dtype.rstrip(b"\0").decode("ascii", "replace"),
+                      elements, got_bytes)
+            if theirs != (number, *what, nbytes):
                 raise RuntimeError(
-                    f"tfrun TCP all-reduce: {self.plan.names[rank]} is at exchange {got_number} "
-                    f"of {got_bytes} bytes, this task ({self.plan.names[self.plan.rank]}) at "
-                    f"exchange {number} of {nbytes} bytes: the workers are not running the "
+                    f"tfrun TCP all-reduce: {self.plan.names[rank]} is at "
+                    f"{_describe(*theirs)}, this task ({self.plan.names[self.plan.rank]}) at "
+                    f"{_describe(number, *what, nbytes)}: the workers are not running the "
                     "same all-reduces (does the script build a different model on some "
                     "worker?). Run with --comm ring to use TensorFlow's collectives")
             done = _receive_views(sock, views)
@@ -361,6 +373,16 @@ class TcpGroup:
             sock.close()
         self._peers.clear()
         self._buffers.clear()
+
+
+def _describe(number: int, kind: bytes, dtype: str, elements: int, nbytes: int) -> str:
+    """A collective's message as an error names it.
+
+    >>> _describe(3, b"s", "<f4", 4, 8)
+    'exchange 3 (reduce-scatter of 4 <f4 values, 8 bytes to this task)'
+    """
+    return (f"exchange {number} ({_KINDS.get(kind, repr(kind))} of {elements} {dtype} values, "
+            f"{nbytes} bytes to this task)")
 
 
 def _flats(arrays) -> list:
@@ -462,18 +484,22 @@ def _notice_a_lost_host(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _USER_TIMEOUT_MS)
 
 
-def _proof(key: bytes, rank: int) -> bytes:
-    return hmac.new(key, b"tfrun-tcp-exchange %d" % rank, hashlib.sha256).digest()
+def _identity(plan: TcpPlan) -> bytes:
+    """What both sides of a handshake prove they belong to: the group's tasks and hosts."""
+    return hashlib.sha256(("|".join(plan.names) + "/" + "|".join(plan.hosts)).encode()).digest()
 
 
-def _receive_exactly(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
+def _forget(store, key: str) -> None:
+    try:
+        store.delete(key)
+    except Exception as error:  # noqa: BLE001 - the group works; say what stays behind
+        print(f"tfrun: WARNING: could not delete {key} from the coordination service "
+              f"({error!r}); it stays readable by whoever can reach it", file=sys.stderr,
+              flush=True)
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.001)
 
 
 def _bind_address(plan: TcpPlan) -> str:
