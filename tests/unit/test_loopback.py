@@ -6,14 +6,18 @@ The whole path (a real cluster, ``ss -ltn``, a host service): tests/integration/
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tfrun.launch import loopback
 from tfrun.launch.loopback import LoopbackNetwork, LoopbackUnavailable, shipped_library
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = textwrap.dedent("""
     import json, socket
@@ -128,15 +132,59 @@ def test_without_a_compiler_the_shipped_copy_is_used():
 
 
 def test_the_shipped_copy_is_built_from_the_current_source():
-    """Editing _loopback_bind.c without running scripts/build_loopback_bind.sh would make
+    """Editing _loopback_bind.c without running scripts/build_loopback_bind.py would make
     the shipped copy stale (then unused): this fails until it is rebuilt."""
     shipped = sorted(loopback.SOURCE.parent.glob("_loopback_bind.*.so"))
-    assert shipped, "no shipped copy: run scripts/build_loopback_bind.sh"
+    assert shipped, "no shipped copy: run scripts/build_loopback_bind.py"
     for library in shipped:
         machine = library.name.split(".")[1]
         assert shipped_library(machine) == library, \
-            f"{library.name} is stale: run scripts/build_loopback_bind.sh on {machine}"
+            f"{library.name} is stale: run python3 scripts/build_loopback_bind.py on {machine}"
     assert shipped_library("no-such-machine") is None
+
+
+def _shipped_copy(tmp_path):
+    """tfrun's shipped library, its .sha256 and its source, copied to ``tmp_path``."""
+    machine = os.uname().machine
+    if shipped_library() is None:
+        pytest.skip(f"no copy shipped for {machine}")
+    for name in (f"_loopback_bind.{machine}.so", f"_loopback_bind.{machine}.sha256",
+                 "_loopback_bind.c"):
+        shutil.copyfile(loopback.SOURCE.with_name(name), tmp_path / name)
+    return tmp_path / f"_loopback_bind.{machine}.so"
+
+
+def test_a_swapped_shipped_binary_is_refused_and_never_loaded(tmp_path, monkeypatch):
+    """Issue 47: the .sha256 named the source only, so a replaced .so built "from the same
+    source" passed. Now the binary's own hash is checked: one changed byte is refused, and
+    tfrun compiles the source instead (or, with no compiler, says why it has no library)."""
+    library = _shipped_copy(tmp_path)
+    assert shipped_library(directory=tmp_path) == library
+    data = bytearray(library.read_bytes())
+    data[-1] ^= 1
+    library.write_bytes(bytes(data))
+    with pytest.raises(loopback.ShippedLibraryReplaced, match="is not the library tfrun shipped"):
+        shipped_library(directory=tmp_path)
+    monkeypatch.setattr(loopback, "SOURCE", tmp_path / "_loopback_bind.c")  # tfrun's files
+    said = []
+    with pytest.raises(LoopbackUnavailable, match="is not loaded. Reinstall tfrun"):
+        LoopbackNetwork.create({"CC": "/nonexistent/cc", "PATH": "/nonexistent"}, said.append)
+    assert said and "WARNING" in said[0]
+    network = LoopbackNetwork.create({"TFRUN_CACHE_DIR": str(tmp_path / "cache"),
+                                      "PATH": os.environ["PATH"]}, said.append)
+    assert network.library != library and network.library.parent == tmp_path / "cache"
+
+
+def test_the_shipped_binary_is_rebuilt_byte_for_byte_with_the_pinned_toolchain():
+    """Issue 47: the build is reproducible: the script rebuilds the library in a temporary
+    directory with the pinned toolchain and flags and compares the bytes."""
+    build = ROOT / "scripts" / "build_loopback_bind.py"
+    done = subprocess.run([sys.executable, str(build), "--check"], capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode == 2 and not os.environ.get("CI"):
+        pytest.skip(done.stderr.strip())  # (CI's machine has the pinned toolchain)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "identical to a rebuild" in done.stdout
 
 
 def test_off_and_unknown_choices():

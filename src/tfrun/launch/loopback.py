@@ -9,11 +9,13 @@ any process does, and need no system package (unlike a private namespace, which 
 ``slirp4netns`` for outbound traffic and hides this machine's loopback behind 10.0.2.2).
 
 tfrun ships the library built for x86_64 (``_loopback_bind.x86_64.so``, made by
-``scripts/build_loopback_bind.sh``; it needs only glibc 2.2.5's symbols) and uses it when it
-was built from the current source (its ``.sha256``); elsewhere the source is compiled once
-per machine with ``$CC`` (else ``cc``/``gcc``) into tfrun's private cache
-(``tfrun.native_cache``); ``contract.LOOPBACK_BIND=build`` always compiles, ``=off`` uses
-no library (``--network auto`` then falls back). What it does not cover: a program that makes the ``bind`` system
+``scripts/build_loopback_bind.py`` with a pinned toolchain, byte for byte reproducible; it
+needs only glibc 2.2.5's symbols). Its ``.sha256`` names the binary's hash and the source's
+(``sha256sum -c`` format): tfrun uses the copy only when the source is the current one and
+the binary is the one built from it -- a replaced binary is never loaded. Elsewhere the source
+is compiled once per machine with ``$CC`` (else ``cc``/``gcc``), with the same flags, into
+tfrun's private cache (``tfrun.native_cache``); ``contract.LOOPBACK_BIND=build`` always
+compiles, ``=off`` uses no library (``--network auto`` then falls back). What it does not cover: a program that makes the ``bind`` system
 call without the C library (static binaries, Go), and processes that clear
 ``LD_PRELOAD``; TensorFlow and Python do neither.
 
@@ -32,10 +34,31 @@ from typing import Callable
 
 from .. import contract, native_cache
 
-__all__ = ["LoopbackNetwork", "LoopbackUnavailable", "shipped_library"]
+__all__ = ["BUILD_FLAGS", "LoopbackNetwork", "LoopbackUnavailable", "ShippedLibraryReplaced",
+           "compile_command", "shipped_library"]
 
 SOURCE = Path(__file__).with_name("_loopback_bind.c")
 _CHOICES = ("shipped", "build", "off")
+#: Every build's flags, the shipped copy's and a user's machine's: no builtins (the
+#: compiler cannot turn the byte loops into memcpy/memset calls, newer than glibc 2.2.5), and
+#: no identifying strings or debug paths, so the pinned toolchain gives the same bytes.
+BUILD_FLAGS = ("-shared", "-fPIC", "-O2", "-fno-builtin", "-fno-tree-loop-distribute-patterns",
+               "-fno-ident", "-g0", "-Wl,--build-id=sha1")
+
+
+def compile_command(compiler: str, source: Path | str, out: Path | str,
+                    warnings: tuple[str, ...] = ("-w",)) -> list[str]:
+    """The command that compiles ``source`` into the library ``out`` (on a user's machine
+    warnings are off: a newer compiler's new warning must not stop the run).
+
+    >>> compile_command("gcc", "b.c", "b.so")[-4:]
+    ['-w', 'b.c', '-o', 'b.so']
+    """
+    return [compiler, *BUILD_FLAGS, *warnings, str(source), "-o", str(out)]
+
+
+class ShippedLibraryReplaced(RuntimeError):
+    """The shipped binary is not the one its ``.sha256`` names: it is never loaded."""
 
 
 class LoopbackUnavailable(RuntimeError):
@@ -61,7 +84,15 @@ class LoopbackNetwork:
                                       f"{', '.join(_CHOICES)}")
         if how == "off":
             raise LoopbackUnavailable(f"{contract.LOOPBACK_BIND}=off")
-        shipped = shipped_library() if how == "shipped" else None
+        shipped = None
+        if how == "shipped":
+            try:
+                shipped = shipped_library()
+            except ShippedLibraryReplaced as replaced:
+                # Never load it; the source is still good, so a compiler can make a fresh copy.
+                (announce or print)(f"tfrun: WARNING: {replaced}")
+                if _compiler(environ) is None:
+                    raise LoopbackUnavailable(str(replaced)) from None
         if shipped is not None:
             return cls(shipped)
         compiler = _compiler(environ)
@@ -70,9 +101,9 @@ class LoopbackNetwork:
                                       "(install gcc, or set CC)")
         try:
             library = native_cache.build_once(
-                "loopback_bind", [SOURCE.read_bytes(), compiler.encode()],
-                lambda out: [compiler, "-shared", "-fPIC", "-O2", "-w", str(SOURCE), "-o", out,
-                             "-ldl"],
+                "loopback_bind",
+                [SOURCE.read_bytes(), compiler.encode(), *map(str.encode, BUILD_FLAGS)],
+                lambda out: compile_command(compiler, SOURCE, out),
                 what="the loopback bind library for local clusters", environ=environ,
                 announce=announce)
         except (OSError, RuntimeError) as exc:
@@ -92,17 +123,29 @@ class LoopbackNetwork:
         """Nothing to undo: the library stays cached for the next run."""
 
 
-def shipped_library(machine: str | None = None) -> Path | None:
-    """The copy shipped for this architecture, if it was built from the current source."""
+def shipped_library(machine: str | None = None, directory: Path | None = None) -> Path | None:
+    """The copy shipped for this architecture (in ``directory``, by default tfrun's), if it
+    was built from the current source; raises ShippedLibraryReplaced when the binary is not
+    the one its ``.sha256`` names."""
     machine = machine or os.uname().machine
-    library = SOURCE.with_name(f"_loopback_bind.{machine}.so")
-    digest = SOURCE.with_name(f"_loopback_bind.{machine}.sha256")
+    directory = directory or SOURCE.parent
+    library = directory / f"_loopback_bind.{machine}.so"
     try:
-        built_from = digest.read_text().strip()
-    except OSError:
+        recorded = dict(reversed(line.split()) for line in
+                        (directory / f"_loopback_bind.{machine}.sha256").read_text().splitlines()
+                        if line.strip())
+        source = (directory / SOURCE.name).read_bytes()
+    except (OSError, ValueError):
         return None
-    if not library.exists() or built_from != hashlib.sha256(SOURCE.read_bytes()).hexdigest():
-        return None
+    if not library.exists() or recorded.get(SOURCE.name) != hashlib.sha256(source).hexdigest():
+        return None  # none shipped here, or the source changed since (a developer's tree)
+    actual = hashlib.sha256(library.read_bytes()).hexdigest()
+    if recorded.get(library.name) != actual:
+        raise ShippedLibraryReplaced(
+            f"{library} is not the library tfrun shipped: its sha256 is {actual}, its "
+            f".sha256 file names {recorded.get(library.name)}. It was replaced or damaged, and "
+            "is not loaded. Reinstall tfrun, or rebuild it with "
+            "scripts/build_loopback_bind.py (docs/security-and-network.md)")
     return library
 
 
