@@ -185,6 +185,10 @@ def test_the_shipped_binary_is_rebuilt_byte_for_byte_with_the_pinned_toolchain()
         pytest.skip(done.stderr.strip())  # (CI's machine has the pinned toolchain)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "identical to a rebuild" in done.stdout
+    # docs/security-and-network.md's check, as a user runs it in the installed package
+    checked = subprocess.run(["sha256sum", "-c", f"_loopback_bind.{os.uname().machine}.sha256"],
+                             cwd=loopback.SOURCE.parent, capture_output=True, text=True)
+    assert checked.returncode == 0 and checked.stdout.count(": OK") == 2, checked.stdout
 
 
 def test_off_and_unknown_choices():

@@ -243,8 +243,9 @@ def _joined(plan):
         if isinstance(plan, tcp_allreduce.TcpPlan):
             _group = tcp_allreduce.TcpGroup(plan)
             if plan.rank == 0:
-                print(f"tfrun: all-reduce over TCP: {plan.size} workers on "
-                      f"{len(set(plan.hosts))} hosts (tfrun's exchange; --comm ring for "
+                hosts = len(set(plan.hosts))
+                print(f"tfrun: all-reduce over TCP: {plan.size} workers on {hosts} "
+                      f"host{'s' if hosts > 1 else ''} (tfrun's exchange; --comm ring for "
                       "TensorFlow's collectives)", file=sys.stderr, flush=True)
             return _group
         loaded = _native.kernel()  # built/loaded once per process; None: the Python path
