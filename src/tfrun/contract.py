@@ -43,8 +43,10 @@ OUTPUT_DIR = "TFRUN_OUTPUT_DIR"
 SCRATCH_DIR = "TFRUN_SCRATCH_DIR"
 #: The pid of the supervising tfrun (a task's watchdog dies with it).
 SUPERVISOR_PID = "TFRUN_SUPERVISOR_PID"
-#: This task's role and index when there is no TF_CONFIG to read them from.
+#: This task's role (chief, worker, ps, evaluator) when there is no TF_CONFIG to read it
+#: from (a single process, the evaluator, a Kubernetes pod before its TF_CONFIG is made).
 TASK_TYPE = "TFRUN_TASK_TYPE"
+#: This task's index within its role, in the same cases.
 TASK_INDEX = "TFRUN_TASK_INDEX"
 
 # --------------------------------------------------------------------------- the script
@@ -71,13 +73,16 @@ BATCH_WORKERS = "TFRUN_BATCH_WORKERS"
 #: Hosts an elastic run has lost or excluded so far (comma list; unset: none). Also how a
 #: per-node hub tells the other nodes which cluster to start their tasks in.
 HOSTS_AWAY = "TFRUN_HOSTS_AWAY"
-#: "0" turns the per-epoch metrics records off; the seconds between resource samples.
+#: "0" turns the per-epoch metrics records off (``--no-metrics``).
 METRICS = "TFRUN_METRICS"
+#: The seconds between two resource samples of a task (CPU, memory, progress).
 METRICS_INTERVAL = "TFRUN_METRICS_INTERVAL"
 #: "1": record the step breakdown (all-reduce, compute, input) at the end of ``fit``.
 BREAKDOWN = "TFRUN_BREAKDOWN"
-#: Keras compatibility fixes to skip / to apply even where not needed (comma lists).
+#: Keras compatibility fixes to skip (a comma list of their names,
+#: [Keras 3 compatibility](keras3-compatibility.md)).
 COMPAT_DISABLE = "TFRUN_COMPAT_DISABLE"
+#: Keras compatibility fixes to apply even where the installed Keras would not need them.
 COMPAT_FORCE = "TFRUN_COMPAT_FORCE"
 #: "0": the Python shared-memory exchange, never the native one.
 SHM_KERNEL = "TFRUN_SHM_KERNEL"
@@ -98,8 +103,9 @@ KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"
 # --------------------------------------------------------------------------- containment
 #: The cgroup a task moves into before the user's code runs.
 CGROUP = "TFRUN_CGROUP"
-#: The private network's namespaces a task joins (network, and user when unprivileged).
+#: The private network's network namespace a task joins (``--network private``).
 NETNS = "TFRUN_NETNS"
+#: ... and its user namespace, when tfrun runs unprivileged.
 USERNS = "TFRUN_USERNS"
 #: The address under which a task in the private network reaches this machine.
 HOST_LOOPBACK = "TFRUN_HOST_LOOPBACK"
@@ -120,13 +126,20 @@ CONTROLLED = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", DEVICES, SUPERVISOR_PID, NETNS
               HOST_LOOPBACK, SCRATCH_DIR, CGROUP, COMM, CPUS, MMAP_THRESHOLD)
 
 # --------------------------------------------------------------------------- Kubernetes pods
-#: Set by a ``tfrun k8s`` JobSet manifest: the task makes its TF_CONFIG from them.
-K8S_ROLES = "TFRUN_K8S_ROLES"              # chief=1,worker=2
+# Set by a ``tfrun k8s`` JobSet manifest: the task makes its TF_CONFIG from them.
+#: The roles and their counts of the JobSet (``chief=1,worker=2``).
+K8S_ROLES = "TFRUN_K8S_ROLES"
+#: The port every task's TensorFlow server listens on.
 K8S_PORT = "TFRUN_K8S_PORT"
+#: The headless service's subdomain that names the pods (``<pod>.<subdomain>``).
 K8S_SUBDOMAIN = "TFRUN_K8S_SUBDOMAIN"
+#: Seconds a pod waits for its peers' names to resolve before it fails.
 K8S_DNS_TIMEOUT = "TFRUN_K8S_DNS_TIMEOUT"
-K8S_JOBSET = "TFRUN_K8S_JOBSET"            # from the pod's labels (downward API)
+#: The JobSet's name, from the pod's labels (downward API).
+K8S_JOBSET = "TFRUN_K8S_JOBSET"
+#: The pod's replicated job (its role), from its labels.
 K8S_REPLICATED_JOB = "TFRUN_K8S_REPLICATED_JOB"
+#: The pod's index within its replicated job, from its labels.
 K8S_JOB_INDEX = "TFRUN_K8S_JOB_INDEX"
 #: "tfjob": a TFJob pod (the operator wrote TF_CONFIG; tfrun normalises its dialect).
 K8S_KIND = "TFRUN_K8S_KIND"

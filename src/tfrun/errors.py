@@ -27,7 +27,11 @@ _UNSET = object()
 
 
 class TfrunError(Exception):
-    """Base class of every error tfrun raises on purpose."""
+    """Base class of every error tfrun raises on purpose.
+
+    Its message is built from ``what`` happened, what was ``expected``, the ``fix`` and
+    what was ``received`` (each kept as an attribute); ``exit_code`` is the code the
+    ``tfrun`` command exits with when it ends a launch (see [exit codes](exit-codes.md))."""
 
     exit_code = 1
 

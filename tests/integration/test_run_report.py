@@ -80,11 +80,13 @@ def test_pngs_are_non_empty_and_differ_between_runs_that_differ(runs):
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
 @pytest.mark.parametrize("name", ["two", "failed"])
 def test_headless_chromium_renders_the_report(runs, name, tmp_path):
+    """The docs' screenshot (docs/images/report-failed-run.png) is taken by the same
+    script, of the same kind of run as "failed"."""
     page = (runs[name].run_dir / "report.html").as_uri()
     browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1100,2400"]
-    shot = tmp_path / f"{name}.png"
-    subprocess.run([*browser, f"--screenshot={shot}", page], capture_output=True, timeout=120, check=True)
+    shot = _screenshot_script().screenshot(runs[name].run_dir / "report.html",
+                                           tmp_path / f"{name}.png")
     dom = subprocess.run([*browser, "--dump-dom", page], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert f"<title>tfrun report: {name}</title>" in dom
@@ -96,6 +98,16 @@ def test_headless_chromium_renders_the_report(runs, name, tmp_path):
     assert pixels[..., :3].std() > 0.05  # not a blank page: text and plots drawn
     # The plots' area (below the header) is not blank either.
     assert pixels[400:1400, :, :3].std() > 0.05
+
+
+def _screenshot_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "report_screenshot", ROOT / "scripts" / "report_screenshot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_report_of_two_runs_prints_the_table_and_the_page_has_the_same(runs, tmp_path):

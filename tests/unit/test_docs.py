@@ -2,18 +2,27 @@
 flag is documented, every relative link resolves, and the README stays a front page."""
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 
-def _reference():
-    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "scripts" / "cli_reference.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _reference():
+    return _script("cli_reference")
 
 
 def test_the_cli_reference_is_generated_from_the_parsers_and_current():
@@ -65,3 +74,74 @@ def test_the_migration_page_names_every_foreign_flag_tfrun_refuses():
 
     text = (DOCS / "migrating.md").read_text()
     assert [flag for flag in FOREIGN_FLAGS if f"`{flag}" not in text] == []
+
+
+@pytest.mark.parametrize("page", ["api-reference.md", "variables-reference.md"])
+def test_the_api_and_variables_references_are_generated_and_current(page):
+    """Issue 45.4: the Python API reference is every name of tfrun.__all__ with its
+    docstring, the variables reference every TFRUN_* name of the contract."""
+    render = _script("docs_reference").PAGES[page]
+    assert (DOCS / page).read_text() == render(), (
+        f"docs/{page} is out of date: python3 scripts/docs_reference.py")
+
+
+def test_every_public_name_and_every_variable_is_in_the_references():
+    import tfrun
+    import tfrun.contract
+
+    api = (DOCS / "api-reference.md").read_text()
+    assert [n for n in tfrun.__all__ if f"## `tfrun.{n}`" not in api] == []
+    variables = (DOCS / "variables-reference.md").read_text()
+    names = [getattr(tfrun.contract, n) for n in tfrun.contract.__all__
+             if isinstance(getattr(tfrun.contract, n), str)
+             and re.fullmatch(r"TFRUN_[A-Z0-9_]+", getattr(tfrun.contract, n))]
+    assert len(names) > 30 and [v for v in names if f"| `{v}` |" not in variables] == []
+    assert "object at 0x" not in api  # (a default's address would change every build)
+
+
+def test_the_site_builds_strictly_with_every_page_in_its_navigation():
+    """Issue 45: the documentation site (MkDocs, Material) is built from docs/ with
+    warnings as errors -- a broken link or anchor, a page left out of the navigation."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    _Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *_: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=_Loader)
+
+    def pages(nav):
+        for entry in nav:
+            value = next(iter(entry.values()))
+            yield from (pages(value) if isinstance(value, list) else [value])
+
+    assert sorted(pages(config["nav"])) == sorted(p.name for p in DOCS.glob("*.md"))
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(Path(os.environ.get("TMPDIR", "/tmp")) / "tfrun-site-test")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_exit_code_table_says_what_the_code_does():
+    from tfrun.errors import ConfigError, TfrunError
+    from tfrun.launch.supervise.policy import LOST_EXIT_CODE, USAGE_ERROR_EXIT_CODE
+    from tfrun.launch.supervise.records import HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE
+
+    sections = (DOCS / "exit-codes.md").read_text().split("\n## ")
+    launch, task = ({line.split("|")[1].strip(): line for line in section.splitlines()
+                     if line.startswith("| `")}
+                    for section in (sections[1], sections[2]))  # tfrun's codes, a task's
+    assert ConfigError.exit_code == USAGE_ERROR_EXIT_CODE == 2
+    assert "bad input" in launch["`2`"] and "`usage`" in task["`2`"]
+    assert "another error" in launch[f"`{TfrunError.exit_code}`"]
+    assert JOIN_TIMEOUT_EXIT_CODE == HANG_TIMEOUT_EXIT_CODE == 124
+    assert "never formed" in launch["`124`"] and "no progress" in launch["`124`"]
+    assert "node-lost" in task[f"`{LOST_EXIT_CODE}` with a lost connection"]
+
+
+def test_every_example_is_indexed_with_its_command():
+    text = (DOCS / "examples.md").read_text()
+    examples = sorted(p.name for p in (ROOT / "examples").glob("[!_]*.py"))
+    assert len(examples) >= 5
+    assert [e for e in examples if not re.search(rf"`{e}`.*`tfrun .*examples/{e}", text)] == []

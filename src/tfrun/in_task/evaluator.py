@@ -28,7 +28,20 @@ __all__ = ["chief_output_dir", "sidecar_evaluate"]
 
 def sidecar_evaluate(model, dataset, checkpoint_dir: str, *, pattern: str = "*.weights.h5",
                      poll_seconds: float = 1.0, steps: int | None = None) -> Iterator[dict]:
-    """Yield one result per checkpoint (oldest first) until training is done."""
+    """Evaluate every new checkpoint in ``checkpoint_dir``, oldest first, until training
+    is done: a generator that yields ``{"checkpoint": name, metric: value, ...}`` per
+    checkpoint (iterate it: a bare call evaluates nothing).
+
+    Only files matching ``pattern`` count (default ``*.weights.h5``: what
+    ``keras.callbacks.ModelCheckpoint(..., save_weights_only=True)`` writes as
+    ``ckpt-{epoch}.weights.h5``); a file still being written is retried at the next poll,
+    every ``poll_seconds``. ``steps`` limits each evaluation. Under tfrun each result is
+    also appended to ``<run dir>/evaluator/results.jsonl``. For the evaluator task
+    (``tfrun --evaluator``):
+
+        for result in tfrun.sidecar_evaluate(model, val_ds, tfrun.chief_output_dir("ckpt")):
+            print(result)
+    """
     seen: set[str] = set()
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built:

@@ -46,6 +46,7 @@ class TaskInfo:
 
     @property
     def in_cluster(self) -> bool:
+        """True when the process has a ``TF_CONFIG`` (it is a task of a cluster)."""
         return self.config is not None
 
 

@@ -67,7 +67,14 @@ def _local_dataset(dataset_fn):
 
 def fit(model, dataset_fn: Callable, *, epochs: int = 1, steps_per_epoch: int | None = None,
         validation=None, callbacks: Sequence = (), verbose: int = 2, initial_epoch: int = 0):
-    """Train ``model`` on ``dataset_fn`` under the model's strategy; returns a History."""
+    """Train ``model`` on ``dataset_fn`` under the model's strategy; returns a History.
+
+    ``dataset_fn(input_context)`` returns a ``tf.data.Dataset``: with parameter servers
+    it runs on every worker (which needs ``steps_per_epoch`` and a repeated dataset);
+    elsewhere it is called once and its dataset given to ``model.fit``, which the strategy
+    shards. ``validation``: a dataset function, or ``(dataset_fn, steps)``. The other
+    arguments are ``model.fit``'s. One call that trains under every strategy, in both Keras
+    flavours."""
     if not callable(dataset_fn):
         raise ConfigError("tfrun.fit takes a dataset *function*",
                           expected="dataset_fn(input_context) -> tf.data.Dataset",
@@ -91,7 +98,8 @@ def fit(model, dataset_fn: Callable, *, epochs: int = 1, steps_per_epoch: int | 
 
 
 def evaluate(model, dataset_fn: Callable, *, steps: int | None = None) -> dict:
-    """Evaluate ``model`` (any strategy, PS included); returns ``{metric: value}``."""
+    """Evaluate ``model`` on ``dataset_fn`` (as ``fit``'s) under any strategy,
+    parameter servers included (every batch exactly once); returns ``{metric: value}``."""
     if is_parameter_server_strategy(model.distribute_strategy):
         # Inline on the coordinator, both flavours: every batch exactly once, metrics read
         # from the ps (tf_keras' own PS evaluate needs a repeated DatasetCreator that each

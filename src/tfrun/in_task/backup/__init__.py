@@ -93,12 +93,23 @@ def _keras():
 
 def backup_and_restore(backup_dir: str | None = None, *, save_freq="epoch",
                        delete_checkpoint: bool = True, preemption_check="auto", **kwargs):
-    """A backup-and-restore callback for this task (see the module docstring).
+    """A Keras callback that backs the training state up and resumes from it after a
+    restart, in both Keras flavours; pass it to ``model.fit(callbacks=[...])``.
 
-    ``save_freq``: ``"epoch"`` (default) or a number of steps. Raises ValueError for
-    anything else. ``preemption_check``: how often the workers check for a SIGTERM (in a
+    ``backup_dir``: where the backups go (default: ``contract.RUN_DIR/backup``, the same
+    for every restart of a run; outside tfrun ``./backup``). ``save_freq``: ``"epoch"``
+    (default) or a number of steps (a resume inside an epoch then starts at that step, with
+    the input where it was). ``delete_checkpoint``: remove the backups once training ends
+    (default True). ``preemption_check``: how often the workers check for a SIGTERM (in a
     cluster, or with ``save_freq=N``): ``"auto"`` (about once a second), a number of steps,
-    or 0 (off: a SIGTERM ends the task at once, as without tfrun).
+    or 0 (off: a SIGTERM ends the task at once, as without tfrun); on a SIGTERM every
+    worker backs up at one agreed step, then stops. Other keyword arguments go to Keras'
+    ``BackupAndRestore``, used as it is outside a cluster with epoch backups (elsewhere they
+    are refused). Raises ValueError for values other than these. In a
+    cluster every worker resumes from the newest backup all of them completed: see
+    [fault tolerance](fault-tolerance.md).
+
+        model.fit(dataset, epochs=10, callbacks=[tfrun.backup_and_restore(save_freq=100)])
     """
     if preemption_check != "auto" and (isinstance(preemption_check, bool)
                                        or not isinstance(preemption_check, int)
