@@ -4,6 +4,7 @@ flag is documented, every relative link resolves, and the README stays a front p
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,20 @@ def test_every_example_is_indexed_with_its_command():
     examples = sorted(p.name for p in (ROOT / "examples").glob("[!_]*.py"))
     assert len(examples) >= 5
     assert [e for e in examples if not re.search(rf"`{e}`.*`tfrun .*examples/{e}", text)] == []
+
+
+def test_every_diagram_renders_and_a_broken_one_is_named(tmp_path, monkeypatch):
+    """The figures are Mermaid source in the pages; each must parse and render (with the
+    library GitHub and the site draw them with), and a syntax error names its page."""
+    diagrams = _script("check_diagrams")
+    prefix = ROOT / ".cache" / "mermaid"
+    if not (prefix / "node_modules" / "mermaid").is_dir() or not shutil.which("chromium"):
+        pytest.skip("needs Mermaid (.ci/run: npm install --prefix .cache/mermaid ...) "
+                    "and Chromium")
+    assert len(diagrams.diagrams()) >= 6
+    assert diagrams.check(prefix) == [f"{page}: ok" for page, _ in diagrams.diagrams()]
+    (tmp_path / "broken.md").write_text("```mermaid\nsequenceDiagram\n  A->>B: one; two\n"
+                                        "  Note over A: x;y\n```\n")
+    monkeypatch.setattr(diagrams, "DOCS", tmp_path)
+    [line] = diagrams.check(prefix)
+    assert line.startswith("broken.md: ERROR"), line

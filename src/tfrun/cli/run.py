@@ -159,8 +159,9 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     hosts.add_argument("--base-port", type=port, default=2222,
                        help="first TensorFlow port on each named host (default 2222)")
     hosts.add_argument("--run-id", default=None,
-                       help="run directory name, the same on every node (default: slurm-<job id> "
-                            "in a per-node Slurm launch, else <time>-<name>)")
+                       help="run directory name, the same on every node (default: "
+                            "slurm-<job id>.<step id> in a per-node Slurm launch, "
+                            "slurm-<job id>-<name> in a Slurm batch job, else <time>-<name>)")
     hosts.add_argument("--python", default=sys.executable,
                        help="Python on every host (default: this one's path, %(default)s)")
     hosts.add_argument("--env", action="append", default=None, metavar="NAME[=VALUE]",
