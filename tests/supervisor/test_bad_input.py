@@ -50,6 +50,11 @@ CASES = [
     ("max-worker-restarts-word", [*W2, "--max-worker-restarts", "x", GOOD], "'x'"),
     # ---- choices
     ("strategy", [*W2, "--strategy", "mirrorred", GOOD], "'mirrorred'"),
+    # issue 45.11: a one-process strategy forced on a cluster would train N times apart
+    ("strategy-mirrored-on-a-cluster", [*W2, "--strategy", "mirrored", GOOD],
+     "--strategy mirrored with Topology(workers=2"),
+    ("strategy-central-with-ps", ["--chief", "--workers", "1", "--ps", "1", "--strategy",
+                                  "central", GOOD], "--strategy central with Topology("),
     ("keras", [*W2, "--keras", "4", GOOD], "'4'"),
     ("roles", [*W2, "--roles", "manual", GOOD], "'manual'"),
     ("layout", [*W2, "--layout", "k8s", GOOD], "'k8s'"),

@@ -24,6 +24,8 @@ from ..errors import ConfigError
 __all__ = ["KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "STRATEGIES", "LaunchConfig"]
 
 STRATEGIES = ("auto", "mirrored", "multiworker", "central", "ps", "onedevice", "default")
+#: Strategies of one process: they ignore the cluster (each task would train alone).
+_SINGLE_PROCESS_STRATEGIES = ("mirrored", "central", "onedevice", "default")
 KERAS_FLAVOURS = ("3", "2")
 #: auto: tfrun runs ps/worker of a PS cluster as servers itself; script: every task runs the
 #: script, which picks its role from TF_CONFIG (UAI Train's convention).
@@ -150,6 +152,18 @@ class LaunchConfig:
             raise ConfigError(f"Unknown strategy {self.strategy!r}",
                               expected=f"one of {', '.join(STRATEGIES)}",
                               fix="Pass e.g. --strategy auto", received=self.strategy)
+        training = self.topology.workers + int(bool(self.topology.chief))
+        if self.strategy in _SINGLE_PROCESS_STRATEGIES and (training > 1 or self.topology.ps):
+            # Each task would build a strategy that ignores TF_CONFIG: N trainings, not one.
+            raise ConfigError(
+                f"--strategy {self.strategy} trains in one process: each of the "
+                f"{training} training tasks would train alone, not together",
+                expected="--strategy auto (or multiworker/ps) for a cluster, or a "
+                         f"single-process {self.strategy} run",
+                fix="Drop --strategy (auto picks MultiWorkerMirroredStrategy or "
+                    f"ParameterServerStrategy for the cluster), or run --strategy "
+                    f"{self.strategy} with --devices N and no --workers/--chief/--ps",
+                received=f"--strategy {self.strategy} with {self.topology}")
         if self.keras not in KERAS_FLAVOURS:
             raise ConfigError(f"Unknown Keras flavour {self.keras!r}", expected="3 or 2",
                               fix="Pass --keras 3 (Keras 3) or --keras 2 (tf_keras)",
