@@ -115,6 +115,31 @@ def test_dry_run_prints_every_task_s_tf_config_and_creates_nothing(tmp_path, fla
     assert "restarts   : max 0; join timeout 300s" in out.stdout
     assert out.stdout.count("(serves as a tf.distribute.Server") == (2 + 1 if "--ps" in flags
                                                                       else 0)
+    # Issue 45.8: where the servers listen, and (local runs) how the CPUs are split.
+    if "--hosts" in flags:
+        assert "network    : each host's network" in out.stdout
+        assert "placement" not in out.stdout
+    else:
+        assert "network    : auto: loopback -- TensorFlow servers on 127.0.0.1 only" in out.stdout
+        assert "  placement  : " in out.stdout
+
+
+def test_dry_run_shows_the_cpus_each_local_task_is_pinned_to(tmp_path):
+    """--cpus-per-task 1: the placement line and each task's TFRUN_CPUS, as a launch sets
+    them (the CPUs of this process's affinity, in order)."""
+    import os
+
+    (tmp_path / "train.py").write_text("")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    out = subprocess.run([sys.executable, "-m", "tfrun", "--dry-run", "--workers", "2",
+                          "--cpus-per-task", "1", "--network", "host", "train.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"placement  : worker:0 CPU {cpus[0]}, worker:1 CPU {cpus[1]}" in out.stdout
+    assert f"TFRUN_CPUS={cpus[0]} " in out.stdout and f"TFRUN_CPUS={cpus[1]} " in out.stdout
+    assert "network    : host: TensorFlow servers reachable on every interface" in out.stdout
 
 
 def test_help_texts_are_whole_and_plain(capsys):

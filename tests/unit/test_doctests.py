@@ -39,6 +39,7 @@ import tfrun.native_cache
 import tfrun.launch.loopback
 import tfrun.in_task.tcp_allreduce
 import tfrun.in_task.tcp_handshake
+import tfrun.launch.plan_text
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
@@ -54,7 +55,8 @@ import tfrun.in_task.tcp_handshake
                                     tfrun.in_task.shm_allreduce, tfrun.in_task.pod,
                                     tfrun.in_task.isolation, tfrun.contract,
                                     tfrun.native_cache, tfrun.launch.loopback,
-                                    tfrun.in_task.tcp_allreduce, tfrun.in_task.tcp_handshake])
+                                    tfrun.in_task.tcp_allreduce, tfrun.in_task.tcp_handshake,
+                                    tfrun.launch.plan_text])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

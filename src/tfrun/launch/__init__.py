@@ -17,7 +17,7 @@ import time
 
 from ..cluster import Topology
 from ..errors import ConfigError
-from . import run
+from . import plan_text, run
 from .config import LaunchConfig
 from .engines import ENGINES, Engine, prepare
 from .output import ConsoleSink
@@ -79,4 +79,4 @@ def dry_run(config: LaunchConfig) -> str:
         run.check_entrypoint(config)
     plan = run.plan_for(config)
     run.check_show(config, plan)
-    return run.dry_run(config, plan, engine_class.name)
+    return plan_text.dry_run(config, plan, engine_class.name)

@@ -23,21 +23,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import contract
-from ..cluster import ClusterPlan, TaskId, Topology, plan_cluster
+from ..cluster import ClusterPlan, TaskId, Topology, plan_cluster  # (Topology: the examples)
 from ..comm import CommOptions
 from ..errors import ConfigError
 from .config import LaunchConfig
 from .engines.base import Backend
 from .output import LEAD_AUTO, ConsoleSink, parse_task_filter
-from .redact import REDACTED, looks_secret, redact_args
-from .rundir import RESUMABLE, ended_status, planned_run_dir, run_dir_for
+from .redact import redact_args
+from .rundir import RESUMABLE, ended_status, run_dir_for
 from .specs import spec_factory
 from .supervise import RunResult, Supervisor, describe_result
 from .tensorboard import TensorBoardServer
 
 __all__ = ["ElasticPlanner", "batch_env_for", "check_entrypoint", "check_python", "check_show",
-           "console_for", "dry_run", "elastic_env", "elastic_hosts", "elastic_plan", "plan_for",
-           "resolved_block", "supervise", "supervise_through_one_backend", "write_config"]
+           "console_for", "elastic_env", "elastic_hosts", "elastic_plan", "plan_for",
+           "resolved_block", "restarts_line", "strategy_description", "supervise",
+           "supervise_through_one_backend", "write_config"]
 
 
 def check_python(config: LaunchConfig) -> None:
@@ -139,7 +140,7 @@ def plan_for(config: LaunchConfig) -> ClusterPlan:
                         base_port=config.base_port)
 
 
-def _strategy_description(config: LaunchConfig, plan: ClusterPlan) -> str:
+def strategy_description(config: LaunchConfig, plan: ClusterPlan) -> str:
     if config.strategy != "auto":
         return config.strategy
     cluster = plan.cluster
@@ -186,7 +187,7 @@ def resolved_block(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi
         f"  mode       : {mode}",
         f"  tasks      : {tasks}" + ("" if multi else " (single task: no TF_CONFIG, no ports)"),
         f"  tracked    : {tracked}",
-        f"  strategy   : {_strategy_description(config, plan)}",
+        f"  strategy   : {strategy_description(config, plan)}",
         f"  keras      : {keras}",
         "  devices    : "
         + (f"{config.devices} logical CPU device(s) per task (a script that sets its own "
@@ -395,33 +396,3 @@ def batch_env_for(config: LaunchConfig, first: ClusterPlan):
         return {t: {contract.BATCH_WORKERS: str(started_with)} for t in plan.tasks}
 
     return env
-
-
-def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
-    """What a launch would do, as text: the engine, then every task with its TF_CONFIG, its
-    command and the variables tfrun sets for it. Nothing is created, reserved or started;
-    a local run's ports are the planned ones (a real run reserves free ones at start)."""
-    multi = len(plan.tasks) > 1
-    run_dir = planned_run_dir(config).absolute()
-    remote = engine not in ("local",)
-    make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=remote)
-    lines = ["dry run: nothing was started or created",
-             f"  engine     : {engine}" + (f" ({config.origin})" if config.origin else ""),
-             f"  run dir    : {run_dir} (not created)",
-             f"  strategy   : {_strategy_description(config, plan)}",
-             restarts_line(config, heartbeat=remote)]
-    serves = config.roles == "auto" and bool(plan.cluster.ps)
-    for task in plan.tasks:
-        spec = make_spec(task, 0)
-        set_by_tfrun = {k: v for k, v in sorted(spec.env.items())
-                        if k.startswith(contract.ENV_PREFIX) or k.startswith("TF_")}
-        tf_config = set_by_tfrun.pop("TF_CONFIG", None)
-        lines.append(f"task {task}" + (f" on {spec.host}" if spec.host else ""))
-        lines.append(f"  TF_CONFIG  : {tf_config if tf_config else '(none: a single task)'}")
-        lines.append(f"  command    : {' '.join(redact_args(list(spec.argv)))}"
-                     + ("  (serves as a tf.distribute.Server: --roles auto runs the script "
-                        "on the coordinator only)" if serves and task.role in ("ps", "worker")
-                        else ""))
-        lines.append("  environment: " + " ".join(
-            f"{k}={REDACTED if looks_secret(k) else v}" for k, v in set_by_tfrun.items()))
-    return "\n".join(lines)
