@@ -44,6 +44,11 @@ def render() -> str:
              "docs/cli-reference.md`; CI checks that it matches. Every launch flag can also "
              "come from the environment: `--max-restarts 2` is `TFRUN_MAX_RESTARTS=2`.", ""]
     for command, parser, text in parsers():
+        if parser is not None:
+            # Before wrapping: a longer interpreter path must not move the line breaks.
+            for action in parser._actions:
+                if action.default == sys.executable:
+                    action.default = "<python>"
         help_text = parser.format_help() if parser is not None else text
         help_text = help_text.replace(sys.executable, "<python>")
         parts += [f"## `{command}`", "", "```text", help_text.rstrip(), "```", ""]

@@ -33,6 +33,14 @@ def test_the_cli_reference_is_generated_from_the_parsers_and_current():
         "docs/cli-reference.md")
 
 
+def test_the_cli_reference_does_not_depend_on_the_interpreter_s_path(monkeypatch):
+    """Issue 45.7: the path was replaced after argparse had wrapped the text around it, so
+    a virtualenv with a longer path wrapped --python's help differently."""
+    monkeypatch.setattr(sys, "executable", "/opt/a/very/long/path/to/a/virtual/environment/"
+                                           "made/for/this/project/bin/python3.11")
+    assert (DOCS / "cli-reference.md").read_text() == _reference().render()
+
+
 def test_every_long_flag_of_every_command_is_in_the_docs():
     text = "\n".join(p.read_text() for p in DOCS.glob("*.md"))
     flags = _reference().long_flags()

@@ -213,7 +213,8 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                     help="split the CPU into N logical devices (Mirrored/CentralStorage on any machine)")
     tf.add_argument("--comm", default=None, metavar="OPTIONS",
                     help="collective all-reduce options for MultiWorkerMirroredStrategy: "
-                         "auto|shm|tcp|ring|nccl, pack=SIZE, timeout=SECONDS, e.g. 'ring,pack=4MB'; "
+                         "auto|shm|tcp|ring|nccl, pack=SIZE, timeout=SECONDS, compress=fp16|bf16 "
+                         "(16-bit values on tfrun's exchange), e.g. 'ring,pack=4MB'; "
                          "auto (default, on CPU): shared memory when every worker is on one "
                          "host, tfrun's TCP exchange across hosts (after shared memory on each "
                          "host when they run several each), TensorFlow's collectives otherwise")
@@ -226,7 +227,8 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                          "chief; script: every task runs the script (UAI Train's convention)")
     out = parser.add_argument_group("output")
     out.add_argument("--show", default=None, metavar="TASKS",
-                     help="only show these tasks on the console, e.g. 'chief,worker:0'")
+                     help="only show these tasks on the console (a comma list of role:index or "
+                          "roles), e.g. 'worker:0' or 'worker'")
     out.add_argument("--quiet-tasks", action="store_true", default=False,
                      help="show no task output on the console (log files keep everything)")
     out.add_argument("--tf-noise", action="store_true", default=False,
