@@ -171,3 +171,11 @@ def test_every_diagram_renders_and_a_broken_one_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(diagrams, "DOCS", tmp_path)
     [line] = diagrams.check(prefix)
     assert line.startswith("broken.md: ERROR"), line
+
+
+def test_every_source_path_a_page_names_exists():
+    """Issue 45.9: pages named src/tfrun/... files that had moved."""
+    named = {m.rstrip(".") for page in [ROOT / "README.md", *DOCS.glob("*.md")]
+             for m in re.findall(r"src/tfrun/[\w/.]+", page.read_text())}
+    assert len(named) >= 5
+    assert sorted(p for p in named if not (ROOT / p).exists()) == []
