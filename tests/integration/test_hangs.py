@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import Run, assert_nothing_left
+from conftest import REPORT_ON, Run, assert_nothing_left
 
 pytestmark = pytest.mark.tf
 
@@ -21,7 +21,7 @@ SCRIPT = "tests/scripts/stuck_worker.py"
     ("2", ["--step-timeout", "15"], 15.0),
 ], ids=["keras3-defaults", "tf_keras-step-timeout"])
 def test_a_worker_stuck_in_its_callback_is_named_with_its_stack(tmp_path, flavour, flags, limit):
-    env = {"TF_USE_LEGACY_KERAS": "1"} if flavour == "2" else {}
+    env = {"TF_USE_LEGACY_KERAS": "1", **REPORT_ON} if flavour == "2" else {}
     run = Run(tmp_path, ["--workers", "2", "--keras", flavour, *flags, SCRIPT, "worker:1", "30"],
               env=env)
     assert run.run(timeout=400) == 124, run.stdout[-5000:]
@@ -43,6 +43,13 @@ def test_a_worker_stuck_in_its_callback_is_named_with_its_stack(tmp_path, flavou
     stacks = run.stdout.split("worker:1's Python stacks, main thread first")[1]
     first = stacks.split("(most recent call first)")[1]
     assert "stuck_worker.py" in first and "on_train_batch_end" in first, stacks[:3000]
+    if flavour == "2":  # (one report is enough: the page, not the flavour, is under test)
+        page = (run.run_dir / "report.html").read_text()
+        findings = page.split("<h2>Findings</h2>")[1].split("<h2>")[0]
+        assert "<b>Hang</b>" in findings and "the culprit: worker:1" in findings, findings
+        assert "waiting in a training step for worker:1" in findings
+        # the step-rate chart: both tasks drew steps, then the span with none is shaded
+        assert (run.run_dir / "report" / "step_rates.png").stat().st_size > 5000
     assert_nothing_left(run)
 
 
@@ -53,7 +60,7 @@ def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler(tmp_
     """A busy loop (no tfrun in it) pinned to worker:1's CPU: worker:1 is named within 50
     steps, about 2x slower, with the cause; the same run without it names nobody."""
     cpu = sorted(os.sched_getaffinity(0))[1]  # --cpus-per-task 1 places worker:1 there
-    env = {"TFRUN_METRICS_INTERVAL": "0.5"}
+    env = {"TFRUN_METRICS_INTERVAL": "0.5", **REPORT_ON}
     flags = ["--workers", "2", "--cpus-per-task", "1"]
     competitor = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c",
                                    "while True: pass"])
@@ -71,8 +78,20 @@ def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler(tmp_
     assert findings[0]["steps_done"] <= 50, findings
     assert "straggler: worker:1 (host " in slowed.stdout
     assert all(f["task"] == "worker:1" for f in findings)
+    page = (slowed.run_dir / "report.html").read_text()
+    assert "<b>Straggler</b>: worker:1 (host " in page.split("<h2>Numbers</h2>")[0], page[:3000]
+    from tfrun.launch.report import load_run
+    from tfrun.launch.report_progress import plot_step_rates
+
+    steps, others = plot_step_rates(load_run(slowed.run_dir)).axes
+    rates = {l.get_label(): l.get_ydata() for l in steps.get_lines()}
+    assert sorted(rates) == ["worker:0", "worker:1"] and max(rates["worker:1"]) > 0
+    taken = {l.get_label(): sorted(l.get_ydata()) for l in others.get_lines()}
+    median = {task: values[len(values) // 2] for task, values in taken.items()}
+    assert median["worker:1"] > median["worker:0"] + 0.2, median  # the chart shows who
 
     clean = Run(tmp_path, [*flags, STEADY, "300"], env=env, name="clean")
     assert clean.run(300) == 0, clean.stdout[-3000:]
     assert clean.summary["stragglers"] == [] and "straggler:" not in clean.stdout
+    assert "<h2>Findings</h2>" not in (clean.run_dir / "report.html").read_text()
     assert_nothing_left(clean)

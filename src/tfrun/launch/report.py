@@ -2,12 +2,16 @@
 
 Written at the end of every run into the run dir (``tfrun report RUN_DIR`` writes it again),
 from what the run dir holds: ``summary.json``, ``config.json``, ``events.jsonl`` and
-``metrics/*.jsonl``. Four plots (matplotlib, Agg):
+``metrics/*.jsonl``. Five plots (matplotlib, Agg):
 
 * ``timeline.png``: every task's life (running, then how it ended), restarts and the
   moment the cluster formed;
 * ``metrics.png``: loss (and val_loss, dashed) per epoch, one curve per training task;
 * ``throughput.png``: steps/s of each epoch over time, per task;
+* ``step_rates.png``: each task's training steps/s and the share of its CPUs other
+  processes took, over time (a hang is where the steps stop, a straggler the task whose
+  CPUs were taken; ``report_progress``), with the launcher's findings (a hang,
+  stragglers) at the top of the page;
 * ``resources.png``: CPU and memory of each task's process tree over time.
 
 ``tfrun report RUN_A RUN_B ...`` writes a comparison page instead: the two-machine scaling table (time,
@@ -28,6 +32,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .report_progress import findings_html, plot_step_rates
 from .runstats import RunStats, compare, read_metrics, read_run, table_cells
 
 __all__ = ["RunData", "load_run", "plot_timeline", "plot_metrics", "plot_throughput",
@@ -333,11 +338,13 @@ def write_report(run_dir: str | Path) -> Path:
     if root:
         parts.append(f"<h2>Root cause: {html.escape(str(root.get('task')))}</h2>")
         parts.append(f"<pre class='traceback'>{html.escape(str(root.get('traceback') or 'no traceback in its log'))}</pre>")
+    parts.append(findings_html(summary))
     if data.stats is not None:
         parts.append("<h2>Numbers</h2>" + _table_html(compare([data.stats])))
     for name, title, plot in (("timeline", "Task timeline", plot_timeline),
                               ("metrics", "Loss per epoch", plot_metrics),
                               ("throughput", "Throughput", plot_throughput),
+                              ("step_rates", "Progress per task", plot_step_rates),
                               ("resources", "CPU and memory", plot_resources)):
         fig = plot(data)
         parts.append(f"<h2>{title}</h2>")

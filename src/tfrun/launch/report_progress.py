@@ -1,0 +1,101 @@
+"""The report's progress parts: the findings (a hang, stragglers) and the step-rate chart.
+
+Every task's resources samples (``metrics/<task>.jsonl``, every couple of seconds) carry
+the steps it has finished (``steps_done``) and the share of its CPUs other processes took
+(``cpu_taken``). The chart has two panels, one line per task: its training steps per second
+over time (synchronous workers all step at the slowest one's pace, so this shows *when* the
+run slowed or stopped: a hang is where every line drops to zero, shaded up to when tfrun
+found it), and the share of its CPUs others took (which task was held back by what: the
+straggler cause tfrun measures). The findings are what the launcher concluded while the run
+went on (``summary.json``'s ``hang`` and ``stragglers``), shown first in the report.
+
+    >>> rates = step_rates([{"time": 10, "steps_done": 0}, {"time": 12, "steps_done": 40},
+    ...                     {"time": 14, "steps_done": 40}])
+    >>> rates
+    [(11.0, 20.0), (13.0, 0.0)]
+"""
+
+from __future__ import annotations
+
+import html
+
+__all__ = ["findings_html", "plot_step_rates", "step_rates"]
+
+
+def step_rates(samples: list[dict]) -> list[tuple[float, float]]:
+    """(the middle of each interval between two samples, the steps/s in it)."""
+    points = [(float(s["time"]), int(s["steps_done"])) for s in samples
+              if s.get("time") is not None and s.get("steps_done") is not None]
+    rates = []
+    for (t0, n0), (t1, n1) in zip(points, points[1:]):
+        if t1 > t0 and n1 >= n0:  # (a restarted task counts from 0 again: skip the seam)
+            rates.append(((t0 + t1) / 2, (n1 - n0) / (t1 - t0)))
+    return rates
+
+
+def plot_step_rates(data):
+    """Steps/s and the CPU share others took, per task over time (a ``report.RunData``);
+    None when no sample shows a step (training was over between two samples)."""
+    from .report import _pyplot
+
+    rates, taken = {}, {}
+    for task, records in sorted(data.metrics.items()):
+        samples = [r for r in records if r.get("event") == "resources"]
+        if step_rates(samples):
+            rates[task] = [(t - data.started, rate) for t, rate in step_rates(samples)]
+        points = [(r["time"] - data.started, r["cpu_taken"]) for r in samples
+                  if r.get("time") is not None and r.get("cpu_taken") is not None]
+        if points:
+            taken[task] = points
+    if not any(rate for points in rates.values() for _, rate in points):
+        return None
+    plt = _pyplot()
+    fig, (steps, others) = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
+    for task, points in rates.items():
+        steps.plot(*zip(*points), marker=".", label=task)
+    for hang in (e for e in data.events if e.get("event") == "hang" and e.get("time")):
+        found = hang["time"] - data.started  # the span with no step, up to the finding
+        steps.axvspan(max(found - hang.get("idle_seconds", 0), 0), found, color="#c44e52",
+                      alpha=0.12, label="no step (hang)")
+    steps.set_ylabel("training steps/s")
+    steps.set_title("Progress per task (from each task's samples)")
+    steps.set_ylim(bottom=0)
+    steps.legend(fontsize=8)
+    for task, points in taken.items():
+        others.plot(*zip(*points), marker=".", label=task)
+    others.set_ylabel("CPU taken by others")
+    others.set_ylim(0, 1)
+    others.set_xlabel("seconds since launch")
+    others.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def findings_html(summary: dict) -> str:
+    """The launcher's findings as HTML, or "" when it found nothing.
+
+    >>> findings_html({})
+    ''
+    >>> "worker:1" in findings_html({"stragglers": [{"task": "worker:1", "host": "h",
+    ...     "slower": 1.8, "why": "other processes take 45% of its CPUs"}]})
+    True
+    """
+    items = []
+    hang = summary.get("hang")
+    if hang:
+        culprits = ", ".join(c["task"] for c in hang.get("culprits") or []) or "no single task"
+        items.append(f"<li><b>Hang</b>: no task completed a step for {hang['idle_seconds']:g} s "
+                     f"(limit {hang['limit_seconds']:g} s); the culprit: "
+                     f"{html.escape(culprits)}.<ul>"
+                     + "".join(f"<li>{html.escape(s['task'])} (host "
+                               f"{html.escape(str(s.get('host') or 'local'))}, "
+                               f"{s.get('steps_done')} steps done): {html.escape(s['why'])}</li>"
+                               for s in (hang.get("culprits") or []) + (hang.get("waiting") or []))
+                     + "</ul></li>")
+    for straggler in summary.get("stragglers") or []:
+        items.append(f"<li><b>Straggler</b>: {html.escape(straggler['task'])} (host "
+                     f"{html.escape(str(straggler.get('host') or 'local'))}) ran about "
+                     f"{straggler['slower']:g}x slower: {html.escape(straggler['why'])}.</li>")
+    if not items:
+        return ""
+    return "<h2>Findings</h2><ul class='findings'>" + "".join(items) + "</ul>"
