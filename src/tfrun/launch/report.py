@@ -32,6 +32,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .plotting import pyplot
 from .report_progress import findings_html, plot_step_rates
 from .runstats import RunStats, compare, read_metrics, read_run, table_cells
 
@@ -85,18 +86,11 @@ def load_run(run_dir: str | Path) -> RunData:
                    events=_read_jsonl(path / "events.jsonl"), metrics=metrics, stats=stats)
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: never a window, never a display
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_timeline(data: RunData):
     """One row per task: bars while it ran, coloured by how each attempt ended."""
-    plt = _pyplot()
+    plt = pyplot()
     tasks = data.tasks
     if not tasks:
         return None
@@ -151,7 +145,7 @@ def _attempts(records: list[dict]) -> list[list[dict]]:
 
 def plot_metrics(data: RunData, metric: str = "loss"):
     """``metric`` (and ``val_<metric>``, dashed) per epoch: one curve per training task."""
-    plt = _pyplot()
+    plt = pyplot()
     trainers = {t: _epochs(r) for t, r in data.metrics.items()
                 if t.split(":")[0] in _TRAINING_ROLES and _epochs(r)}
     if not trainers:
@@ -185,7 +179,7 @@ def plot_metrics(data: RunData, metric: str = "loss"):
 
 def plot_throughput(data: RunData):
     """Steps/s of each epoch (steady rate where measured) against time, per task."""
-    plt = _pyplot()
+    plt = pyplot()
     series = {}
     for task, records in sorted(data.metrics.items()):
         points = [(r["time"] - data.started, r.get("steady_steps_per_s") or r.get("steps_per_s"))
@@ -208,7 +202,7 @@ def plot_throughput(data: RunData):
 
 def plot_resources(data: RunData):
     """CPU (% of one core) and memory (MiB) of each task's process tree over time."""
-    plt = _pyplot()
+    plt = pyplot()
     series = {t: [r for r in records if r.get("event") == "resources" and r.get("time")]
               for t, records in sorted(data.metrics.items())}
     series = {t: s for t, s in series.items() if s}
@@ -231,7 +225,7 @@ def plot_resources(data: RunData):
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return buffer.getvalue()
 
 
@@ -379,7 +373,7 @@ def write_comparison(run_dirs: list[str | Path], target: str | Path) -> Path:
     runs = [read_run(path) for path in run_dirs]
     rows = compare(runs)
     parts = ["<h1>tfrun: runs side by side</h1>", _table_html(rows)]
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     labels = [Path(r["run_dir"]).name for r in rows]
     values = [r["samples_per_s"] or r["steps_per_s"] or 0 for r in rows]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import html
 
+from .plotting import pyplot
+
 __all__ = ["findings_html", "plot_step_rates", "step_rates"]
 
 
@@ -36,8 +38,6 @@ def step_rates(samples: list[dict]) -> list[tuple[float, float]]:
 def plot_step_rates(data):
     """Steps/s and the CPU share others took, per task over time (a ``report.RunData``);
     None when no sample shows a step (training was over between two samples)."""
-    from .report import _pyplot
-
     rates, taken = {}, {}
     for task, records in sorted(data.metrics.items()):
         samples = [r for r in records if r.get("event") == "resources"]
@@ -49,7 +49,7 @@ def plot_step_rates(data):
             taken[task] = points
     if not any(rate for points in rates.values() for _, rate in points):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, (steps, others) = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
     for task, points in rates.items():
         steps.plot(*zip(*points), marker=".", label=task)
