@@ -86,8 +86,6 @@ def load_run(run_dir: str | Path) -> RunData:
                    events=_read_jsonl(path / "events.jsonl"), metrics=metrics, stats=stats)
 
 
-
-
 def plot_timeline(data: RunData):
     """One row per task: bars while it ran, coloured by how each attempt ended."""
     plt = pyplot()
