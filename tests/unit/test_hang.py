@@ -50,7 +50,7 @@ def test_no_culprit_when_none_stands_out():
 
 def test_the_clock_starts_at_the_first_step_and_honours_what_tasks_do():
     clock = HangClock()
-    # No step yet (tracing a large model, forming): no clock at all.
+    # No step yet and no formation time given: no clock.
     assert clock.check(1e6, [task("worker:0", steps=0, advanced_at=None, doing="setup")]) is None
     # A step within the limit.
     assert clock.check(79.0, [task("worker:0"), task("worker:1")]) is None
@@ -67,6 +67,26 @@ def test_the_clock_starts_at_the_first_step_and_honours_what_tasks_do():
     assert clock.check(1e6, done) is None
     # --step-timeout off is no clock in the supervisor; a fixed one replaces the auto limit.
     assert HangClock(step_timeout=5.0).check(26.0, [task("worker:0")]).limit == 5.0
+
+
+def test_before_the_first_step_the_phase_limit_counts_from_formation():
+    """Issue 44.1: a task stuck before its first batch (its data, its strategy) while the
+    other waits in the first step's collective was never a hang: the clock started at the
+    first step. Now the phase limit counts from the cluster's formation."""
+    stuck = [task("worker:0", steps=0, advanced_at=None, doing=IN_STEP, sampled_at=700.0),
+             task("worker:1", steps=0, advanced_at=None, doing="setup", sampled_at=700.0)]
+    clock = HangClock()
+    assert clock.check(599.0, stuck, formed_at=0.0) is None  # tracing a big model: fine
+    hang = clock.check(601.0, stuck, formed_at=0.0)
+    assert hang is not None and hang.limit == 600.0 and hang.idle == 601.0
+    assert [c.task for c in hang.culprits] == ["worker:1"]
+    assert "stuck in setup" in hang.culprits[0].why
+    assert [w.why for w in hang.waiting] == ["waiting in a training step for worker:1"]
+    # --step-timeout 100: the phase limit, 10 x it, holds before the first step too.
+    assert HangClock(step_timeout=100.0).check(999.0, stuck, formed_at=0.0) is None
+    assert HangClock(step_timeout=100.0).check(1001.0, stuck, formed_at=0.0).limit == 1000.0
+    # Once a step came, the step limit counts from it as before.
+    assert clock.check(601.0, [task("worker:0", advanced_at=590.0)], formed_at=0.0) is None
 
 
 def test_the_auto_limit_follows_the_median_step_time():

@@ -4,9 +4,11 @@ Each task's resources samples (``tfrun.in_task.progress``, every couple of secon
 thread that runs while its main thread is blocked) say how many training steps it completed
 and what it is doing. The clock declares a hang when no task completed a step for the
 *step limit* -- ``max(60 s, 20 x the median step time)`` by default (``--step-timeout``) --
-counted from the first step of the attempt. A task that says it is saving, evaluating or
+counted from the last step any task completed. A task that says it is saving, evaluating or
 still setting up gets the longer *phase limit* (``max(600 s, 10 x the step limit)``): a
-backup of a large model is not a hang. Tasks after training do not hold the clock up.
+backup of a large model is not a hang. Before the first step of an attempt, the phase limit
+counts from when the cluster formed (its formation itself has ``--join-timeout``). Tasks
+after training do not hold the clock up.
 
 At a hang, the evidence names the culprit(s), most telling first:
 
@@ -129,18 +131,26 @@ class HangClock:
         steps = step_limit(statistics.median(times) if times else None, self.step_timeout)
         return steps, max(_MIN_PHASE_LIMIT, _PHASE_FACTOR * steps)
 
-    def check(self, now: float, tasks: list[TaskProgress]) -> Hang | None:
-        """A hang, or None: the clock has not started (no step yet this attempt), a task
-        made a step within the limit, or every task is done training."""
+    def check(self, now: float, tasks: list[TaskProgress],
+              formed_at: float | None = None) -> Hang | None:
+        """A hang, or None: a task made a step within the limit, every task is done
+        training, or no step came yet and the cluster formed (``formed_at``, monotonic)
+        less than the phase limit ago (None: the clock waits for the first step)."""
         training = [t for t in tasks if t.doing != AFTER_TRAINING]
         advanced = [t.advanced_at for t in tasks if t.advanced_at is not None]
-        if not training or not advanced:
+        if not training or not (advanced or formed_at is not None):
             return None
-        idle = now - max(advanced)
         steps, phases = self.limits(tasks)
-        in_phase = any(t.doing not in _SHORT_PHASES for t in training
-                       if not _stale(t, now))
-        limit = phases if in_phase else steps
+        if not advanced:
+            # Before the first step (imports, data, the model, tracing): the phase limit,
+            # counted from when the cluster formed -- a task stuck before its strategy or
+            # its first batch holds the others in their first collective for ever.
+            idle, limit = now - formed_at, phases
+        else:
+            idle = now - max(advanced)
+            in_phase = any(t.doing not in _SHORT_PHASES for t in training
+                           if not _stale(t, now))
+            limit = phases if in_phase else steps
         if idle <= limit:
             return None
         culprits, waiting = blame(now, training)

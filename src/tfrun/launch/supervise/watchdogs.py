@@ -47,7 +47,7 @@ class Watchdogs:
             if hung is not None:
                 return hung, self._silence(hung)
         if self._clock is not None:
-            hang = self._clock.check(time.monotonic(), self.progress())
+            hang = self._clock.check(time.monotonic(), self.progress(), watched_since)
             if hang is not None:
                 return self._no_progress(hang)
         return None
