@@ -53,6 +53,23 @@ def test_a_worker_stuck_in_its_callback_is_named_with_its_stack(tmp_path, flavou
     assert_nothing_left(run)
 
 
+def test_a_hang_with_restarts_left_restarts_the_group_which_then_finishes(tmp_path):
+    """Issue 44.2: the restart policy acts on the class hang: with --max-restarts 1, the
+    hang (worker:1 stuck in the first attempt only) stops and restarts the group, charged
+    to --max-restarts, and the second attempt trains through."""
+    run = Run(tmp_path, ["--workers", "2", "--step-timeout", "15", "--max-restarts", "1",
+                         SCRIPT, "worker:1", "30", "60", "once"])
+    assert run.run(timeout=400) == 0, run.stdout[-5000:]
+    assert "restarting the whole group after the hang (restart 1 of 1)" in run.stdout
+    assert run.stdout.count("trained") >= 2  # both workers, in the second attempt
+    first, second = run.summary["attempts"]
+    assert (first["ended"], first["failure_class"], first["task"]) == \
+        ("restart", "hang", "worker:1"), first
+    assert [c["task"] for c in first["hang"]["culprits"]] == ["worker:1"]
+    assert second["ended"] == "success" and run.summary["restarts"] == 1
+    assert_nothing_left(run)
+
+
 STEADY = "tests/scripts/steady_steps.py"
 
 

@@ -1,12 +1,14 @@
 """Two MWMS workers train; one of them gets stuck in its own callback (or slow in its steps).
 
-    tfrun --workers 2 stuck_worker.py STUCK_TASK AT_STEP [STEPS]
+    tfrun --workers 2 stuck_worker.py STUCK_TASK AT_STEP [STEPS [once]]
 
 STUCK_TASK ("worker:1", or "none") waits forever in ``on_train_batch_end`` after step
 AT_STEP -- user code, nothing tfrun knows of: the other worker then waits in the next
 step's all-reduce. STEPS (default 100000) steps of one epoch otherwise; prints "trained".
+``once``: stuck in the first attempt only (a restarted one trains through).
 """
 
+import os
 import sys
 import threading
 
@@ -18,6 +20,8 @@ from _small_model import small_data, small_model
 
 stuck, at_step = sys.argv[1], int(sys.argv[2])
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 100_000
+if sys.argv[4:] == ["once"] and os.environ.get("TFRUN_RESTART_COUNT", "0") != "0":
+    stuck = "none"
 info = tfrun.task()
 me = f"{info.role}:{info.index}"
 

@@ -47,6 +47,8 @@ class FailureClass(str, enum.Enum):
     NODE_LOST = "node-lost"              # the task's host, agent or actor is gone
     INFRASTRUCTURE = "infrastructure"    # SIGKILL from outside (the OOM killer), or
                                          # TensorFlow's coordination service timing out
+    HANG = "hang"                        # no step for the step limit (or silent for
+                                         # --hang-timeout): tfrun stopped the attempt
 
     def __str__(self) -> str:
         return self.value
@@ -186,6 +188,8 @@ class FailurePolicy:
     7. any other exit of a tracked task or a ps (including a ps exiting 0: training
        cannot go on without it): RESTART the whole group while restarts are left
        (synchronous training needs every worker), else FAIL.
+
+    A hang found by tfrun's clocks (``on_hang``) is charged like rule 7.
     """
 
     max_restarts: int = 0
@@ -220,6 +224,16 @@ class FailurePolicy:
         if event.restarts < self.max_restarts:
             return Decision.RESTART
         return Decision.FAIL
+
+    def on_hang(self, restarts: int) -> Decision:
+        """A hang (no task made progress for the limit): RESTART the whole group while
+        ``max_restarts`` lasts (a hang may be transient: a stuck file system, a lost
+        packet in a collective), else FAIL. ``restarts``: those charged so far.
+
+        >>> FailurePolicy(max_restarts=1).on_hang(0), FailurePolicy(max_restarts=1).on_hang(1)
+        (<Decision.RESTART: 'restart'>, <Decision.FAIL: 'fail'>)
+        """
+        return Decision.RESTART if restarts < self.max_restarts else Decision.FAIL
 
 
 def exit_code_of(returncode: int) -> int:

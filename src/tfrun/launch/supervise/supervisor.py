@@ -306,6 +306,11 @@ class Supervisor:
                     outcome = _Outcome(Watch.SIGNAL)
                     break
                 continue
+            if outcome.kind is Watch.HANG and self._restart_after_hang(outcome):
+                if self._signal is not None:  # Ctrl-C while restarting: do not start again
+                    outcome = _Outcome(Watch.SIGNAL)
+                    break
+                continue
             if outcome.kind is Watch.RESTART:
                 record = outcome.record
                 assert record is not None
@@ -786,6 +791,30 @@ class Supervisor:
             record.ended_at = time.time()
             record.stopped_by_tfrun = True
             self._transition(record, TaskState.STOPPED, exit_code=record.exit_code)
+
+    def _restart_after_hang(self, outcome: _Outcome) -> bool:
+        """Stop every task and start the group again when the policy says so (restarts
+        left: charged to --max-restarts); False when the run is to fail on this hang."""
+        decision = self.policy.on_hang(self.ledger.charged)
+        self._event("decision", task=None if outcome.record is None else str(outcome.record.task),
+                    decision=decision.value, failure_class=str(FailureClass.HANG))
+        if decision is not Decision.RESTART:
+            return False
+        budget = self.ledger.charge(FailureClass.HANG)
+        self.ledger.end("restart", task=None if outcome.record is None
+                        else str(outcome.record.task), failure=FailureClass.HANG)
+        self.ledger.records[-1]["hang"] = self.watchdogs.hang
+        self.console.info(f"{outcome.message}\nrestarting the whole group after the hang "
+                          f"({budget})")
+        self._event("restart", cause=None if outcome.record is None
+                    else str(outcome.record.task), restart=self.restarts + 1,
+                    failure_class=str(FailureClass.HANG), backoff_seconds=0)
+        self._stop([r for r in self.records if r.state == TaskState.RUNNING],
+                   grace=self.config.stop_grace, at_once=True)
+        self._pause(self.ledger.pause_before_restart(trained=self._made_progress()))
+        self._take_back_hosts()
+        self.ledger.next_attempt()
+        return True
 
     def _end_attempt(self, record: TaskRecord | None, how: str) -> None:
         """Note the attempt that just ended (summary.json's ``attempts``)."""
