@@ -26,11 +26,12 @@ from pathlib import Path
 from ...cluster import ClusterPlan, TaskId
 from ..engines.base import Backend, TaskSpec
 from ..config import LaunchConfig
-from ...contract import RESUMED_EVENT, STOPPED_EVENT, TF_CONFIG_REPLACED
+from ...contract import RESUMED_EVENT, TF_CONFIG_REPLACED
 from .diagnose import culprits
 from .explain import explain
 from ..output import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
 from .attempts import Attempts, earlier_attempts
+from .attempt_marks import AttemptMarks
 from .policy import (ALLOWED_TRANSITIONS, Decision, FailureClass, FailurePolicy, TaskExit,
                      TaskState, classify_exit)
 from ..rendezvous import JoinProbe
@@ -111,10 +112,8 @@ class Supervisor:
         #: budgets, streaks and one record per ended attempt (a resumed run's go on)
         self.ledger = Attempts(max_restarts=config.max_restarts,
                                earlier=earlier_attempts(run_dir))
-        #: per task, how many of its training events came before this attempt
-        self._events_before: dict[int, int] = {}
-        #: per task, its last epoch record and step when this attempt started
-        self._progress_before: dict[int, tuple] = {}
+        #: where each task's reports stood when this attempt began
+        self.marks = AttemptMarks()
         self._signal: int | None = None
         self._events = run_dir / "events.jsonl"
         self._probe: JoinProbe | None = None
@@ -320,7 +319,7 @@ class Supervisor:
                 # The pause guards against a crash loop: an attempt that trained (an epoch
                 # or a step further) starts the count again, so a long job preempted ten
                 # times does not wait a minute each time.
-                pause = self.ledger.pause_before_restart(trained=self._made_progress())
+                pause = self.ledger.pause_before_restart(trained=self.marks.made_progress(self.records))
                 ended = self.attempts[-1]
                 self.console.info(f"{record.task} exited with code {record.exit_code} "
                                   f"({failure}); restarting the whole group ({budget})"
@@ -332,7 +331,7 @@ class Supervisor:
                            grace=self.config.stop_grace,
                            at_once=failure is not FailureClass.PREEMPTED,
                            saving=failure is FailureClass.PREEMPTED)
-                self._note_training_events(ended)
+                self.marks.note_training_events(self.records, ended)
                 if "preempted_at_step" in ended:
                     self.console.info(f"preempted at step {ended['preempted_at_step']}: "
                                       "backed up there; the restart resumes from it")
@@ -374,7 +373,7 @@ class Supervisor:
                                 outcome.message)
         assert self._signal is not None
         message = f"stopped by {signal.Signals(self._signal).name}"
-        step = self._note_training_events(self.attempts[-1]).get("preempted_at_step")
+        step = self.marks.note_training_events(self.records, self.attempts[-1]).get("preempted_at_step")
         if step is not None:
             message += (f"; preempted at step {step}: backed up there, and the same "
                         "command (same --run-dir) resumes from it")
@@ -398,7 +397,7 @@ class Supervisor:
         ended = self.attempts[-1]
         self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                    grace=self.config.stop_grace, at_once=True)
-        self._note_training_events(ended)
+        self.marks.note_training_events(self.records, ended)
         reached = [r.logger.last_step for r in self.records if r.logger.last_step is not None]
         self.departed += [r for r in self.records if r.host in lost]
         before, joined = self._replan(self._lost_hosts | lost)
@@ -469,9 +468,7 @@ class Supervisor:
         return change
 
     def _start_all(self) -> None:
-        self._events_before = {id(r): len(r.logger.training_events) for r in self.records}
-        self._progress_before = {id(r): (r.logger.last_epoch, r.logger.last_step)
-                                 for r in self.records}
+        self.marks.begin(self.records)
         for record in self.records:
             self._start(record, restart_count=self.restarts)
 
@@ -583,7 +580,7 @@ class Supervisor:
             record.logger.join(timeout=2.0)  # its last lines (a traceback) are in the log
         log_text = log_tail(record.logger.path) if code != 0 else ""
         record.failure = classify_exit(code, note=record.note, log_tail=log_text,
-                                       stopped_by_watch=self._stopped_by_watch(record))
+                                       stopped_by_watch=self.marks.stopped_by_watch(record))
         error = None
         if record.failure in (FailureClass.SCRIPT_ERROR, FailureClass.OWN_ERROR):
             traceback = last_traceback(log_text.splitlines())
@@ -720,12 +717,6 @@ class Supervisor:
                 time.sleep(_POLL_SECONDS)
             self._stop(evaluators, grace=self.config.stop_grace)
 
-    def _stopped_by_watch(self, record: TaskRecord) -> bool:
-        """Whether ``record``'s task reported, this attempt, that tfrun's watch in it ended
-        it after a stop notice (``contract.STOPPED_EVENT``)."""
-        events = record.logger.training_events[self._events_before.get(id(record), 0):]
-        return any(event.get("event") == STOPPED_EVENT for event in events)
-
     def _stop(self, records: list[TaskRecord], *, grace: float, at_once: bool = False,
               saving: bool = False) -> None:
         """SIGTERM each running task's tree, wait up to ``grace``, SIGKILL what is left;
@@ -811,7 +802,7 @@ class Supervisor:
                     failure_class=str(FailureClass.HANG), backoff_seconds=0)
         self._stop([r for r in self.records if r.state == TaskState.RUNNING],
                    grace=self.config.stop_grace, at_once=True)
-        self._pause(self.ledger.pause_before_restart(trained=self._made_progress()))
+        self._pause(self.ledger.pause_before_restart(trained=self.marks.made_progress(self.records)))
         self._take_back_hosts()
         self.ledger.next_attempt()
         return True
@@ -821,34 +812,6 @@ class Supervisor:
         self.ledger.end(how, task=None if record is None else str(record.task),
                         exit_code=None if record is None else record.exit_code,
                         failure=None if record is None else record.failure)
-
-    def _note_training_events(self, attempt: dict) -> dict:
-        """Add the attempt's ``preempted_at_step`` / ``resumed_at_step`` (the steps its
-        tasks reported: every worker saves and resumes at the same one) to ``attempt``,
-        once its tasks have ended; returns it."""
-        for record in self.records:
-            record.logger.join(timeout=1.0)  # the last lines of tasks that just ended
-            events = record.logger.training_events[self._events_before.get(id(record), 0):]
-            for event in events:
-                if event.get("event") == STOPPED_EVENT:
-                    # tfrun's watch ended the task without the agreed backup: who, why
-                    stopped = {"task": str(record.task), "reason": event.get("reason"),
-                               "doing": event.get("doing"), "step": event.get("step")}
-                    if stopped not in attempt.setdefault("stopped_without_backup", []):
-                        attempt["stopped_without_backup"].append(stopped)
-                    continue
-                if isinstance(event.get("step"), int):
-                    attempt.setdefault(f"{event['event']}_at_step", event["step"])
-        return attempt
-
-    def _made_progress(self) -> bool:
-        """Whether a task of this attempt finished an epoch or reported a newer step."""
-        for record in self.records:
-            epoch, step = self._progress_before.get(id(record), (None, None))
-            if record.logger.last_epoch is not epoch or (
-                    record.logger.last_step is not None and record.logger.last_step != step):
-                return True
-        return False
 
     def _pause(self, seconds: float) -> None:
         """Sleep before a restart; a signal to tfrun cuts it short."""
@@ -869,7 +832,7 @@ class Supervisor:
         for record in self.records:
             record.logger.join()
         if self.attempts and self.attempts[-1].get("earlier_launch") is not True:
-            self._note_training_events(self.attempts[-1])
+            self.marks.note_training_events(self.records, self.attempts[-1])
         self._complete_membership()
         traceback, traceback_of = None, None
         # The root cause's traceback, else (a culprit that died silently) the error it caused.
