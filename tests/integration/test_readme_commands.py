@@ -89,11 +89,18 @@ ELSEWHERE = {
     "tfrun --backend ray --chief --workers 2 --ps 1 examples/ps_training.py --epochs 2": "tests/ray/test_ray.py",
     "tfrun k8s --image registry.example.com/train:1 --workers 2 examples/mnist_mlp.py > job.yaml":
         "tests/unit/test_k8s.py",
+    "tfrun k8s --image registry.example.com/train:1 --workers 2 --run-volume runs train.py > job.yaml":
+        "tests/unit/test_k8s.py",
 }
 BY_CI = ["python3 -m pip install -e '.[dev]'", "python3 -m pytest"]
+_NO_CLUSTER = "no Kubernetes cluster here (docs/kubernetes.md says so)"
 NOT_RUN = {"kubectl apply -f job.yaml":
            "no Kubernetes cluster here; tests/unit/test_k8s.py validates job.yaml against the "
-           "JobSet CRD schema, as kubectl apply's server-side validation would"}
+           "JobSet CRD schema, as kubectl apply's server-side validation would",
+           "kubectl describe jobset train": _NO_CLUSTER,
+           "kubectl get pods -l jobset.sigs.k8s.io/jobset-name=train": _NO_CLUSTER,
+           "kubectl logs -f train-worker-0-0-xxxxx": _NO_CLUSTER,
+           "kubectl delete jobset train": _NO_CLUSTER}
 
 # The user's train.py of the README's first examples: any topology, tfrun.fit.
 TRAIN_PY = '''

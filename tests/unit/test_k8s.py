@@ -413,17 +413,26 @@ def test_bootstrap_in_a_tfjob_pod_normalises_master(tmp_path):
     assert json.loads(untouched.stdout.split("TF_CONFIG=", 1)[1]) == json.loads(raw)
 
 
-README_COMMAND = ("tfrun k8s --image registry.example.com/train:1 --workers 2 "
-                  "examples/mnist_mlp.py > job.yaml")
+README_COMMANDS = ("tfrun k8s --image registry.example.com/train:1 --workers 2 "
+                   "examples/mnist_mlp.py > job.yaml",
+                   "tfrun k8s --image registry.example.com/train:1 --workers 2 --run-volume "
+                   "runs train.py > job.yaml")
 
 
-def test_readme_k8s_command_runs_as_written_and_its_manifest_validates(tmp_path):
+@pytest.mark.parametrize("command, name", zip(README_COMMANDS, ("mnist-mlp", "train")))
+def test_readme_k8s_command_runs_as_written_and_its_manifest_validates(tmp_path, command,
+                                                                        name):
     readme = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text()
-    assert README_COMMAND in readme and "kubectl apply -f job.yaml" in readme
-    result = subprocess.run(["bash", "-c", README_COMMAND], cwd=tmp_path, capture_output=True,
+    assert command in readme and "kubectl apply -f job.yaml" in readme
+    (tmp_path / "train.py").write_text("")
+    result = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     manifest = yaml.safe_load((tmp_path / "job.yaml").read_text())
-    assert manifest["kind"] == "JobSet" and manifest["metadata"]["name"] == "mnist-mlp"
+    assert manifest["kind"] == "JobSet" and manifest["metadata"]["name"] == name
     assert schema_errors(manifest) == []  # what kubectl apply's validation would check
     assert main(["k8s", "--check", str(tmp_path / "job.yaml")]) == 0
+    if "--run-volume" in command:  # the pods' run dir on the claim, as the page says
+        pod = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        assert pod["volumes"] == [{"name": "tfrun-runs",
+                                   "persistentVolumeClaim": {"claimName": "runs"}}]

@@ -45,6 +45,36 @@ def test_last_traceback_keeps_chained_exceptions():
     assert text.startswith("Traceback") and "KeyError: 'x'" in text and text.endswith("RuntimeError: wrapped")
 
 
+def test_tfrun_s_wrapper_frames_are_left_out_of_the_shown_traceback_but_a_raising_one_stays():
+    """The root cause showed three tfrun frames (metrics.py fit, the compat fixes) between
+    the script's model.fit and Keras in every script error; now a note stands for them. A
+    frame of tfrun's that raised (a tfrun bug) is the evidence and stays, in every chain."""
+    wrapped = ["Traceback (most recent call last):",
+               '  File "/w/train.py", line 42, in <module>', "    model.fit(data)",
+               '  File "/s/tfrun/in_task/metrics.py", line 332, in fit',
+               "    return fit_of(self)(x, y, **kwargs)", "           ^^^^^^^^^^^^",
+               '  File "/s/tfrun/in_task/compat/keras3.py", line 441, in routed',
+               "    return original(self, x, y)",
+               '  File "/s/keras/src/utils/traceback_utils.py", line 122, in error_handler',
+               "    raise e.with_traceback(filtered_tb) from None",
+               '  File "/w/train.py", line 38, in on_epoch_end', "    raise RuntimeError('x')",
+               "RuntimeError: x"]
+    shown = last_traceback(wrapped).splitlines()
+    assert not any("tfrun/in_task" in line for line in shown), shown
+    assert shown[3] == ("  (2 frames of tfrun's wrappers left out here; the task's log "
+                        "has them)")
+    assert shown[-1] == "RuntimeError: x" and '  File "/w/train.py", line 38' in shown[-3]
+    raising = ["Traceback (most recent call last):", '  File "/w/train.py", line 3, in <module>',
+               '  File "/s/tfrun/in_task/compat/keras3.py", line 91, in <lambda>',
+               "    device = value.device", "ValueError: no device",
+               "", "During handling of the above exception, another exception occurred:", "",
+               "Traceback (most recent call last):",
+               '  File "/s/tfrun/in_task/metrics.py", line 3, in fit',
+               '  File "/w/train.py", line 9, in <module>', "KeyError: 'k'"]
+    shown = last_traceback(raising)
+    assert "keras3.py\", line 91" in shown and "metrics.py" not in shown, shown
+
+
 def test_no_traceback():
     assert last_traceback(["all good", "bye"]) is None
 

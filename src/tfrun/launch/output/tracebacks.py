@@ -58,12 +58,61 @@ def last_traceback(lines: Iterable[str], max_lines: int = 80) -> str | None:
             in_message = True
         out.append(line)
     out = _shorten_detected_at(out)
+    out = _without_wrapper_frames(out)
     while out and not out[-1].strip():
         out.pop()
     if len(out) > max_lines:
         head = 6
         out = out[:head] + ["  ... (frames left out; see the log file)"] + out[-(max_lines - head - 1):]
     return "\n".join(out)
+
+
+#: A frame of tfrun's task-side code (its Keras wrappers: fit, the compat fixes).
+_WRAPPER_FRAME = re.compile(r'^  File ".*[/\\]tfrun[/\\]in_task[/\\][^"]*", line \d+')
+
+
+def _without_wrapper_frames(lines: list[str]) -> list[str]:
+    """``lines`` without the frames of tfrun's wrappers between the script and Keras (a
+    ``model.fit`` passes through three): they say nothing about the error, and the log
+    keeps them. A wrapper frame that is the last of its traceback (the error was raised
+    there: a tfrun bug) stays, and a note says how many were left out.
+
+    >>> print("\\n".join(_without_wrapper_frames([
+    ...     "Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
+    ...     "    model.fit(x)", '  File "/s/tfrun/in_task/metrics.py", line 3, in fit',
+    ...     "    return fit_of(self)(x)", "           ^^^^", '  File "/s/keras/x.py", line 2',
+    ...     "ValueError: bad"])))
+    Traceback (most recent call last):
+      File "train.py", line 9, in <module>
+        model.fit(x)
+      (1 frame of tfrun's wrappers left out here; the task's log has them)
+      File "/s/keras/x.py", line 2
+    ValueError: bad
+    """
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    out: list[str] = []
+    left_out, note_at = 0, None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        end = i + 1
+        if line.startswith("  File "):
+            while end < len(lines) and lines[end].startswith("    "):
+                end += 1  # its source line and carets
+            following = [f for f in frames if f > i]
+            last_of_its_traceback = not following or any(
+                not lines[k].startswith(" ") for k in range(end, following[0]))
+            if _WRAPPER_FRAME.match(line) and not last_of_its_traceback:
+                left_out += 1
+                note_at = len(out) if note_at is None else note_at
+                i = end
+                continue
+        out.extend(lines[i:end])
+        i = end
+    if left_out:
+        out.insert(note_at, f"  ({left_out} frame{'s' if left_out > 1 else ''} of tfrun's "
+                            "wrappers left out here; the task's log has them)")
+    return out
 
 
 _CHAIN_MARKERS = ("During handling of the above exception",
