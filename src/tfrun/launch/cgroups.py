@@ -18,6 +18,7 @@ contained by their process group only (the resolved configuration says so).
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import signal
@@ -129,8 +130,15 @@ def _populated(path: Path) -> bool:
         return False
 
 
-def _rmdir(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError:
-        pass
+def _rmdir(path: Path, wait: float = 1.0) -> None:
+    """Remove the cgroup ``path``; retried for up to ``wait`` seconds while the kernel
+    still counts a dying task in it (EBUSY: its last process not reaped yet)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            path.rmdir()
+            return
+        except OSError as error:
+            if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
