@@ -162,7 +162,8 @@ class TcpGroup:
             store.set(f"{prefix}{plan.rank}", f"{host}|{port}")
         try:
             for peer in range(plan.rank):
-                host, port = store.get(f"{prefix}{peer}", _left(deadline)).split("|")
+                address = store.get(f"{prefix}{peer}", tcp_handshake.seconds_left(deadline))
+                host, port = address.split("|")
                 self._peers[peer] = tcp_handshake.connect(
                     (host, int(port)), key, group, plan.rank, peer, plan.size, plan.names,
                     deadline)
@@ -496,10 +497,6 @@ def _forget(store, key: str) -> None:
         print(f"tfrun: WARNING: could not delete {key} from the coordination service "
               f"({error!r}); it stays readable by whoever can reach it", file=sys.stderr,
               flush=True)
-
-
-def _left(deadline: float) -> float:
-    return max(deadline - time.monotonic(), 0.001)
 
 
 def _bind_address(plan: TcpPlan) -> str:

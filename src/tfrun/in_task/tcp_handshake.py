@@ -32,7 +32,8 @@ import sys
 import threading
 import time
 
-__all__ = ["Admission", "connect", "proof", "HANDSHAKE_SECONDS"]
+__all__ = ["Admission", "HANDSHAKE_SECONDS", "connect", "proof", "receive_exactly",
+           "seconds_left"]
 
 MAGIC = b"TFRT"
 _VERSION = 2
@@ -59,7 +60,7 @@ def connect(address: tuple[str, int], key: bytes, group: bytes, rank: int, peer:
             size: int, names, deadline: float) -> socket.socket:
     """A connection to rank ``peer``'s listener at ``address``, both sides proven; raises
     ConnectionError when the listener cannot prove the key or refuses this task."""
-    sock = socket.create_connection(address, timeout=_left(deadline))
+    sock = socket.create_connection(address, timeout=seconds_left(deadline))
     try:
         nonce = secrets.token_bytes(32)
         sock.sendall(_HELLO.pack(MAGIC, _VERSION, rank, size, nonce))
@@ -111,7 +112,7 @@ class Admission:
                     raise TimeoutError(f"{', '.join(missing)} did not join "
                                        f"{self._names[self._rank]}'s exchange in time")
                 # Short waits: the loop also notices the last admission made by a thread.
-                self._listener.settimeout(min(0.05, _left(self._deadline)))
+                self._listener.settimeout(min(0.05, seconds_left(self._deadline)))
                 try:
                     conn, peer = self._listener.accept()
                 except TimeoutError:
@@ -142,7 +143,7 @@ class Admission:
     def _admit(self, conn: socket.socket, peer) -> None:
         reason = None
         try:
-            conn.settimeout(min(self._handshake_seconds, _left(self._deadline)))
+            conn.settimeout(min(self._handshake_seconds, seconds_left(self._deadline)))
             reason = self._handshake(conn)
         except OSError as error:  # silence past the limit, a reset, or closed by run()
             reason = f"no valid hello ({error!r})"
@@ -201,7 +202,8 @@ def receive_exactly(sock: socket.socket, count: int) -> bytes:
     return data
 
 
-def _left(deadline: float) -> float:
+def seconds_left(deadline: float) -> float:
+    """The seconds until ``deadline`` (monotonic), at least 1 ms (a socket timeout)."""
     return max(deadline - time.monotonic(), 0.001)
 
 

@@ -36,7 +36,8 @@ from .. import contract
 from ..cluster import TaskId
 from ..errors import ConfigError
 
-__all__ = ["CPUS_ENV", "DeviceShare", "describe_shares", "share_devices", "visible_gpus"]
+__all__ = ["CPUS_ENV", "DeviceShare", "describe_shares", "local_shares", "share_devices",
+           "visible_gpus"]
 
 #: The CPUs a task is pinned to ("0,1"), set by the launcher, applied by the bootstrap.
 CPUS_ENV = contract.CPUS
@@ -79,6 +80,17 @@ def visible_gpus(environ: Mapping[str, str] | None = None,
         return [str(i) for i in range(len(os.listdir(driver_dir)))]
     except OSError:
         return []
+
+
+def local_shares(plan, gpus_per_task: float | None,
+                 cpus_per_task: float | None) -> dict[TaskId, DeviceShare]:
+    """The split of this machine for a local run of ``plan`` (a ``ClusterPlan``): its GPUs
+    and this process's CPUs, with the whole counts ``--gpus-per-task`` and
+    ``--cpus-per-task`` give (LaunchConfig checked they are whole)."""
+    return share_devices(plan.tasks, gpus=visible_gpus(), cpus=sorted(os.sched_getaffinity(0)),
+                         gpus_per_task=None if gpus_per_task is None else int(gpus_per_task),
+                         cpus_per_task=None if cpus_per_task is None else int(cpus_per_task),
+                         ps_cluster=bool(plan.cluster.ps))
 
 
 def share_devices(tasks: Sequence[TaskId], *, gpus: Sequence[str], cpus: Sequence[int],

@@ -12,12 +12,10 @@ at start). For example, ``tfrun --dry-run --workers 2 train.py`` on a 2-CPU mach
 
 from __future__ import annotations
 
-import os
-
 from .. import contract
 from ..cluster import ClusterPlan
 from .config import LaunchConfig
-from .devices import describe_shares, share_devices, visible_gpus
+from .devices import describe_shares, local_shares
 from .redact import REDACTED, looks_secret, redact_args
 from .rundir import planned_run_dir
 from .run import restarts_line, strategy_description
@@ -58,11 +56,7 @@ def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
     placement = None
     if not remote:
         # The same split a local launch makes (too few CPUs/GPUs is the same ConfigError).
-        shares = share_devices(plan.tasks, gpus=visible_gpus(),
-                               cpus=sorted(os.sched_getaffinity(0)),
-                               gpus_per_task=_whole(config.gpus_per_task),
-                               cpus_per_task=_whole(config.cpus_per_task),
-                               ps_cluster=bool(plan.cluster.ps))
+        shares = local_shares(plan, config.gpus_per_task, config.cpus_per_task)
         task_env = {t: s.env() for t, s in shares.items()}
         placement = describe_shares(shares)
     make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=remote,
@@ -91,6 +85,3 @@ def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
             f"{k}={REDACTED if looks_secret(k) else v}" for k, v in set_by_tfrun.items()))
     return "\n".join(lines)
 
-
-def _whole(count: float | None) -> int | None:
-    return None if count is None else int(count)  # LaunchConfig checked it is whole

@@ -41,8 +41,7 @@ def plot_step_rates(data):
     rates, taken = {}, {}
     for task, records in sorted(data.metrics.items()):
         samples = [r for r in records if r.get("event") == "resources"]
-        if step_rates(samples):
-            rates[task] = [(t - data.started, rate) for t, rate in step_rates(samples)]
+        rates[task] = [(t - data.started, rate) for t, rate in step_rates(samples)]
         points = [(r["time"] - data.started, r["cpu_taken"]) for r in samples
                   if r.get("time") is not None and r.get("cpu_taken") is not None]
         if points:
@@ -52,7 +51,8 @@ def plot_step_rates(data):
     plt = pyplot()
     fig, (steps, others) = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
     for task, points in rates.items():
-        steps.plot(*zip(*points), marker=".", label=task)
+        if points:
+            steps.plot(*zip(*points), marker=".", label=task)
     for hang in (e for e in data.events if e.get("event") == "hang" and e.get("time")):
         found = hang["time"] - data.started  # the span with no step, up to the finding
         steps.axvspan(max(found - hang.get("idle_seconds", 0), 0), found, color="#c44e52",

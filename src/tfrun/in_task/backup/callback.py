@@ -8,10 +8,12 @@ position and the preemption watch together (see the package docstring for what i
 from __future__ import annotations
 
 import contextlib
+import sys
 
 from ... import contract
 from ..compat import internals
 from ..metrics import note_step, record_training_event
+from ..notes import say_once
 from ..preemption import PreemptionWatch, stop_preempted
 from ..runtime import is_parameter_server_strategy
 from . import agree, store
@@ -27,13 +29,8 @@ def _variables(optimizer) -> list:
     found = optimizer.variables
     return list(found() if callable(found) else found)
 
-_said: set[str] = set()
-
-
 def _say_once(text: str) -> None:
-    if text not in _said:
-        _said.add(text)
-        print(f"tfrun: {text}", flush=True)
+    say_once(text, f"tfrun: {text}", file=sys.stdout)
 
 
 def consistent_backup_class(keras):

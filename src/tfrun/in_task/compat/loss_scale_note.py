@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 
-from .notes import say_once
+from ..notes import say_once
 
 __all__ = ["apply", "own_train_step"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 
 from ... import contract
-from .notes import say_once
+from ..notes import say_once
 
 __all__ = ["apply"]
 

@@ -34,7 +34,7 @@ from ...errors import ConfigError
 from .. import cgroups, run
 from ..cgroups import TaskCgroups
 from ..config import NETWORK_MODES
-from ..devices import describe_shares, share_devices, visible_gpus
+from ..devices import describe_shares, local_shares
 from ..loopback import LoopbackNetwork, LoopbackUnavailable
 from ..netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from ..ports import PortReservation
@@ -307,10 +307,7 @@ class LocalEngine(Engine):
         held: list = []
         held_cgroups: cgroups.TaskCgroups | None = None
         # Before anything is made: too few GPUs/CPUs for what was asked is a ConfigError.
-        shares = share_devices(plan.tasks, gpus=visible_gpus(), cpus=sorted(os.sched_getaffinity(0)),
-                               gpus_per_task=_whole(config.gpus_per_task),
-                               cpus_per_task=_whole(config.cpus_per_task),
-                               ps_cluster=bool(plan.cluster.ps))
+        shares = local_shares(plan, config.gpus_per_task, config.cpus_per_task)
         network = _open_network(config, console) if multi else None
         try:
             if isinstance(network, PrivateNetwork):
@@ -407,10 +404,6 @@ def _open_network(config, console) -> PrivateNetwork | LoopbackNetwork | None:
         "slirp4netns for --network private; pass --network host to accept this and silence",
         "the warning."]))
     return None
-
-
-def _whole(count: float | None) -> int | None:
-    return None if count is None else int(count)  # LaunchConfig checked it is whole
 
 
 def _release(held: list) -> None:

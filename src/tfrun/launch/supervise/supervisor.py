@@ -305,42 +305,22 @@ class Supervisor:
                     outcome = _Outcome(Watch.SIGNAL)
                     break
                 continue
-            if outcome.kind is Watch.HANG and self._restart_after_hang(outcome):
-                if self._signal is not None:  # Ctrl-C while restarting: do not start again
-                    outcome = _Outcome(Watch.SIGNAL)
-                    break
-                continue
+            restart = None
             if outcome.kind is Watch.RESTART:
                 record = outcome.record
                 assert record is not None
-                failure = record.failure
-                budget = self.ledger.charge(failure)
-                self._end_attempt(record, "restart")
-                # The pause guards against a crash loop: an attempt that trained (an epoch
-                # or a step further) starts the count again, so a long job preempted ten
-                # times does not wait a minute each time.
-                pause = self.ledger.pause_before_restart(trained=self.marks.made_progress(self.records))
-                ended = self.attempts[-1]
-                self.console.info(f"{record.task} exited with code {record.exit_code} "
-                                  f"({failure}); restarting the whole group ({budget})"
-                                  + (f" in {pause:g}s" if pause else ""))
-                self._event("restart", cause=str(record.task), exit_code=record.exit_code,
-                            restart=self.restarts + 1, failure_class=str(failure),
-                            backoff_seconds=pause)
-                self._stop([r for r in self.records if r.state == TaskState.RUNNING],
-                           grace=self.config.stop_grace,
-                           at_once=failure is not FailureClass.PREEMPTED,
-                           saving=failure is FailureClass.PREEMPTED)
-                self.marks.note_training_events(self.records, ended)
-                if "preempted_at_step" in ended:
-                    self.console.info(f"preempted at step {ended['preempted_at_step']}: "
-                                      "backed up there; the restart resumes from it")
-                self._pause(pause)
-                if self._signal is not None:  # Ctrl-C while restarting: do not start again
-                    outcome = _Outcome(Watch.SIGNAL)
-                    break
-                self._take_back_hosts()
-                self.ledger.next_attempt()
+                restart = self._restart_group(
+                    record, record.failure, f"{record.task} exited with code "
+                    f"{record.exit_code} ({record.failure}); restarting the whole group")
+            elif outcome.kind is Watch.HANG and self._hang_restarts(outcome):
+                restart = self._restart_group(
+                    outcome.record, FailureClass.HANG,
+                    f"{outcome.message}\nrestarting the whole group after the hang",
+                    hang=self.watchdogs.hang)
+            if restart is False:  # Ctrl-C while restarting: do not start again
+                outcome = _Outcome(Watch.SIGNAL)
+                break
+            if restart:
                 continue
             break
         self._end_attempt(outcome.record if outcome.kind is not Watch.SUCCESS else None,
@@ -783,26 +763,43 @@ class Supervisor:
             record.stopped_by_tfrun = True
             self._transition(record, TaskState.STOPPED, exit_code=record.exit_code)
 
-    def _restart_after_hang(self, outcome: _Outcome) -> bool:
-        """Stop every task and start the group again when the policy says so (restarts
-        left: charged to --max-restarts); False when the run is to fail on this hang."""
+    def _hang_restarts(self, outcome: _Outcome) -> bool:
+        """Whether the policy restarts the group after this hang (restarts left)."""
         decision = self.policy.on_hang(self.ledger.charged)
         self._event("decision", task=None if outcome.record is None else str(outcome.record.task),
                     decision=decision.value, failure_class=str(FailureClass.HANG))
-        if decision is not Decision.RESTART:
-            return False
-        budget = self.ledger.charge(FailureClass.HANG)
-        self.ledger.end("restart", task=None if outcome.record is None
-                        else str(outcome.record.task), failure=FailureClass.HANG)
-        self.ledger.records[-1]["hang"] = self.watchdogs.hang
-        self.console.info(f"{outcome.message}\nrestarting the whole group after the hang "
-                          f"({budget})")
-        self._event("restart", cause=None if outcome.record is None
-                    else str(outcome.record.task), restart=self.restarts + 1,
-                    failure_class=str(FailureClass.HANG), backoff_seconds=0)
+        return decision is Decision.RESTART
+
+    def _restart_group(self, record: TaskRecord | None, failure: FailureClass | None,
+                       lead: str, **noted) -> bool:
+        """Stop every task to start the group again, for ``record``'s ``failure`` (the
+        attempt's record gets ``noted`` too): charge it, say it with ``lead``, pause if a
+        crash loop calls for it. False when a signal to tfrun came meanwhile (do not start
+        again)."""
+        budget = self.ledger.charge(failure)
+        ended = self.ledger.end("restart", task=None if record is None else str(record.task),
+                                exit_code=None if record is None else record.exit_code,
+                                failure=failure)
+        ended.update(noted)
+        # The pause guards against a crash loop: an attempt that trained (an epoch or a step
+        # further) starts the count again, so a long job preempted ten times does not wait
+        # a minute each time.
+        pause = self.ledger.pause_before_restart(trained=self.marks.made_progress(self.records))
+        self.console.info(f"{lead} ({budget})" + (f" in {pause:g}s" if pause else ""))
+        self._event("restart", cause=None if record is None else str(record.task),
+                    exit_code=None if record is None else record.exit_code,
+                    restart=self.restarts + 1, failure_class=str(failure),
+                    backoff_seconds=pause)
+        preempted = failure is FailureClass.PREEMPTED
         self._stop([r for r in self.records if r.state == TaskState.RUNNING],
-                   grace=self.config.stop_grace, at_once=True)
-        self._pause(self.ledger.pause_before_restart(trained=self.marks.made_progress(self.records)))
+                   grace=self.config.stop_grace, at_once=not preempted, saving=preempted)
+        self.marks.note_training_events(self.records, ended)
+        if "preempted_at_step" in ended:
+            self.console.info(f"preempted at step {ended['preempted_at_step']}: "
+                              "backed up there; the restart resumes from it")
+        self._pause(pause)
+        if self._signal is not None:
+            return False
         self._take_back_hosts()
         self.ledger.next_attempt()
         return True

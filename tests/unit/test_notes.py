@@ -1,4 +1,4 @@
-from tfrun.in_task.compat import notes
+from tfrun.in_task import notes
 
 
 def test_a_note_is_printed_once_per_topic(capsys, monkeypatch):
