@@ -104,6 +104,21 @@ C = FailureClass
     (1, None, "E1124 ... The following tasks are unhealthy (stopped sending heartbeats):\n"
               "/job:worker/replica:0/task:1\n", C.INFRASTRUCTURE),
     (1, None, "Task /job:worker/replica:0/task:0 heartbeat timeout.", C.INFRASTRUCTURE),
+    # issue 44.4: the fault matrix's classes
+    (139, None, "Fatal Python error: Segmentation fault", C.CRASH),
+    (134, None, "", C.CRASH),                           # SIGABRT (a failed CHECK in C++)
+    (137, "killed by the kernel's out-of-memory killer: its memory cgroup /x (limit 1.0 GiB) "
+          "ran out of memory (1 OOM kill(s) there while the task ran)", "", C.OUT_OF_MEMORY),
+    (137, "killed by SIGKILL; the kernel's OOM killer ended 1 process(es) on this machine "
+          "while it ran: perhaps this one", "", C.INFRASTRUCTURE),  # not its own cgroup's
+    (1, None, "Traceback ...\ntensorflow.python.framework.errors_impl.ResourceExhaustedError: "
+              "OOM when allocating tensor", C.OUT_OF_MEMORY),
+    (1, None, "Traceback ...\nMemoryError", C.OUT_OF_MEMORY),
+    (1, None, "Traceback ...\nOSError: [Errno 28] No space left on device", C.DISK_FULL),
+    (1, None, "RuntimeError: Unable to synchronously create file (file write failed: "
+              "errno = 28, error message = 'No space left on device')", C.DISK_FULL),
+    # an old OOM far above the last error is not the last error
+    (1, None, "MemoryError\n" + "x" * 20_000 + "\nValueError: bad", C.SCRIPT_ERROR),
 ])
 def test_exits_are_classified(code, note, log, expected):
     assert classify_exit(code, note=note, log_tail=log) is expected

@@ -8,7 +8,8 @@ In order, before the user's code:
    ``tfrun k8s`` JobSet, make TF_CONFIG from what JobSet gave the pod and wait for every
    peer's DNS name (``tfrun.launch.engines.kubernetes``; a TFJob pod's TF_CONFIG is normalised);
 2. dump every thread's Python stack on SIGUSR1 (``faulthandler``: works even when the
-   main thread is stuck in C code), which ``--hang-timeout`` asks for; split the CPU into
+   main thread is stuck in C code), which the hang clocks ask for, and on a crash (a fatal
+   signal: the launcher shows it as the crash's evidence); split the CPU into
    logical devices when ``contract.DEVICES`` is set;
 3. install the Keras compatibility fixes (applied when Keras is first imported, so a
    script that never imports Keras pays nothing);
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     _join_private_network()
     _tf_config_from_kubernetes()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    # A crash in native code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) leaves the Python
+    # stack where it happened in the log: the launcher shows it as the crash's evidence.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     from . import setup as task_setup
 
     task_setup.prepare()

@@ -94,7 +94,9 @@ class TaskCgroups:
         deadline = time.monotonic() + _EMPTY_TIMEOUT
         while _populated(path) and time.monotonic() < deadline:
             time.sleep(0.02)
-        _rmdir(path)
+        # What is left of the wait: a task of a few GB (or one that was stopped) can take
+        # seconds to be torn down after "populated 0".
+        _rmdir(path, wait=max(deadline - time.monotonic(), 1.0))
 
     def close(self) -> None:
         """Kill and remove every task's cgroup, then the parent."""

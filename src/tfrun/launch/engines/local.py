@@ -37,6 +37,7 @@ from ..config import NETWORK_MODES
 from ..devices import describe_shares, local_shares
 from ..loopback import LoopbackNetwork, LoopbackUnavailable
 from ..netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
+from ..oom import OomWatch
 from ..ports import PortReservation
 from ..rundir import run_dir_for
 from ..specs import spec_factory
@@ -112,6 +113,7 @@ class LocalBackend(Backend):
         self._scratch_names = itertools.count()
         self._cgroups: TaskCgroups | None = None
         self._task_cgroups: dict[int, Path] = {}             # id(handle) -> its cgroup
+        self._oom: dict[int, OomWatch] = {}                  # id(handle) -> OOM-kill counts
 
     def open(self, run_dir: Path) -> None:
         self._reaper = _Reaper(run_dir)
@@ -178,6 +180,7 @@ class LocalBackend(Backend):
                               received=f"{spec.argv[0]} in {spec.cwd or os.getcwd()}") from None
         if self._reaper is not None:
             self._reaper.register(process.pid)  # start_new_session: pgid == pid
+        self._oom[id(handle)] = OomWatch.start(self._task_cgroups.get(id(handle)))
         handle.pid = process.pid
         self._processes[id(handle)] = process
         return handle, process.stdout  # type: ignore[return-value]
@@ -225,7 +228,17 @@ class LocalBackend(Backend):
         if process is None:
             return None
         code = process.poll()
-        return None if code is None else exit_code_of(code)
+        if code is None:
+            return None
+        oom = self._oom.pop(id(handle), None)
+        if code == -signal.SIGKILL and oom is not None and handle.note is None:
+            # No word in the log: the kernel's counts say whether its OOM killer did it.
+            handle.note = oom.killed_by_oom()
+            if handle.note is None and oom.machine_kills():
+                handle.note = (f"killed by SIGKILL; the kernel's OOM killer ended "
+                               f"{oom.machine_kills()} process(es) on this machine while it "
+                               "ran: perhaps this one")
+        return exit_code_of(code)
 
     def signal(self, handle: TaskHandle, sig: int) -> None:
         process = self._processes.get(id(handle))
@@ -242,6 +255,7 @@ class LocalBackend(Backend):
     def release(self, handle: TaskHandle) -> None:
         """SIGKILL what is left of the group (the leader's children too), reap, forget."""
         process = self._processes.pop(id(handle), None)
+        self._oom.pop(id(handle), None)
         self._release_ports(id(handle))
         if process is not None:
             self._killpg(process.pid, signal.SIGKILL)

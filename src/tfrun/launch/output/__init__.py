@@ -13,8 +13,8 @@ from .console import LEAD_AUTO, ConsoleSink, is_keras_progress, parse_task_filte
 from .noise import NoiseFilter, is_tf_noise
 from .splitter import OutputSplitter, read_chunks, strip_ansi
 from .tasklog import TaskLogger, describe_write_error, replaced_device_count
-from .tracebacks import last_traceback
+from .tracebacks import fatal_error_stack, last_traceback
 
 __all__ = ["LEAD_AUTO", "ConsoleSink", "NoiseFilter", "OutputSplitter", "TaskLogger",
-           "describe_write_error", "is_keras_progress", "is_tf_noise", "last_traceback",
+           "describe_write_error", "fatal_error_stack", "is_keras_progress", "is_tf_noise", "last_traceback",
            "parse_task_filter", "read_chunks", "replaced_device_count", "strip_ansi"]

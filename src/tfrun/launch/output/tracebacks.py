@@ -1,4 +1,5 @@
-"""The last Python traceback in a task's log, shortened for the failure summary.
+"""The last Python traceback in a task's log, shortened for the failure summary; and the
+Python stack a crashed task left (``faulthandler``'s "Fatal Python error" dump).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Iterable
 
 from .noise import is_tf_noise
 
-__all__ = ['last_traceback']
+__all__ = ['fatal_error_stack', 'last_traceback']
 
 
 _ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ ")
@@ -136,3 +137,34 @@ def _shorten_detected_at(lines: list[str]) -> list[str]:
                 i += 1
             out.extend(frames[-1:])
     return out
+
+
+def fatal_error_stack(lines: Iterable[str], max_lines: int = 60) -> str | None:
+    """The last ``faulthandler`` dump of a fatal signal in ``lines`` (tfrun's bootstrap
+    enables it: a task that crashes in native code shows where its Python was): the
+    "Fatal Python error" line and the crashing thread's stack, or None.
+
+    >>> print(fatal_error_stack(["x", "Fatal Python error: Segmentation fault", "",
+    ...     "Thread 0x2 (most recent call first):", '  File "t.py", line 1 in run', "",
+    ...     "Current thread 0x1 (most recent call first):", '  File "a.py", line 3 in f',
+    ...     '  File "a.py", line 9 in <module>', "", "Extension modules: numpy"]))
+    Fatal Python error: Segmentation fault
+    <BLANKLINE>
+    Current thread 0x1 (most recent call first):
+      File "a.py", line 3 in f
+      File "a.py", line 9 in <module>
+    """
+    lines = [line.rstrip("\n") for line in lines]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error:")]
+    if not starts:
+        return None
+    blocks: list[list[str]] = []
+    for line in lines[starts[-1] + 1:]:
+        if "(most recent call first)" in line:
+            blocks.append([line])
+        elif blocks and line.strip() and line.startswith((" ", "\t")):
+            blocks[-1].append(line)
+        elif blocks and line.strip():
+            break  # "Extension modules: ...": the dump is over
+    crashed = next((b for b in blocks if b[0].startswith("Current thread")), blocks[0] if blocks else [])
+    return "\n".join([lines[starts[-1]], "", *crashed[:max_lines]]).rstrip()

@@ -181,7 +181,7 @@ class NodeAgent:
             self.backend.release(handle)  # kills what the task left in its group
             pump.join(timeout=2.0)        # every output line goes out before the exit
             del self._tasks[task_id]
-            self.channel.send("exit", id=task_id, code=code, note=None)
+            self.channel.send("exit", id=task_id, code=code, note=handle.note)
 
     def _stop_all(self, grace: float) -> None:
         if not self._tasks:

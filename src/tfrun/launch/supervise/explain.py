@@ -31,6 +31,10 @@ HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
      "The task ran out of memory. Fix: lower the per-replica batch size (the global batch is "
      "tfrun.global_batch_size(per_replica)), or run fewer tasks per machine (--workers, "
      "--devices)."),
+    (re.compile(r"No space left on device|\[Errno 28\]|errno = 28\b"),
+     "A disk is full: a write of the task failed. Fix: free space on the file system it wrote "
+     "to (df -h shows which; a checkpoint or backup directory, --run-dir, /tmp), or write "
+     "checkpoints to a larger one; tfrun.backup_and_restore() keeps only the newest backups."),
     (re.compile(r"Address already in use|Could not start gRPC server|Failed to start server",
                 re.I),
      "A TensorFlow server could not bind its port: another process holds it. Fix: let tfrun "

@@ -21,10 +21,12 @@ import enum
 import re
 from dataclasses import dataclass
 
+from ..oom import OOM_KILLED_NOTE
 from .diagnose import raised_inside_tfrun
 
 __all__ = ["TaskState", "Decision", "FailureClass", "TaskExit", "FailurePolicy",
-           "USAGE_ERROR_EXIT_CODE", "LOST_EXIT_CODE", "backoff_seconds", "classify_exit",
+           "USAGE_ERROR_EXIT_CODE", "LOST_EXIT_CODE", "EXCEPTION_CLASSES",
+           "backoff_seconds", "classify_exit",
            "exit_code_of"]
 
 #: Exit code a script (or tfrun) uses for usage/configuration errors: never worth a restart.
@@ -32,6 +34,8 @@ USAGE_ERROR_EXIT_CODE = 2
 #: Exit code a backend gives a task whose host, agent or actor was lost (ssh's own 255).
 LOST_EXIT_CODE = 255
 _SIGTERM_EXIT, _SIGKILL_EXIT = 128 + 15, 128 + 9
+#: Deaths by a signal a process raises on itself when its native code goes wrong.
+_CRASH_EXITS = frozenset(128 + s for s in (4, 6, 7, 8, 11))  # ILL ABRT BUS FPE SEGV
 
 
 class FailureClass(str, enum.Enum):
@@ -49,6 +53,12 @@ class FailureClass(str, enum.Enum):
                                          # TensorFlow's coordination service timing out
     HANG = "hang"                        # no step for the step limit (or silent for
                                          # --hang-timeout): tfrun stopped the attempt
+    CRASH = "crash"                      # a fatal signal of its own making (SIGSEGV,
+                                         # SIGABRT, SIGBUS, SIGFPE, SIGILL): native code
+    OUT_OF_MEMORY = "out-of-memory"      # the kernel's OOM killer, or an allocation that
+                                         # failed (ResourceExhaustedError, MemoryError)
+    DISK_FULL = "disk-full"              # a write failed: no space left on a device
+    NEVER_JOINED = "never-joined"        # its server never came up in --join-timeout
 
     def __str__(self) -> str:
         return self.value
@@ -60,8 +70,17 @@ _INFRASTRUCTURE_LINES = re.compile(
     r"(DEADLINE_EXCEEDED|UNAVAILABLE)|DEADLINE_EXCEEDED.*coordination", re.I)
 
 
+#: A task that ran out of memory or disk space says so in its last error.
+_OUT_OF_MEMORY_LINES = re.compile(
+    r"ResourceExhaustedError|OOM when allocating|^MemoryError\b|Out of memory while trying "
+    r"to allocate", re.M)
+_DISK_FULL_LINES = re.compile(r"No space left on device|\[Errno 28\]|errno = 28\b|ENOSPC")
+
 #: Exceptions in a task: the same one again after a restart fails the run.
-_ERRORS = (FailureClass.SCRIPT_ERROR, FailureClass.OWN_ERROR)
+EXCEPTION_CLASSES = (FailureClass.SCRIPT_ERROR, FailureClass.OWN_ERROR,
+                     FailureClass.OUT_OF_MEMORY, FailureClass.DISK_FULL)
+#: How much of a log's end holds its last error (a traceback, chained ones included).
+_ERROR_TAIL = 16 * 1024
 
 
 def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = "",
@@ -74,6 +93,10 @@ def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = ""
     (<FailureClass.SCRIPT_ERROR: 'script-error'>, <FailureClass.NODE_LOST: 'node-lost'>, <FailureClass.INFRASTRUCTURE: 'infrastructure'>)
     >>> classify_exit(143, stopped_by_watch=True)
     <FailureClass.STOPPED_BY_WATCH: 'tfrun-stop'>
+    >>> classify_exit(139), classify_exit(137, note=OOM_KILLED_NOTE + ": its cgroup's limit")
+    (<FailureClass.CRASH: 'crash'>, <FailureClass.OUT_OF_MEMORY: 'out-of-memory'>)
+    >>> classify_exit(1, log_tail="OSError: [Errno 28] No space left on device: '/ckpt'")
+    <FailureClass.DISK_FULL: 'disk-full'>
     """
     if exit_code == 0:
         return None
@@ -84,7 +107,17 @@ def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = ""
     if exit_code == _SIGTERM_EXIT:
         return FailureClass.STOPPED_BY_WATCH if stopped_by_watch else FailureClass.PREEMPTED
     if exit_code == _SIGKILL_EXIT:
+        if note is not None and note.startswith(OOM_KILLED_NOTE):
+            return FailureClass.OUT_OF_MEMORY
         return FailureClass.INFRASTRUCTURE
+    if exit_code in _CRASH_EXITS:
+        return FailureClass.CRASH
+    # The task's own last error: the end of its log (a traceback ends it).
+    error = log_tail[-_ERROR_TAIL:]
+    if _OUT_OF_MEMORY_LINES.search(error):
+        return FailureClass.OUT_OF_MEMORY
+    if _DISK_FULL_LINES.search(error):
+        return FailureClass.DISK_FULL
     if _INFRASTRUCTURE_LINES.search(log_tail):
         return FailureClass.INFRASTRUCTURE
     if raised_inside_tfrun(log_tail):
@@ -183,8 +216,9 @@ class FailurePolicy:
        charging ``max_restarts``, up to ``max_preemptions`` times (capacity comes back;
        a bug does not turn into one); tfrun's own stop of a task (``STOPPED_BY_WATCH``) is not
        a preemption: it is charged like any failure (rule 7);
-    6. the script's own error, the same as the attempt before (the same exception line):
-       FAIL, retrying a deterministic error only burns time;
+    6. the script's own error (out of memory and disk full included), the same as the
+       attempt before (the same exception line): FAIL, retrying a deterministic error
+       only burns time;
     7. any other exit of a tracked task or a ps (including a ps exiting 0: training
        cannot go on without it): RESTART the whole group while restarts are left
        (synchronous training needs every worker), else FAIL.
@@ -219,7 +253,7 @@ class FailurePolicy:
             return Decision.REFORM
         if event.failure is FailureClass.PREEMPTED and event.preemptions < self.max_preemptions:
             return Decision.RESTART
-        if event.failure in _ERRORS and event.repeated:
+        if event.failure in EXCEPTION_CLASSES and event.repeated:
             return Decision.FAIL
         if event.restarts < self.max_restarts:
             return Decision.RESTART

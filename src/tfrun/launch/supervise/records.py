@@ -64,6 +64,7 @@ class TaskRecord:
     stopped_by_tfrun: bool = False
     note: str | None = None  # why it ended when the code alone does not say
     failure: FailureClass | None = None  # its last exit's class (None: exit 0, or running)
+    blame: str | None = None  # in a failed run's verdict: "root cause", "collateral" or None
 
     @property
     def host(self) -> str | None:
@@ -85,6 +86,7 @@ class TaskRecord:
             "host": self.handle.host if self.handle and self.handle.host else self.host,
             "note": self.note,
             "failure_class": None if self.failure is None else str(self.failure),
+            "blame": self.blame,
             # what the task really ran with when its script replaced tfrun --devices
             "devices_in_use": self.logger.devices_in_use,
             "log": str(self.logger.path),
@@ -121,3 +123,5 @@ class RunResult:
     hang: dict | None = None
     #: stragglers named while the run went on (launch.supervise.stragglers)
     stragglers: list = field(default_factory=list)
+    #: a failed run's first failure and its collateral (launch.supervise.attribution)
+    verdict: dict | None = None

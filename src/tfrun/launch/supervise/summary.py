@@ -47,6 +47,7 @@ def write_summary(result: RunResult, run_dir: Path, started_at: float,
         "excluded_hosts": result.excluded_hosts,
         "hang": result.hang,
         "stragglers": result.stragglers,
+        "verdict": result.verdict,
     }
     path = run_dir / "summary.json"
     tmp = path.with_suffix(".json.tmp")
@@ -83,6 +84,8 @@ def describe_result(result: RunResult, started: float) -> str:
             lines.append(f"FAILED: {_root_cause_line(result)}")
             if root.note:
                 lines.append(f"  {root.note}")
+            if result.verdict is not None:
+                lines.append(f"  class: {result.verdict['class']} ({result.verdict['meaning']})")
         elif result.status in (RunStatus.JOIN_TIMEOUT, RunStatus.HANG_TIMEOUT, RunStatus.FAILED):
             lines.append(f"FAILED: {result.message}")
         else:
@@ -99,6 +102,8 @@ def describe_result(result: RunResult, started: float) -> str:
         note = " (stopped by tfrun)" if record.stopped_by_tfrun else ""
         if record.note:
             note += f" ({record.note})"
+        if record.blame:
+            note += f" [{record.blame}]"
         if record.logger.devices_in_use is not None:
             note += (f" (ran with {record.logger.devices_in_use} logical CPU device(s): "
                      "its script replaced --devices)")

@@ -14,6 +14,7 @@ released on exit.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import signal
@@ -29,11 +30,13 @@ from ..config import LaunchConfig
 from ...contract import RESUMED_EVENT, TF_CONFIG_REPLACED
 from .diagnose import culprits
 from .explain import explain
-from ..output import LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error, last_traceback
+from ..output import (LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error,
+                      fatal_error_stack, last_traceback)
 from .attempts import Attempts, earlier_attempts
+from .attribution import failure_verdict, hang_verdict, join_verdict
 from .attempt_marks import AttemptMarks
-from .policy import (ALLOWED_TRANSITIONS, Decision, FailureClass, FailurePolicy, TaskExit,
-                     TaskState, classify_exit)
+from .policy import (ALLOWED_TRANSITIONS, EXCEPTION_CLASSES, Decision, FailureClass,
+                     FailurePolicy, TaskExit, TaskState, classify_exit)
 from ..rendezvous import JoinProbe
 from .records import (HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus,
                       TaskRecord)
@@ -83,6 +86,7 @@ class _Outcome:
     record: TaskRecord | None = None
     message: str = ""
     culprit: TaskRecord | None = None  # for fail: the task TensorFlow blamed, if another
+    found_at: float = dataclasses.field(default_factory=time.time)
 
 
 class Supervisor:
@@ -126,6 +130,8 @@ class Supervisor:
         #: the hang clocks (--step-timeout, --hang-timeout) and their finding
         self.watchdogs = Watchdogs(config, lambda: self.records, self._backend, self._event)
         self.stragglers = StragglerWatch(say=console.info, event=self._event)
+        #: a failed run's first failure and collateral (summary.json's ``verdict``)
+        self.verdict: dict | None = None
 
     def _adopt(self, plan: ClusterPlan, backends: Mapping[TaskId, Backend],
                make_spec: Callable[[TaskId, int], TaskSpec]) -> None:
@@ -323,6 +329,8 @@ class Supervisor:
             if restart:
                 continue
             break
+        if outcome.kind in (Watch.FAIL, Watch.HANG, Watch.JOIN_TIMEOUT):
+            self._name_first_failure(outcome)  # before the others are stopped
         self._end_attempt(outcome.record if outcome.kind is not Watch.SUCCESS else None,
                           outcome.kind.value)
         if outcome.kind is Watch.SUCCESS:
@@ -358,6 +366,24 @@ class Supervisor:
             message += (f"; preempted at step {step}: backed up there, and the same "
                         "command (same --run-dir) resumes from it")
         return self._result(128 + self._signal, RunStatus.INTERRUPTED, None, message)
+
+    def _name_first_failure(self, outcome: _Outcome) -> None:
+        """Say which task failed first, where, of what class, and who is collateral."""
+        now = time.time()
+        if outcome.kind is Watch.FAIL:
+            assert outcome.record is not None
+            verdict = failure_verdict(outcome.record, outcome.culprit, self.records,
+                                      detected_at=outcome.record.ended_at or now, named_at=now)
+        elif outcome.kind is Watch.HANG:
+            verdict = hang_verdict(outcome.record, self.watchdogs.finding, self.records,
+                                   detected_at=self.watchdogs.found_at or now, named_at=now,
+                                   fallback=outcome.message)
+        else:
+            verdict = join_verdict(outcome.record, self.records, self.config.join_timeout,
+                                   detected_at=outcome.found_at, named_at=now)
+        self.verdict = verdict.to_dict()
+        self.console.info(verdict.line())
+        self._event("verdict", **self.verdict)
 
     def _reform(self, record: TaskRecord) -> None:
         """``record``'s host is lost (``--min-nodes``): stop every task, re-plan the cluster
@@ -490,13 +516,7 @@ class Supervisor:
                 # can be recorded any more: stop now rather than train unlogged.
                 return _Outcome(Watch.STORAGE, message=f"{problem}; tfrun stopped the run. "
                                 "Free space (or pick another --run-dir) and run again")
-            for record in self.records:
-                if record.state != TaskState.RUNNING:
-                    continue
-                assert record.handle is not None
-                code = self._backend(record).poll(record.handle)
-                if code is None:
-                    continue
+            for record, code in self._exits():
                 decision = self._on_exit(record, code)
                 if decision in (Decision.FAIL, Decision.RESTART) and self.reform is not None \
                         and record.failure not in _HOST_FAULTS + (FailureClass.USAGE,):
@@ -546,6 +566,19 @@ class Supervisor:
             self._tick_status()
             time.sleep(_POLL_SECONDS)
 
+    def _exits(self) -> list[tuple[TaskRecord, int]]:
+        """The running tasks that exited since the last round, with their codes: a death by
+        a signal first (SIGKILL, SIGSEGV, ...: never a consequence of another task's exit,
+        while an exit 1 often is: a survivor's collective broke), then in task order."""
+        exited = []
+        for record in self.records:
+            if record.state == TaskState.RUNNING:
+                assert record.handle is not None
+                code = self._backend(record).poll(record.handle)
+                if code is not None:
+                    exited.append((record, code))
+        return sorted(exited, key=lambda exit: not 128 < exit[1] < 160)
+
     def _on_exit(self, record: TaskRecord, code: int) -> Decision:
         # An exit never counts as joining: a task that exits 0 before its server came up
         # leaves the others waiting for it forever (the join timeout catches that).
@@ -562,7 +595,7 @@ class Supervisor:
         record.failure = classify_exit(code, note=record.note, log_tail=log_text,
                                        stopped_by_watch=self.marks.stopped_by_watch(record))
         error = None
-        if record.failure in (FailureClass.SCRIPT_ERROR, FailureClass.OWN_ERROR):
+        if record.failure in EXCEPTION_CLASSES:
             traceback = last_traceback(log_text.splitlines())
             if traceback:
                 error = (record.task.role, traceback.strip().splitlines()[-1])
@@ -835,8 +868,10 @@ class Supervisor:
         # The root cause's traceback, else (a culprit that died silently) the error it caused.
         for record in (root, failed_because):
             if record is not None and status == RunStatus.FAILED and record.logger.path.exists():
-                traceback = last_traceback(
-                    record.logger.path.read_text(errors="replace").splitlines())
+                lines = record.logger.path.read_text(errors="replace").splitlines()
+                # A crash's evidence is the stack faulthandler wrote, not an older traceback.
+                traceback = (record.failure is FailureClass.CRASH and fatal_error_stack(lines)) \
+                    or last_traceback(lines)
                 if traceback is not None:
                     traceback_of = record
                     break
@@ -851,6 +886,7 @@ class Supervisor:
                            excluded_hosts=self.excluded_hosts,
                            traceback=traceback, failed_because=failed_because,
                            traceback_of=traceback_of, hang=self.watchdogs.hang,
-                           stragglers=self.stragglers.findings)
+                           stragglers=self.stragglers.findings,
+                           verdict=self.verdict if status is not RunStatus.SUCCEEDED else None)
         result.summary_path = write_summary(result, self.run_dir, self._start_time, self.console)
         return result

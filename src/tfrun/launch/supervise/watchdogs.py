@@ -39,17 +39,25 @@ class Watchdogs:
             else HangClock(config.step_timeout)
         #: the progress clock's finding (summary.json's ``hang``), once it fired
         self.hang: dict | None = None
+        #: the newest firing: when (time.time(), before the stacks are asked for), and the
+        #: progress clock's finding (None when the silence clock fired)
+        self.found_at: float | None = None
+        self.finding: dict | None = None
 
     def check(self, watched_since: float) -> tuple[TaskRecord | None, str] | None:
         """After the cluster formed: (the task to blame, the message), or None."""
         if self.config.hang_timeout is not None:
             hung = self._silent_task(watched_since)
             if hung is not None:
+                self.found_at, self.finding = time.time(), None
                 return hung, self._silence(hung)
         if self._clock is not None:
             hang = self._clock.check(time.monotonic(), self.progress(), watched_since)
             if hang is not None:
-                return self._no_progress(hang)
+                self.found_at = time.time()
+                found = self._no_progress(hang)
+                self.finding = self.hang
+                return found
         return None
 
     # ---------------------------------------------------------------- progress
