@@ -266,6 +266,35 @@ def test_ssh_a_host_whose_link_is_cut_is_named_the_first_failure_and_the_rest_co
     assert_nothing_left(fake_hosts)
 
 
+@pytest.mark.tf
+def test_ssh_a_worker_blocked_inside_its_step_is_named_by_the_tcp_exchange_s_arrivals(
+        fake_hosts, tmp_path):
+    """Issue 44.2 across hosts: worker:1 on node-2 blocks for ever inside a training step,
+    alive (its samples and heartbeats go on) and at the same step count as worker:0, which
+    waits inside the next all-reduce of tfrun's TCP exchange. The arrival counts name
+    worker:1 on node-2, with its Python stack; worker:0 is labelled as waiting for it."""
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--step-timeout", "15", "--stop-grace", "2",
+                                  "--hosts", "node-1,node-2",
+                                  str(ROOT / "tests" / "scripts" / "fault.py"),
+                                  "blocked-in-step", "worker:1", "5"])
+    assert run.wait(300) == 124, run.stdout[-4000:]
+    assert "all-reduce over TCP" in run.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (culprit,) = summary["hang"]["culprits"]
+    assert (culprit["task"], culprit["host"]) == ("worker:1", "node-2"), summary["hang"]
+    assert culprit["why"].startswith("stuck inside a training step: never arrived at "
+                                     "all-reduce #"), culprit
+    (waiting,) = summary["hang"]["waiting"]
+    assert waiting["task"] == "worker:0" and \
+        re.fullmatch(r"waiting in all-reduce #\d+ for worker:1", waiting["why"]), waiting
+    verdict = summary["verdict"]
+    assert (verdict["task"], verdict["host"], verdict["class"]) == ("worker:1", "node-2", "hang")
+    stacks = run.stdout.split("worker:1's Python stacks, main thread first")[1]
+    assert "in stop_self" in stacks, stacks[:3000]
+    assert_nothing_left(fake_hosts)
+
+
 def test_ssh_launch_to_an_unreachable_host_fails_in_preflight(fake_hosts, tmp_path):
     run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
                                   "--hosts", "node-1,node-9", FAKE, "*=ok"])

@@ -13,6 +13,8 @@ TASK ("worker:1") after step AT_STEP, from the script's own callback: nothing tf
 - ``disk-full``: saves the weights into PATH until the file system is full (a small tmpfs);
 - ``stuck-in-step``: SIGSTOPs itself inside a training step (a py_function in the step),
   so the other worker waits in the all-reduce;
+- ``blocked-in-step``: blocks for ever inside a training step, alive (its threads run, its
+  heartbeats go on), before the step's all-reduce: the other worker waits inside it;
 - ``before-strategy``: waits forever before making the strategy (the cluster never forms);
 - ``import``: imports a module that does not exist, before anything else;
 - ``none``: no fault (TASK ``none``): trains until stopped (the test makes the fault).
@@ -65,8 +67,10 @@ def run_out_of_memory() -> None:
 
 def stop_self(step):
     if me == culprit:
-        print(f"{me}: stopping itself inside step {int(step)}", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        print(f"{me}: {fault} inside step {int(step)}", flush=True)
+        if fault == "stuck-in-step":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        threading.Event().wait()
     return step
 
 
@@ -87,7 +91,7 @@ class Fault(keras.callbacks.Callback):
             fill_disk()
 
 
-if fault == "stuck-in-step":
+if fault in ("stuck-in-step", "blocked-in-step"):
     # The culprit's step AT_STEP + 1 stops inside the compiled step, before its all-reduce
     # (every worker has the layer: their variables must match).
     class Stuck(keras.layers.Layer):

@@ -156,3 +156,42 @@ def test_stack_dumps_show_the_main_thread_first():
             "Current thread 0x2 (most recent call first):", '  File "train.py", line 9 in <module>']
     assert main_thread_first(dump)[0].startswith("Current thread")
     assert main_thread_first(dump)[-1].endswith("in sample")
+
+
+# ---------------------------------------------------------------- arrivals (issue 44.2)
+
+def _in_step(task: str, exchanges, doing: str = IN_STEP, now: float = 100.0) -> TaskProgress:
+    return TaskProgress(task, "h", now - 1, 30, doing, advanced_at=20.0, seconds_per_step=0.1,
+                        exchanges=exchanges)
+
+
+def test_the_task_that_never_arrived_at_the_collective_is_the_culprit():
+    """Both inside a step at the same count (no phase or step count stands out): the
+    arrival counts say worker:0 waits inside all-reduce #61 that worker:1 never entered."""
+    hang = HangClock(step_timeout=None).check(
+        100.0, [_in_step("worker:0", (61, 60)), _in_step("worker:1", (60, 60))])
+    assert [(c.task, c.why) for c in hang.culprits] == [
+        ("worker:1", "stuck inside a training step: never arrived at all-reduce #61, which "
+                     "the others wait inside (it entered 60)")]
+    assert [(w.task, w.why) for w in hang.waiting] == [
+        ("worker:0", "waiting in all-reduce #61 for worker:1")]
+
+
+def test_a_task_without_counts_has_not_reached_its_first_collective():
+    # (past the phase limit: a task that says it is setting up gets the longer one)
+    hang = HangClock(step_timeout=None).check(
+        1000.0, [_in_step("worker:0", (1, 0), now=1000), _in_step("worker:1", None, "setup", 1000),
+                 _in_step("worker:2", (1, 0), now=1000)])
+    assert [c.task for c in hang.culprits] == ["worker:1"]
+    assert [w.why for w in hang.waiting] == ["waiting in all-reduce #1 for worker:1"] * 2
+
+
+def test_without_tfrun_s_exchange_the_counts_name_nobody():
+    # TensorFlow's own collectives (--comm ring): no counts; nothing stands out either.
+    hang = HangClock(step_timeout=None).check(
+        100.0, [_in_step("worker:0", None), _in_step("worker:1", None)])
+    assert hang.culprits == [] and "no task stands out" in hang.describe()
+    # Everyone inside the same collective (a peer lost mid-exchange): nobody stands out.
+    hang = HangClock(step_timeout=None).check(
+        100.0, [_in_step("worker:0", (61, 60)), _in_step("worker:1", (61, 60))])
+    assert hang.culprits == []

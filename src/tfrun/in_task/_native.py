@@ -89,11 +89,19 @@ def kernel(environ=None):
 
             module = tf.load_op_library(str(path))
             library = open_library(path)  # the same handle: one group, seen by both
+            # Arrival counts only for a run that records (tfrun.in_task.arrivals).
+            library.tfrun_shm_set_counting(
+                int(environ.get(contract.METRICS, "1").strip() != "0"))
         except Exception as exc:  # a speed path never fails the run: the Python one stays
             _reason = f"{type(exc).__name__}: {exc}"
             return None
         _loaded = (module, library)
         return _loaded
+
+
+def loaded_library() -> ctypes.CDLL | None:
+    """The native library if this process has loaded it already (never builds or loads)."""
+    return None if _loaded is None else _loaded[1]
 
 
 def kernel_reason() -> str | None:
@@ -117,6 +125,10 @@ def open_library(path) -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_double, ctypes.c_char_p,
         ctypes.c_int]
     library.tfrun_shm_all_reduce.restype = ctypes.c_int
+    library.tfrun_shm_position.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+    library.tfrun_shm_position.restype = None
+    library.tfrun_shm_set_counting.argtypes = [ctypes.c_int]
+    library.tfrun_shm_set_counting.restype = None
     return library
 
 

@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -49,6 +50,10 @@ struct Group {
 };
 
 std::mutex group_mutex;
+// All-reduces this process's op has entered and left: the evidence of who never arrived at
+// a collective, sampled by tfrun.in_task.arrivals (lock-free: a sample never waits).
+std::atomic<uint64_t> op_entered{0}, op_left{0};
+std::atomic<bool> counting{true};  // off with the run's recording (nobody reads the counts)
 Group* group = nullptr;  // guarded by group_mutex
 
 struct Result {
@@ -301,6 +306,15 @@ int tfrun_shm_all_reduce(int count, const void* const* in, void* const* out,
   return r.kind;
 }
 
+// Whether the op counts its all-reduces (on unless the run's recording is off).
+void tfrun_shm_set_counting(int on) { counting.store(on != 0); }
+
+// This process's position in the exchange: out[0] all-reduces entered, out[1] left.
+void tfrun_shm_position(uint64_t* out) {
+  out[0] = op_entered.load(std::memory_order_relaxed);
+  out[1] = op_left.load(std::memory_order_relaxed);
+}
+
 }  // extern "C"
 
 namespace tensorflow {
@@ -340,7 +354,10 @@ class TfrunShmAllReduceOp : public OpKernel {
       pieces.out.push_back(const_cast<char*>(output->tensor_data().data()));
       pieces.bytes.push_back(static_cast<int64_t>(inputs[i].TotalBytes()));
     }
+    const bool count = counting.load(std::memory_order_relaxed);
+    if (count) op_entered.fetch_add(1, std::memory_order_relaxed);
     Result r = AllReduce(pieces, dtype_, timeout_);
+    if (count) op_left.fetch_add(1, std::memory_order_relaxed);
     switch (r.kind) {
       case kOk: return;
       case kTimeout: context->SetStatus(absl::DeadlineExceededError(r.message)); return;

@@ -20,7 +20,7 @@ import sys
 import threading
 import weakref
 
-from . import hierarchical_allreduce, tcp_allreduce
+from . import arrivals, hierarchical_allreduce, tcp_allreduce
 from .shm_allreduce import ShmGroup, ShmPlan, plan_from_env
 
 __all__ = ["current_exchange", "current_group", "current_via", "install"]
@@ -134,8 +134,9 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout) -> list:
             return _compressed_all_reduce(plan, tensors, timeout)
     elif not isinstance(plan, ShmPlan):  # TCP, or shared memory then TCP
         def exchange_many(*values):
-            return _joined(plan).all_reduce_many([np.asarray(v) for v in values],
-                                                          timeout)
+            with arrivals.exchange():
+                return _joined(plan).all_reduce_many([np.asarray(v) for v in values],
+                                                     timeout)
 
         def call():
             results = tf.py_function(exchange_many, list(tensors), [t.dtype for t in tensors])
@@ -145,7 +146,8 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout) -> list:
 
         def exchange(values):
             array_ = np.asarray(values)  # a view: EagerTensor.numpy() would copy it first
-            return _joined(plan).all_reduce(array_, timeout).reshape(array_.shape)
+            with arrivals.exchange():
+                return _joined(plan).all_reduce(array_, timeout).reshape(array_.shape)
 
         def call():
             return [tf.py_function(exchange, [tensor], tensor.dtype)]
@@ -189,10 +191,12 @@ def _compressed_all_reduce(plan, tensors, timeout) -> list:
     small = [tf.bitcast(tf.cast(t, wire), tf.uint16) for t in tensors]
 
     def scatter(*values):
-        return _joined(plan).reduce_scatter([np.asarray(v) for v in values], timeout)
+        with arrivals.exchange():
+            return _joined(plan).reduce_scatter([np.asarray(v) for v in values], timeout)
 
     def gather(mine):
-        return _joined(plan).all_gather(np.asarray(mine), shapes, timeout)
+        with arrivals.exchange():
+            return _joined(plan).all_gather(np.asarray(mine), shapes, timeout)
 
     parts = tf.py_function(scatter, small, [tf.uint16] * plan.size)
     total_sum = None

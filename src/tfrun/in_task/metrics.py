@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from .. import contract
-from . import breakdown, progress
+from . import arrivals, breakdown, progress
 from .contention import CpuContention
 from ..contract import METRICS_LINE
 from ._post_import import when_imported
@@ -414,6 +414,7 @@ def _start_resource_sampler(interval: float) -> None:
                 if _step[0] is not None:
                     record["step"] = _step[0]
                 record.update(progress.snapshot())  # the launcher's hang clock reads it
+                record.update(arrivals.snapshot())  # ... and who never arrived
                 # what other processes take of our CPUs: the launcher's straggler finder
                 record["cpu_taken"] = contention.taken(record["cpu_percent"] / 100)
                 _emit(record)

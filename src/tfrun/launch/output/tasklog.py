@@ -78,6 +78,8 @@ class TaskLogger:
     seconds_per_step: float | None = None
     #: the share of its CPUs other processes took, one per recent sample (oldest first)
     cpu_taken: deque = field(default_factory=lambda: deque(maxlen=4))
+    #: (collectives of tfrun's exchange entered, left) at the newest sample; None: none yet
+    exchanges: tuple[int, int] | None = None
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -145,6 +147,9 @@ class TaskLogger:
             self.last_step = record["step"]
         if record.get("event") == "resources" and isinstance(record.get("steps_done"), int):
             self._note_progress(record["steps_done"], str(record.get("doing", "")))
+        if record.get("event") == "resources" and isinstance(record.get("exchanges_entered"),
+                                                              int):
+            self.exchanges = (record["exchanges_entered"], int(record["exchanges_left"]))
         if record.get("event") == "resources" and isinstance(record.get("cpu_taken"),
                                                               (int, float)):
             self.cpu_taken.append(float(record["cpu_taken"]))
@@ -174,6 +179,7 @@ class TaskLogger:
         """The task starts again: its progress so far no longer counts."""
         self.progress, self.advanced_at, self.seconds_per_step = None, None, None
         self.cpu_taken.clear()
+        self.exchanges = None
 
     def _open_log(self) -> IO[bytes] | None:
         try:

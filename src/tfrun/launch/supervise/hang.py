@@ -13,8 +13,11 @@ after training do not hold the clock up.
 At a hang, the evidence names the culprit(s), most telling first:
 
 1. a task whose samples stopped coming (it is stopped, or stuck holding Python's lock);
-2. a task outside a training step while others wait inside one (its callbacks, its input);
-3. a task that completed fewer steps than the others.
+2. a task that never arrived at the collective of tfrun's exchange the others wait in (their
+   samples count the collectives each entered and left: ``tfrun.in_task.arrivals``) --
+   evidence even when every task is inside a step at the same count;
+3. a task outside a training step while others wait inside one (its callbacks, its input);
+4. a task that completed fewer steps than the others.
 
 The others are labelled as waiting for the culprit(s). When nothing stands out (every task
 inside a step at the same count) the finding says so and names none.
@@ -73,6 +76,9 @@ class TaskProgress:
     doing: str                     # what its main thread does (see tfrun.in_task.progress)
     advanced_at: float | None = None   # monotonic time steps_done last grew (None: never)
     seconds_per_step: float | None = None
+    #: (collectives of tfrun's exchange entered, left); None: none (TensorFlow's own
+    #: collectives, or none yet)
+    exchanges: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,8 @@ def blame(now: float, tasks: list[TaskProgress]) -> tuple[list[Suspect], list[Su
             f"its last came {now - t.sampled_at:.0f}s ago"
         culprits.append(suspect(t, f"sends no progress samples ({since}): stopped, or stuck "
                                    f"holding Python's lock, while {t.doing}"))
+    if not culprits:
+        culprits = [suspect(t, why) for t, why in _not_arrived(fresh)]
     if not culprits and any(t.doing == IN_STEP for t in fresh):
         culprits = [suspect(t, f"stuck in {t.doing} (not in a training step) while the "
                                "others wait inside one")
@@ -188,6 +196,36 @@ def blame(now: float, tasks: list[TaskProgress]) -> tuple[list[Suspect], list[Su
         return [], []
     names = ", ".join(c.task for c in culprits)
     blamed = {c.task for c in culprits}
-    waiting = [suspect(t, f"waiting in {t.doing} for {names}") for t in tasks
+    waiting = [suspect(t, _waiting_in(t) + f" for {names}") for t in tasks
                if t.task not in blamed]
     return culprits, waiting
+
+
+def _inside(task: TaskProgress) -> int | None:
+    """The collective ``task`` waits in (entered, not left), or None."""
+    if task.exchanges is None:
+        return None
+    entered, left = task.exchanges
+    return entered if entered > left else None
+
+
+def _waiting_in(task: TaskProgress) -> str:
+    number = _inside(task)
+    return f"waiting in all-reduce #{number}" if number is not None else f"waiting in {task.doing}"
+
+
+def _not_arrived(tasks: list[TaskProgress]) -> list[tuple[TaskProgress, str]]:
+    """The tasks that never entered the collective the others wait inside, and why."""
+    inside = [n for t in tasks if (n := _inside(t)) is not None]
+    if not inside:
+        return []  # nobody waits in tfrun's exchange (or TensorFlow's collectives carry them)
+    number = max(inside)
+    # (a task with no counts has entered none: it has not reached its first collective)
+    entered = {t.task: t.exchanges[0] if t.exchanges else 0 for t in tasks}
+
+    def why(task: TaskProgress) -> str:
+        doing = "inside a training step" if task.doing == IN_STEP else f"in {task.doing}"
+        return (f"stuck {doing}: never arrived at all-reduce #{number}, which the others "
+                f"wait inside (it entered {entered[task.task]})")
+
+    return [(t, why(t)) for t in tasks if entered[t.task] < number]
