@@ -4,8 +4,9 @@
 
 Each round runs ``tfrun --workers 2`` on benchmarks/_scaling_worker.py (seed 000's MLP, weak
 scaling) twice, in alternating order: with tfrun's defaults (every fit recorded by
-tfrun.in_task.metrics, resources sampled every 2 s, report.html written at the end) and with
-``TFRUN_METRICS=0 TFRUN_REPORT=0`` (none of it). Steps/s comes from the script's own epoch
+tfrun.in_task.metrics, resources sampled every 2 s with the progress marks and the arrival
+counts and times of tfrun's exchange, the launcher's hang and straggler clocks reading them,
+report.html written at the end) and with ``TFRUN_METRICS=0 TFRUN_REPORT=0`` (none of it). Steps/s comes from the script's own epoch
 timer (benchmarks/_epoch_timer.py), which is the same in both, so the recorder does not
 measure itself. It prints every sample, the medians, the median of the per-round ratios,
 and the launch's wall time (which includes writing the report). Numbers, not checks.

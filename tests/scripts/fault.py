@@ -17,6 +17,8 @@ TASK ("worker:1") after step AT_STEP, from the script's own callback: nothing tf
   heartbeats go on), before the step's all-reduce: the other worker waits inside it;
 - ``before-strategy``: waits forever before making the strategy (the cluster never forms);
 - ``import``: imports a module that does not exist, before anything else;
+- ``slow-input``: its input pipeline takes 50 ms more per batch from the start (TASK's
+  only); trains AT_STEP steps and exits 0: a straggler, not a failure;
 - ``none``: no fault (TASK ``none``): trains until stopped (the test makes the fault).
 """
 
@@ -25,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 fault, culprit, at_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 path = sys.argv[4] if len(sys.argv) > 4 else None
@@ -49,6 +52,16 @@ strategy = tfrun.strategy()
 x, y = small_data(64)
 model = small_model(strategy, lambda: keras.optimizers.SGD(0.01))
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+steps = 100_000
+if fault == "slow-input":
+    steps = at_step
+    if me == culprit:
+        def slow(batch):
+            time.sleep(0.05)  # a heavy decode, a slow disk: nothing tfrun knows of
+            return batch
+
+        data = data.map(lambda x, y: (tf.ensure_shape(tf.numpy_function(slow, [x], tf.float32),
+                                                      [None, 6]), y))
 
 
 def fill_disk() -> None:
@@ -112,4 +125,5 @@ if fault in ("stuck-in-step", "blocked-in-step"):
         model.compile(optimizer=keras.optimizers.SGD(0.01),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
-model.fit(data, epochs=1, steps_per_epoch=100_000, verbose=0, callbacks=[Fault()])
+model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[Fault()])
+print(f"{me}: trained", flush=True)

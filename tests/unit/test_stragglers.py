@@ -43,3 +43,52 @@ def test_the_finding_is_said_once_and_again_when_it_changes():
     assert watch.named == () and len(watch.findings) == 1
     assert watch.findings[0]["task"] == "worker:1" and watch.findings[0]["steps_done"] == 42
     assert watch.findings[0]["slower"] == 2.0
+
+
+def test_before_the_first_step_nobody_is_a_straggler():
+    # (a task building tfrun's native exchange keeps its CPU busy with the compiler)
+    assert find_stragglers([load("worker:0", 0.0, 0.0, steps=0),
+                            load("worker:1", 0.8, 0.8, steps=0)]) == []
+
+
+def work(*per_step_inside, seconds=2.0, steps=100):
+    """Samples every ``seconds`` with ``steps`` steps between them, each step spending
+    the given seconds inside tfrun's exchange (one value per window)."""
+    samples, inside = [(0.0, 0, 0.0)], 0.0
+    for n, wait in enumerate(per_step_inside, start=1):
+        inside += steps * wait
+        samples.append((n * seconds, n * steps, inside))
+    return samples
+
+
+def slowed(task, *per_step_inside):
+    return TaskLoad(task, "h", [0.0, 0.0], 300, work(*per_step_inside))
+
+
+@pytest.mark.parametrize("tasks, named", [
+    # steps of 20 ms: worker:0 waits 8 ms of each in the all-reduce, worker:1 none:
+    # worker:1's own work is 20 ms against 12 ms
+    ([slowed("worker:0", 0.008, 0.008), slowed("worker:1", 0.0, 0.0)], ["worker:1"]),
+    # the same wait on both: nobody
+    ([slowed("worker:0", 0.004, 0.004), slowed("worker:1", 0.004, 0.0045)], []),
+    # one window is not consistent
+    ([slowed("worker:0", 0.008, 0.0), slowed("worker:1", 0.0, 0.0)], []),
+    # 1.8x of tiny steps (2 ms: 1.1 ms of own work against 2) is under the 1 ms that counts
+    ([TaskLoad("worker:0", "h", [0, 0], 9, work(0.0009, 0.0009, seconds=0.2)),
+      TaskLoad("worker:1", "h", [0, 0], 9, work(0.0, 0.0, seconds=0.2))], []),
+    # without tfrun's exchange (no samples of it) there is nothing to compare
+    ([TaskLoad("worker:0", "h", [0, 0], 9), TaskLoad("worker:1", "h", [0, 0], 9)], []),
+])
+def test_a_straggler_is_a_task_whose_own_work_the_others_wait_for(tasks, named):
+    found = find_stragglers(tasks)
+    assert [s.task for s in found] == named
+    for straggler in found:
+        assert straggler.cause == "own-work" and straggler.slower >= 1.3
+        assert "its own work per step (its compute or its input pipeline)" in straggler.why
+
+
+def test_a_task_whose_cpu_is_taken_is_named_for_that_not_twice():
+    both = TaskLoad("worker:1", "h", [0.6, 0.6], 300, work(0.0, 0.0))
+    found = find_stragglers([TaskLoad("worker:0", "h", [0.0, 0.0], 300, work(0.008, 0.008)),
+                             both])
+    assert [(s.task, s.cause) for s in found] == [("worker:1", "cpu-taken")]

@@ -53,6 +53,8 @@ std::mutex group_mutex;
 // All-reduces this process's op has entered and left: the evidence of who never arrived at
 // a collective, sampled by tfrun.in_task.arrivals (lock-free: a sample never waits).
 std::atomic<uint64_t> op_entered{0}, op_left{0};
+// ... and the nanoseconds spent inside them: what the others wait for a straggler.
+std::atomic<uint64_t> op_inside_ns{0};
 std::atomic<bool> counting{true};  // off with the run's recording (nobody reads the counts)
 Group* group = nullptr;  // guarded by group_mutex
 
@@ -309,10 +311,12 @@ int tfrun_shm_all_reduce(int count, const void* const* in, void* const* out,
 // Whether the op counts its all-reduces (on unless the run's recording is off).
 void tfrun_shm_set_counting(int on) { counting.store(on != 0); }
 
-// This process's position in the exchange: out[0] all-reduces entered, out[1] left.
+// This process's position in the exchange: out[0] all-reduces entered, out[1] left,
+// out[2] nanoseconds spent inside them.
 void tfrun_shm_position(uint64_t* out) {
   out[0] = op_entered.load(std::memory_order_relaxed);
   out[1] = op_left.load(std::memory_order_relaxed);
+  out[2] = op_inside_ns.load(std::memory_order_relaxed);
 }
 
 }  // extern "C"
@@ -355,9 +359,15 @@ class TfrunShmAllReduceOp : public OpKernel {
       pieces.bytes.push_back(static_cast<int64_t>(inputs[i].TotalBytes()));
     }
     const bool count = counting.load(std::memory_order_relaxed);
+    const auto entered = std::chrono::steady_clock::now();
     if (count) op_entered.fetch_add(1, std::memory_order_relaxed);
     Result r = AllReduce(pieces, dtype_, timeout_);
-    if (count) op_left.fetch_add(1, std::memory_order_relaxed);
+    if (count) {
+      op_inside_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - entered).count(),
+                             std::memory_order_relaxed);
+      op_left.fetch_add(1, std::memory_order_relaxed);
+    }
     switch (r.kind) {
       case kOk: return;
       case kTimeout: context->SetStatus(absl::DeadlineExceededError(r.message)); return;

@@ -80,6 +80,9 @@ class TaskLogger:
     cpu_taken: deque = field(default_factory=lambda: deque(maxlen=4))
     #: (collectives of tfrun's exchange entered, left) at the newest sample; None: none yet
     exchanges: tuple[int, int] | None = None
+    #: recent (task's time, steps done, seconds inside tfrun's exchange), oldest first: the
+    #: straggler finder's own work per step
+    work: deque = field(default_factory=lambda: deque(maxlen=4))
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -150,6 +153,11 @@ class TaskLogger:
         if record.get("event") == "resources" and isinstance(record.get("exchanges_entered"),
                                                               int):
             self.exchanges = (record["exchanges_entered"], int(record["exchanges_left"]))
+            if isinstance(record.get("steps_done"), int) and isinstance(
+                    record.get("exchange_seconds"), (int, float)) and \
+                    isinstance(record.get("time"), (int, float)):
+                self.work.append((float(record["time"]), record["steps_done"],
+                                  float(record["exchange_seconds"])))
         if record.get("event") == "resources" and isinstance(record.get("cpu_taken"),
                                                               (int, float)):
             self.cpu_taken.append(float(record["cpu_taken"]))
@@ -180,6 +188,7 @@ class TaskLogger:
         self.progress, self.advanced_at, self.seconds_per_step = None, None, None
         self.cpu_taken.clear()
         self.exchanges = None
+        self.work.clear()
 
     def _open_log(self) -> IO[bytes] | None:
         try:

@@ -1,24 +1,39 @@
-"""Stragglers, named while the run goes on: a task that others take the CPU from.
+"""Stragglers, named while the run goes on, with their likely cause.
 
-In synchronous training every step waits for the slowest task, so one task on a CPU that
-another process shares slows the whole run -- and nothing says which. Each resources sample
-(every 2 s) carries ``cpu_taken``, the share of the task's own CPUs other processes used
-(``tfrun.in_task.contention``). A task is a straggler when, in its last two samples, others
-took at least ``1 - 1/1.3`` of its CPUs (it runs at least 1.3x slower than on its own) and
-at least 0.2 more than of any other task's: CPUs every task shares (unpinned tasks on one
-host) name nobody. The finding says how much slower it is, why, and that the others wait
-for it; it is printed once and again when it changes, and kept for summary.json.
+In synchronous training every step waits for the slowest task, so one slow task slows the
+whole run -- and nothing says which. Two kinds of evidence come with each resources sample
+(every 2 s), and a task is named a straggler when either sets it apart in its last two
+samples:
+
+* **its CPUs are taken** (``cpu-taken``): ``cpu_taken``, the share of the task's own CPUs
+  other processes used (``tfrun.in_task.contention``), is at least ``1 - 1/1.3`` (it runs at
+  least 1.3x slower than on its own) and at least 0.2 more than any other task's: CPUs
+  every task shares (unpinned tasks on one host) name nobody;
+* **its own work is slower** (``own-work``): from the arrival records of tfrun's exchange
+  (``tfrun.in_task.arrivals``: the seconds each task spent inside all-reduces), a task's
+  own work per step is its step time minus that wait. The others wait in every all-reduce
+  for a task whose own work -- its compute, or its input pipeline -- takes at least 1.3x
+  theirs (and 1 ms more): more work, a slower CPU, a slower input.
+
+The finding says how much slower it is, why, and that the others wait for it; it is
+printed once and again when it changes, and kept for summary.json.
 
     >>> found = find_stragglers([TaskLoad("worker:0", "h", [0.0, 0.02], 40),
     ...                          TaskLoad("worker:1", "h", [0.48, 0.52], 40)])
-    >>> [(s.task, s.slower) for s in found]
-    [('worker:1', 2.0)]
+    >>> [(s.task, s.slower, s.cause) for s in found]
+    [('worker:1', 2.0, 'cpu-taken')]
+    >>> work = lambda exchange: [(0.0, 0, 0.0), (2.0, 100, 100 * exchange),
+    ...                          (4.0, 200, 200 * exchange)]
+    >>> found = find_stragglers([TaskLoad("worker:0", "h", [0, 0], 200, work(0.008)),
+    ...                          TaskLoad("worker:1", "h", [0, 0], 200, work(0.0))])
+    >>> [(s.task, s.slower, s.cause) for s in found]  # own work 20 ms vs 12 ms a step
+    [('worker:1', 1.7, 'own-work')]
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .policy import TaskState
 
@@ -29,6 +44,9 @@ _MIN_TAKEN = 1 - 1 / 1.3
 #: ... and this much more than of any other task's CPUs.
 _MARGIN = 0.2
 _SAMPLES = 2
+#: Own work per step this many times the slowest other task's, and this much longer.
+_MIN_SLOWER = 1.3
+_MIN_EXTRA_SECONDS = 0.001
 
 
 @dataclass(frozen=True)
@@ -37,35 +55,42 @@ class TaskLoad:
     host: str | None
     taken: list[float]        # recent cpu_taken samples, oldest first
     steps_done: int = 0
+    #: recent (task's time, steps done, seconds inside tfrun's exchange) samples, oldest first
+    work: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Straggler:
     task: str
     host: str | None
-    taken: float              # mean share of its CPUs others took
-    slower: float             # about how much slower than on its own CPUs
+    slower: float             # about how much slower than the others (or than on its own)
     steps_done: int
-
-    @property
-    def cause(self) -> str:
-        return (f"other processes take {self.taken:.0%} of its CPUs (the host's CPU is shared "
-                "with something outside the run)")
+    cause: str                # "cpu-taken" or "own-work"
+    why: str
+    taken: float | None = None  # cpu-taken: mean share of its CPUs others took
 
     def describe(self) -> str:
         return (f"straggler: {self.task} (host {self.host or 'local'}) runs about "
-                f"{self.slower:.1f}x slower: {self.cause}; the other tasks wait for it in "
+                f"{self.slower:.1f}x slower: {self.why}; the other tasks wait for it in "
                 "every step")
 
     def to_dict(self) -> dict:
         return {"task": self.task, "host": self.host, "cpu_taken": self.taken,
-                "slower": self.slower, "cause": "cpu-taken", "why": self.cause,
+                "slower": self.slower, "cause": self.cause, "why": self.why,
                 "steps_done": self.steps_done}
 
 
 def find_stragglers(tasks: list[TaskLoad]) -> list[Straggler]:
     """The tasks that stand out (see the module docstring); none with fewer than two."""
-    ready = [t for t in tasks if len(t.taken) >= _SAMPLES]
+    found = _cpu_taken(tasks)
+    named = {s.task for s in found}
+    return found + [s for s in _own_work(tasks) if s.task not in named]
+
+
+def _cpu_taken(tasks: list[TaskLoad]) -> list[Straggler]:
+    # Training tasks only: before the first step nobody waits for anyone's steps (and a
+    # task's own build of tfrun's native exchange is no competitor).
+    ready = [t for t in tasks if len(t.taken) >= _SAMPLES and t.steps_done > 0]
     if len(ready) < 2:
         return []
     out = []
@@ -73,9 +98,45 @@ def find_stragglers(tasks: list[TaskLoad]) -> list[Straggler]:
         recent = task.taken[-_SAMPLES:]
         others = max(max(o.taken[-_SAMPLES:]) for o in ready if o is not task)
         if min(recent) >= _MIN_TAKEN and min(recent) - others >= _MARGIN:
-            share = sum(recent) / len(recent)
-            out.append(Straggler(task.task, task.host, round(share, 2),
-                                 round(1 / max(1 - share, 0.05), 1), task.steps_done))
+            share = round(sum(recent) / len(recent), 2)
+            why = (f"other processes take {share:.0%} of its CPUs (the host's CPU is shared "
+                   "with something outside the run)")
+            out.append(Straggler(task.task, task.host, round(1 / max(1 - share, 0.05), 1),
+                                 task.steps_done, "cpu-taken", why, share))
+    return out
+
+
+def _own_work(tasks: list[TaskLoad]) -> list[Straggler]:
+    """Own work per step (step time minus the wait inside tfrun's exchange) in each task's
+    last ``_SAMPLES`` sample windows; a task slower than every other in each window."""
+    per_task = {t.task: w for t in tasks if len(w := _work_per_step(t.work)) >= _SAMPLES}
+    if len(per_task) < 2:
+        return []
+    out = []
+    for task in tasks:
+        mine = per_task.get(task.task)
+        if mine is None:
+            continue
+        others = [max(w[-_SAMPLES + i] for name, w in per_task.items() if name != task.task)
+                  for i in range(_SAMPLES)]
+        recent = mine[-_SAMPLES:]
+        if all(m >= _MIN_SLOWER * o and m - o >= _MIN_EXTRA_SECONDS
+               for m, o in zip(recent, others)):
+            own, other = sum(recent) / _SAMPLES, sum(others) / _SAMPLES
+            why = (f"its own work per step (its compute or its input pipeline) takes "
+                   f"{own * 1000:.0f} ms, the others' {other * 1000:.0f} ms (not its CPUs "
+                   "taken by another process: more work, a slower CPU or a slower input)")
+            out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
+                                 task.steps_done, "own-work", why))
+    return out
+
+
+def _work_per_step(samples: list) -> list[float]:
+    """Seconds of own work per step in each window between consecutive samples with steps."""
+    out = []
+    for (t0, s0, e0), (t1, s1, e1) in zip(samples, samples[1:]):
+        if s1 > s0 and t1 > t0:
+            out.append(max((t1 - t0) - (e1 - e0), 0.0) / (s1 - s0))
     return out
 
 
@@ -100,7 +161,8 @@ class StragglerWatch:
         self._checked_at = now
         loads = [TaskLoad(str(r.task), r.handle.host if r.handle and r.handle.host else r.host,
                           list(r.logger.cpu_taken),
-                          r.logger.progress[1] if r.logger.progress else 0)
+                          r.logger.progress[1] if r.logger.progress else 0,
+                          list(r.logger.work))
                  for r in records if r.tracked and r.state is TaskState.RUNNING
                  and r.task.role != "evaluator"]
         changed = self.update(loads)
@@ -111,7 +173,7 @@ class StragglerWatch:
             if self._event is not None:
                 self._event("straggler", **straggler.to_dict())
         if not changed:
-            self._say("no straggler any more: every task has its CPUs to itself again")
+            self._say("no straggler any more: every task keeps pace again")
 
     def update(self, tasks: list[TaskLoad]) -> list[Straggler] | None:
         """The stragglers when the named set changed (``[]``: none any more), else None."""
