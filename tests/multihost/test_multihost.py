@@ -267,6 +267,77 @@ def test_ssh_a_host_whose_link_is_cut_is_named_the_first_failure_and_the_rest_co
 
 
 @pytest.mark.tf
+def test_ssh_a_worker_stuck_in_its_callback_is_named_by_the_tcp_exchange_s_arrivals(
+        fake_hosts, tmp_path):
+    """Issue 44's stuck worker across hosts, with the defaults: worker:1 on node-2 waits for
+    ever in a callback after step 30, while worker:0 on node-1 waits inside the next
+    all-reduce of tfrun's TCP exchange. The arrival counts name worker:1 on node-2 (the
+    step limit is max(60 s, 20 x the median step)), with its stack; worker:0 is labelled
+    as waiting for it, with its main thread's stack; the verdict names the hang."""
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--stop-grace", "2", "--hosts", "node-1,node-2",
+                                  str(ROOT / "tests" / "scripts" / "stuck_worker.py"),
+                                  "worker:1", "30"])
+    assert run.wait(300) == 124, run.stdout[-4000:]
+    assert "all-reduce over TCP" in run.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    hang = summary["hang"]
+    assert hang["limit_seconds"] == 60.0 and hang["idle_seconds"] <= 70.0, hang
+    (culprit,) = hang["culprits"]
+    assert (culprit["task"], culprit["host"], culprit["steps_done"]) == \
+        ("worker:1", "node-2", 30), hang
+    assert culprit["why"].startswith("stuck in callbacks: never arrived at all-reduce #"), culprit
+    (waiting,) = hang["waiting"]
+    assert waiting["task"] == "worker:0" and \
+        re.fullmatch(r"waiting in all-reduce #\d+ for worker:1", waiting["why"]), waiting
+    verdict = summary["verdict"]
+    assert (verdict["task"], verdict["host"], verdict["class"]) == ("worker:1", "node-2", "hang")
+    stacks = run.stdout.split("worker:1's Python stacks, main thread first")[1]
+    assert "in on_train_batch_end" in stacks.split("Thread 0x")[0], stacks[:3000]
+    main = run.stdout.split("worker:0's main thread")[1]
+    assert "(most recent call first)" in main, main[:2000]
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_ssh_a_host_whose_link_is_cut_is_named_the_first_failure_and_the_rest_collateral(
+        fake_hosts, tmp_path):
+    """The fault matrix's row on fake hosts (issue 44.4; the others are in
+    tests/integration/test_fault_matrix.py): two real TensorFlow workers on node-1 and
+    node-2 train over tfrun's TCP exchange; node-2's link is cut (its processes live on).
+    The verdict names worker:1 on node-2, class node-lost, before worker:0 is stopped;
+    worker:0 is collateral; nothing is left on any host once the link is back."""
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--heartbeat-timeout", "3", "--stop-grace", "2",
+                                  "--hosts", "node-1,node-2",
+                                  str(ROOT / "tests" / "scripts" / "fault.py"), "none", "none",
+                                  "0"])
+    run.wait_for("cluster formed")
+    time.sleep(3)  # into training
+    fake_hosts.link(2, up=False)
+    try:
+        assert run.wait(90) == 255, run.stdout[-4000:]
+        deadline = time.monotonic() + 15  # the cut-off agent stops its task by itself
+        while fake_hosts.tfrun_processes(2) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        fake_hosts.link(2, up=True)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    verdict = summary["verdict"]
+    assert (verdict["task"], verdict["host"], verdict["class"]) == \
+        ("worker:1", "node-2", "node-lost"), (verdict, run.stdout[-4000:])
+    assert [(c["task"], c["host"]) for c in verdict["collateral"]] == [("worker:0", "node-1")]
+    assert {t["task"]: t["blame"] for t in summary["tasks"]} == \
+        {"worker:0": "collateral", "worker:1": "root cause"}
+    assert "first failure: worker:1 on node-2: node-lost, " in run.stdout
+    events = [json.loads(l) for l in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    named = next(i for i, e in enumerate(events) if e["event"] == "verdict")
+    assert all(named < i for i, e in enumerate(events) if e["event"] == "state"
+               and e["task"] == "worker:0" and e["new"] == "stopped")
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
 def test_ssh_a_worker_blocked_inside_its_step_is_named_by_the_tcp_exchange_s_arrivals(
         fake_hosts, tmp_path):
     """Issue 44.2 across hosts: worker:1 on node-2 blocks for ever inside a training step,

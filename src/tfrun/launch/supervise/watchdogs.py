@@ -100,6 +100,14 @@ class Watchdogs:
                 message += (f"\n{record.task} wrote no stack dump within "
                             f"{STACK_DUMP_SECONDS:g}s of SIGUSR1: stopped, or stuck outside "
                             "Python")
+        # The others' main threads: where each waits (their other threads are in their logs).
+        for record in running:
+            main = main_thread_first(dumps.get(id(record), []))
+            if record in suspects or not record.tracked or not has_stack_dump(main):
+                continue
+            block = main[:main.index("")] if "" in main else main
+            message += (f"\n{record.task}'s main thread (its other threads are in "
+                        f"{record.logger.path}):\n" + "\n".join("  " + line for line in block))
         self.hang = hang.to_dict()
         self._event("hang", **self.hang)
         return (suspects[0] if suspects else None), message
