@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Run, assert_nothing_left
+from conftest import REPORT_ON, Run, assert_nothing_left
 
 pytestmark = pytest.mark.tf
 
@@ -44,7 +44,9 @@ def _memory_cgroup(tmp_path: Path, limit: int) -> Path:
 
 def _run_fault(tmp_path: Path, fault: str, *extra: str, wrap: list[str] | None = None,
                flags: tuple[str, ...] = ()) -> Run:
-    run = Run(tmp_path, [*FLAGS, *flags, SCRIPT, fault, "worker:1", "5", *extra])
+    # (one row's report is enough: the page, not the fault, is under test there)
+    run = Run(tmp_path, [*FLAGS, *flags, SCRIPT, fault, "worker:1", "5", *extra],
+              env=REPORT_ON if fault == "sigsegv" else None)
     if wrap:
         run.cmd = [*wrap, *run.cmd]
     run.run(timeout=300)
@@ -123,4 +125,8 @@ def test_the_first_failure_is_named_with_its_class_and_the_other_task_is_collate
         assert "Current thread" in root["traceback"] and \
             "in on_train_batch_end" in root["traceback"], root["traceback"]
         assert "  class: crash (a fatal signal of its own making" in run.stdout
+        page = (run.run_dir / "report.html").read_text()
+        findings = page.split("<h2>Findings</h2>")[1].split("<h2>")[0]
+        assert "<b>First failure</b>: worker:1 (host localhost): crash, signal SIGSEGV" \
+            in findings and "collateral: worker:0 (host localhost)" in findings, findings
     assert_nothing_left(run)

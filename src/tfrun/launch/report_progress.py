@@ -1,4 +1,5 @@
-"""The report's progress parts: the findings (a hang, stragglers) and the step-rate chart.
+"""The report's progress parts: the findings (a failed run's first failure, a hang,
+stragglers) and the step-rate chart.
 
 Every task's resources samples (``metrics/<task>.jsonl``, every couple of seconds) carry
 the steps it has finished (``steps_done``) and the share of its CPUs other processes took
@@ -79,8 +80,22 @@ def findings_html(summary: dict) -> str:
     >>> "worker:1" in findings_html({"stragglers": [{"task": "worker:1", "host": "h",
     ...     "slower": 1.8, "why": "other processes take 45% of its CPUs"}]})
     True
+    >>> print(findings_html({"verdict": {"task": "worker:1", "host": "h2", "class": "crash",
+    ...     "what": "signal SIGSEGV (exit 139)", "collateral": [
+    ...         {"task": "worker:0", "host": "h1", "why": "stopped by tfrun"}]}}))
+    <h2>Findings</h2><ul class='findings'><li><b>First failure</b>: worker:1 (host h2): crash, signal SIGSEGV (exit 139)<ul><li>collateral: worker:0 (host h1): stopped by tfrun</li></ul></li></ul>
     """
     items = []
+    verdict = summary.get("verdict")
+    if verdict and verdict.get("task"):
+        items.append(f"<li><b>First failure</b>: {html.escape(verdict['task'])} (host "
+                     f"{html.escape(str(verdict.get('host') or 'local'))}): "
+                     f"{html.escape(verdict['class'])}, {html.escape(verdict['what'])}<ul>"
+                     + "".join(f"<li>collateral: {html.escape(b['task'])} (host "
+                               f"{html.escape(str(b.get('host') or 'local'))}): "
+                               f"{html.escape(b['why'])}</li>"
+                               for b in verdict.get("collateral") or [])
+                     + "</ul></li>")
     hang = summary.get("hang")
     if hang:
         culprits = ", ".join(c["task"] for c in hang.get("culprits") or []) or "no single task"

@@ -577,7 +577,7 @@ class Supervisor:
                 code = self._backend(record).poll(record.handle)
                 if code is not None:
                     exited.append((record, code))
-        return sorted(exited, key=lambda exit: not 128 < exit[1] < 160)
+        return sorted(exited, key=lambda item: not 128 < item[1] < 160)
 
     def _on_exit(self, record: TaskRecord, code: int) -> Decision:
         # An exit never counts as joining: a task that exits 0 before its server came up
