@@ -142,6 +142,8 @@ def test_ssh_launch_mwms_on_two_hosts_same_port_is_exact(fake_hosts, reference, 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [(t["task"], t["host"], t["state"]) for t in summary["tasks"]] == \
         [("worker:0", "node-1", "succeeded"), ("worker:1", "node-2", "succeeded")]
+    # a clean run across hosts: no straggler (its own work, its CPUs), no failure
+    assert summary["stragglers"] == [] and summary["verdict"] is None, summary["stragglers"]
     assert "exactness: wrote" in (tmp_path / "run" / "logs" / "worker-1.log").read_text()
     # A worker on each host: the gradients went through tfrun's TCP exchange (--comm auto),
     # the peers proved the key to each other, and the key and addresses were deleted from
@@ -225,6 +227,26 @@ def test_ssh_network_partition_is_a_failure_not_a_hang(fake_hosts, tmp_path):
         assert not fake_hosts.tfrun_processes(2)
     finally:
         fake_hosts.link(2, up=True)
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_ssh_a_worker_with_a_slower_input_is_named_a_straggler_over_tcp(fake_hosts, tmp_path):
+    """Issue 44.3 across hosts: worker:1 on node-2 gets each batch 50 ms later (a sleep in
+    its tf.data map). The wait inside tfrun's TCP exchange shows worker:0 waiting for it in
+    every all-reduce: worker:1 on node-2 is named within 50 steps, cause own-work."""
+    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
+                                  "--hosts", "node-1,node-2",
+                                  str(ROOT / "tests" / "scripts" / "fault.py"), "slow-input",
+                                  "worker:1", "150"],
+                  extra_env={"TFRUN_METRICS_INTERVAL": "0.5"})
+    assert run.wait(300) == 0, run.stdout[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    findings = summary["stragglers"]
+    assert [(f["task"], f["host"], f["cause"]) for f in findings] == \
+        [("worker:1", "node-2", "own-work")], findings
+    assert findings[0]["steps_done"] <= 50 and findings[0]["slower"] >= 1.3, findings
+    assert "straggler: worker:1 (host node-2) runs about " in run.stdout
     assert_nothing_left(fake_hosts)
 
 
