@@ -181,3 +181,17 @@ def test_the_product_names_things_by_what_they_are():
     found = [f"{p.relative_to(root)}:{n}" for p in places if p.exists()
              for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []
+
+
+def test_no_test_is_defined_twice_in_a_module():
+    """A second ``def test_x`` silently replaces the first: one of them never runs."""
+    tests = Path(__file__).resolve().parents[1]
+    twice = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        names = [node.name for node in ast.parse(path.read_text()).body
+                 if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                 and node.name.startswith(("test_", "Test"))]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            twice[str(path.relative_to(tests))] = repeated
+    assert twice == {}
