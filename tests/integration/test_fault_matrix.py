@@ -27,14 +27,12 @@ def _memory_cgroup(tmp_path: Path, limit: int) -> Path:
     """A memory cgroup with ``limit`` bytes, next to this process's (v1's memory hierarchy
     here; v2 where its memory controller is on), for the run to start in."""
     from tfrun.launch.cgroups import own_cgroup_dir
-    from tfrun.launch.oom import _v1_memory_cgroup
-
     v2 = own_cgroup_dir()
     control = None if v2 is None else v2 / "cgroup.subtree_control"
     if control is not None and control.exists() and "memory" in control.read_text().split():
         path, limit_file = v2 / f"tfrun-test-{tmp_path.name}", "memory.max"
     else:
-        v1 = _v1_memory_cgroup()
+        v1 = own_cgroup_dir("memory")
         assert v1 is not None, "no memory cgroup to limit the run with"
         path, limit_file = v1 / f"tfrun-test-{tmp_path.name}", "memory.limit_in_bytes"
     path.mkdir()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import time
 
@@ -41,7 +42,7 @@ _counts = [0, 0, 0.0]  # entered, left, seconds inside (Python exchanges; under 
 @contextlib.contextmanager
 def exchange():
     """Around one collective of a Python exchange (however it ends)."""
-    if os.environ.get(contract.METRICS, "1").strip() == "0":
+    if not _counting():
         yield
         return
     _counts[0] += 1
@@ -51,6 +52,12 @@ def exchange():
     finally:
         _counts[2] += time.perf_counter() - entered
         _counts[1] += 1
+
+
+@functools.cache
+def _counting() -> bool:
+    """Whether the run records (read once: a task's environment does not change)."""
+    return os.environ.get(contract.METRICS, "1").strip() != "0"
 
 
 def reset() -> None:

@@ -33,23 +33,29 @@ __all__ = ["TaskCgroups", "available", "kill", "own_cgroup_dir"]
 _EMPTY_TIMEOUT = 5.0
 
 
-def own_cgroup_dir() -> Path | None:
-    """This process's cgroup v2 directory, or None without a mounted v2 hierarchy."""
+def own_cgroup_dir(controller: str | None = None) -> Path | None:
+    """This process's cgroup v2 directory, or with ``controller`` (``"memory"``) its
+    directory in that controller's v1 hierarchy; None where none is mounted."""
     try:
-        relative = next((line.split("::", 1)[1].strip()
-                         for line in Path("/proc/self/cgroup").read_text().splitlines()
-                         if line.startswith("0::")), None)
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
         return None
+    # "0::/a/b" (v2), "4:memory:/a/b" (v1: hierarchy id, its controllers, the path)
+    entries = [line.split(":", 2) for line in lines if line.count(":") >= 2]
+    relative = next((path for _, names, path in entries
+                     if (controller in names.split(",") if controller else names == "")), None)
     if relative is None:
         return None
     for line in mounts:
-        # "36 35 0:31 / /sys/fs/cgroup/unified rw,... - cgroup2 cgroup2 rw"
+        # "36 35 0:31 / /sys/fs/cgroup/unified rw,... - cgroup2 cgroup2 rw" or
+        # "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory"
         fields, _, tail = line.partition(" - ")
-        parts = fields.split()
-        if tail.split()[:1] == ["cgroup2"] and len(parts) > 4 and parts[3] == "/":
-            path = Path(parts[4], relative.lstrip("/"))
+        parts, kind = fields.split(), tail.split()
+        wanted = (kind[:1] == ["cgroup"] and controller in kind[-1].split(",")) if controller \
+            else kind[:1] == ["cgroup2"]
+        if wanted and len(parts) > 4 and relative.startswith(parts[3]):
+            path = Path(parts[4], relative[len(parts[3]):].lstrip("/"))
             if path.is_dir():
                 return path
     return None

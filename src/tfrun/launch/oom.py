@@ -94,34 +94,10 @@ def _own_memory_cgroups() -> list[tuple[Path, Path]]:
     v2 = own_cgroup_dir()
     if v2 is not None:
         places.append((v2 / "memory.events", v2 / "memory.max"))
-    v1 = _v1_memory_cgroup()
+    v1 = own_cgroup_dir("memory")
     if v1 is not None:
         places.append((v1 / "memory.oom_control", v1 / "memory.limit_in_bytes"))
     return places
-
-
-def _v1_memory_cgroup() -> Path | None:
-    try:
-        relative = next((line.split(":", 2)[2].strip()
-                         for line in Path("/proc/self/cgroup").read_text().splitlines()
-                         if line.split(":", 2)[1:2] and "memory" in line.split(":")[1].split(",")),
-                        None)
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except (OSError, IndexError):
-        return None
-    if relative is None:
-        return None
-    for line in mounts:
-        # "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory"
-        fields, _, tail = line.partition(" - ")
-        parts, kind = fields.split(), tail.split()
-        if kind[:1] == ["cgroup"] and "memory" in kind[-1].split(",") and len(parts) > 4:
-            root = parts[3]
-            if relative.startswith(root):
-                path = Path(parts[4], relative[len(root):].lstrip("/"))
-                if path.is_dir():
-                    return path
-    return None
 
 
 def _read_count(path: Path) -> int | None:

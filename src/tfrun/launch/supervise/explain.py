@@ -17,6 +17,7 @@ import re
 
 from ... import contract
 from .diagnose import raised_inside_tfrun
+from .policy import DISK_FULL_LINES
 
 __all__ = ["HINTS", "explain"]
 
@@ -31,7 +32,7 @@ HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
      "The task ran out of memory. Fix: lower the per-replica batch size (the global batch is "
      "tfrun.global_batch_size(per_replica)), or run fewer tasks per machine (--workers, "
      "--devices)."),
-    (re.compile(r"No space left on device|\[Errno 28\]|errno = 28\b"),
+    (DISK_FULL_LINES,  # the class disk-full's own evidence
      "A disk is full: a write of the task failed. Fix: free space on the file system it wrote "
      "to (df -h shows which; a checkpoint or backup directory, --run-dir, /tmp), or write "
      "checkpoints to a larger one; tfrun.backup_and_restore() keeps only the newest backups."),

@@ -25,7 +25,7 @@ from ..oom import OOM_KILLED_NOTE
 from .diagnose import raised_inside_tfrun
 
 __all__ = ["TaskState", "Decision", "FailureClass", "TaskExit", "FailurePolicy",
-           "USAGE_ERROR_EXIT_CODE", "LOST_EXIT_CODE", "EXCEPTION_CLASSES",
+           "USAGE_ERROR_EXIT_CODE", "LOST_EXIT_CODE", "EXCEPTION_CLASSES", "DISK_FULL_LINES",
            "backoff_seconds", "classify_exit",
            "exit_code_of"]
 
@@ -74,7 +74,7 @@ _INFRASTRUCTURE_LINES = re.compile(
 _OUT_OF_MEMORY_LINES = re.compile(
     r"ResourceExhaustedError|OOM when allocating|^MemoryError\b|Out of memory while trying "
     r"to allocate", re.M)
-_DISK_FULL_LINES = re.compile(r"No space left on device|\[Errno 28\]|errno = 28\b|ENOSPC")
+DISK_FULL_LINES = re.compile(r"No space left on device|\[Errno 28\]|errno = 28\b|ENOSPC")
 
 #: Exceptions in a task: the same one again after a restart fails the run.
 EXCEPTION_CLASSES = (FailureClass.SCRIPT_ERROR, FailureClass.OWN_ERROR,
@@ -116,7 +116,7 @@ def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = ""
     error = log_tail[-_ERROR_TAIL:]
     if _OUT_OF_MEMORY_LINES.search(error):
         return FailureClass.OUT_OF_MEMORY
-    if _DISK_FULL_LINES.search(error):
+    if DISK_FULL_LINES.search(error):
         return FailureClass.DISK_FULL
     if _INFRASTRUCTURE_LINES.search(log_tail):
         return FailureClass.INFRASTRUCTURE
