@@ -1,11 +1,12 @@
 """One fit of a model of real size, timed per step (run by bench_backup.py).
 
-    python benchmarks/_backup_worker.py MODE STEPS WIDTH OUT_JSON
+    python benchmarks/_backup_worker.py MODE STEPS WIDTH SAVE_FREQ OUT_JSON
 
-MODE: "none" (no backup), "background" or "sync" (tfrun.backup_and_restore(save_freq=20),
-written in the background or on the training thread: TFRUN_BACKUP_WRITE). Four
-Dense(WIDTH) layers and Adam (WIDTH 8192: 201.9M parameters, 2.4 GB of state). Writes the
-per-step end times and the parameter count to OUT_JSON.
+MODE: "background" or "sync" (tfrun.backup_and_restore(save_freq=SAVE_FREQ), written in
+the background or on the training thread: TFRUN_BACKUP_WRITE), or "none" (no backup).
+Four Dense(WIDTH) layers and Adam (WIDTH 8192: 201.9M parameters, 2.4 GB of state).
+Writes the per-step end times (after every callback, the backup's included) and the
+parameter count to OUT_JSON.
 """
 
 import json
@@ -14,7 +15,8 @@ import sys
 import tempfile
 import time
 
-mode, steps, width, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+mode, steps, width, save_freq, out = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                      int(sys.argv[4]), sys.argv[5])
 os.environ["TFRUN_BACKUP_WRITE"] = "sync" if mode == "sync" else "background"
 
 import numpy as np  # noqa: E402
@@ -29,7 +31,7 @@ model = keras.Sequential([keras.Input((64,))]
                          + [keras.layers.Dense(width, activation="relu") for _ in range(4)]
                          + [keras.layers.Dense(2)])
 model.compile(optimizer=keras.optimizers.Adam(1e-5), loss="mse")
-ends: list[float] = []
+ends: list[float] = [time.perf_counter()]
 
 
 class Clock(keras.callbacks.Callback):
@@ -39,8 +41,8 @@ class Clock(keras.callbacks.Callback):
 
 with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_BACKUP_DIR")) as backups:
     callbacks = [Clock()]
-    if mode != "none":
-        callbacks.insert(0, tfrun.backup_and_restore(backups, save_freq=20,
+    if mode != "none":  # first: the backup's time counts in its step's end
+        callbacks.insert(0, tfrun.backup_and_restore(backups, save_freq=save_freq,
                                                      delete_checkpoint=True))
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
 with open(out, "w") as f:

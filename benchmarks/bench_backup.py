@@ -1,14 +1,19 @@
 """What a step backup costs a model of real size: steps/s with and without backups.
 
-    python benchmarks/bench_backup.py [--rounds 2] [--steps 80] [--width 8192]
+    python benchmarks/bench_backup.py [--rounds 2] [--windows 3] [--width 8192]
 
-Each round runs the same one-process fit three times, interleaved: without backups (the
-baseline), with tfrun.backup_and_restore(save_freq=20) written in the background (the
-default: the state is copied to host memory, then written while the next steps run), and
-the same written on the training thread (TFRUN_BACKUP_WRITE=sync). Four Dense(--width)
-layers and Adam: at 8192, 201.9M parameters and 2.4 GB of weights and optimizer state per
-backup. Steps/s is measured over the steps after the first 5 (tracing); the ratios are
-each mode's steps/s over the baseline's in the same round, then the median over rounds.
+The machine's speed drifts by up to 20% from one minute to the next (other guests), more
+than the cost measured, so the two sides are interleaved inside one process: a fit backs
+up every 40 steps (``tfrun.backup_and_restore(save_freq=40)``), and its steps fall into
+windows of 20, one holding a backup (the copy to host memory, then the write while the
+next steps run) and the next none, alternating. The steps/s of the windows with a backup
+over those without is the steps/s kept with a backup every 20 steps. Each round runs the
+default (written in the background) and the write on the training thread
+(``TFRUN_BACKUP_WRITE=sync``). Four Dense(--width) layers and Adam: at 8192, 201.9M
+parameters and 2.4 GB of weights and optimizer state per backup.
+
+The first 40 steps (tracing, warming) and the first backup's window are left out of the
+ratio: the first backup maps its host buffers (printed as "first backup"), once per run.
 """
 
 import argparse
@@ -22,33 +27,52 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 parser = argparse.ArgumentParser()
 parser.add_argument("--rounds", type=int, default=2)
-parser.add_argument("--steps", type=int, default=80)
+parser.add_argument("--windows", type=int, default=3,
+                    help="pairs of windows (with, without a backup) measured per run")
 parser.add_argument("--width", type=int, default=8192)
 args = parser.parse_args()
-MODES = ("none", "background", "sync")
+MODES = ("background", "sync")
+WINDOW = 20
+FIRST = 2 * WINDOW  # the first backup: after step 40
+STEPS = FIRST + 2 * WINDOW * (args.windows + 1)
 
 
-def steps_per_second(mode: str, work: Path) -> tuple[float, int]:
+def run(mode: str, work: Path) -> dict:
     out = work / f"{mode}.json"
-    subprocess.run([sys.executable, str(HERE / "_backup_worker.py"), mode, str(args.steps),
-                    str(args.width), str(out)], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run([sys.executable, str(HERE / "_backup_worker.py"), mode, str(STEPS),
+                    str(args.width), str(2 * WINDOW), str(out)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result = json.loads(out.read_text())
-    ends = result["ends"][5:]
-    return (len(ends) - 1) / (ends[-1] - ends[0]), result["params"]
+    ends = result["ends"]
+    # step k (1-based) took ends[k] - ends[k-1], its callbacks (the backup) included; the
+    # backup after step 40m lands in steps 40m.. (its copy) and the next few (its write)
+    seconds = {k: ends[k] - ends[k - 1] for k in range(1, len(ends))}
+    window = {"with": [], "without": []}
+    for k, took in seconds.items():
+        if FIRST + 2 * WINDOW <= k < STEPS:  # after the first backup's window
+            window["with" if (k // WINDOW) % 2 == 0 else "without"].append(took)
+    first = sum(seconds[k] for k in range(FIRST, FIRST + WINDOW))
+    return {"with": 1 / statistics.fmean(window["with"]),
+            "without": 1 / statistics.fmean(window["without"]),
+            "first": first, "params": result["params"],
+            "steps": (len(window["with"]), len(window["without"]))}
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
-    params = 0
+    results: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for round_ in range(args.rounds):
         for mode in MODES:
-            rate, params = steps_per_second(mode, Path(tmp))
-            rates[mode].append(rate)
-            print(f"round {round_ + 1} {mode:>10}: {rate:.3f} steps/s", flush=True)
-print(f"\n{params / 1e6:.1f}M parameters, step backups every 20 steps, {args.steps} steps "
-      f"per run, {args.rounds} rounds")
-print(f"{'mode':>12} {'steps/s':>9} {'ratio to no backups':>20}")
+            got = run(mode, Path(tmp))
+            results[mode].append(got)
+            print(f"round {round_ + 1} {mode:>10}: {got['without']:.3f} steps/s without, "
+                  f"{got['with']:.3f} with a backup every {WINDOW} steps "
+                  f"({got['with'] / got['without']:.3f}); first backup's window "
+                  f"{got['first']:.1f} s", flush=True)
+params = results[MODES[0]][0]["params"]
+print(f"\n{params / 1e6:.1f}M parameters; {args.windows} pairs of {WINDOW}-step windows per "
+      f"run, {args.rounds} rounds")
+print(f"{'mode':>12} {'ratio (median)':>15} {'range':>14}")
 for mode in MODES:
-    ratios = [rate / base for rate, base in zip(rates[mode], rates["none"])]
-    print(f"{mode:>12} {statistics.median(rates[mode]):9.3f} {statistics.median(ratios):20.3f}")
+    ratios = [r["with"] / r["without"] for r in results[mode]]
+    print(f"{mode:>12} {statistics.median(ratios):15.3f} "
+          f"{min(ratios):6.3f}-{max(ratios):.3f}")

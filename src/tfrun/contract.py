@@ -95,7 +95,8 @@ LOOPBACK_BIND = "TFRUN_LOOPBACK_BIND"
 #: unset: 30, Kubernetes' default termination grace).
 PREEMPTION_GRACE = "TFRUN_PREEMPTION_GRACE"
 #: "sync": ``tfrun.backup_and_restore`` writes backups on the training thread instead of in
-#: the background (which needs a host-memory copy of the state: for hosts without room).
+#: the background (training waits for the write; the host-memory copy of the state is made
+#: either way).
 BACKUP_WRITE = "TFRUN_BACKUP_WRITE"
 #: "1": leave TensorFlow's own SIGTERM handling in place.
 KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"

@@ -229,3 +229,87 @@ def test_a_failed_background_write_is_reported_and_leaves_no_mark(tmp_path):
     store.wait()  # reported once
     store.remove_temporaries()  # what a task killed mid-write leaves, removed at the next start
     assert os.listdir(directory) == []
+
+
+def _written_and_loaded(tmp_path, keras, name: str):
+    """Take the state of a built model (weights set to known values), write it, load it into
+    a fresh model; returns (state, the loaded model's weights, what was written)."""
+    import numpy as np
+
+    from tfrun.in_task.backup import snapshot
+
+    model = _built(keras)
+    want = [np.full(w.shape, i + 0.5, w.dtype) for i, w in enumerate(model.get_weights())]
+    model.set_weights(want)
+    state = snapshot.take(model)
+    snapshot.write_now(state, str(tmp_path / name))
+    fresh = _built(keras)
+    snapshot.load(fresh, str(tmp_path / name))
+    return state, fresh.get_weights(), want
+
+
+def test_a_state_is_one_aligned_buffer_written_whole_and_reused(tmp_path):
+    """The state's arrays are views into one page-aligned mapping, each at a 64-byte
+    offset; the file holds whole 4 KB blocks; a second take of the same model reuses the
+    buffer, another model's gets its own."""
+    import keras
+    import numpy as np
+
+    from tfrun.in_task.backup import snapshot
+
+    state, got, want = _written_and_loaded(tmp_path, keras, "a.state")
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert all(offset % 64 == 0 for offset in state.offsets)
+    assert all(v.ctypes.data % 64 == 0 for v in state.values)
+    assert len(state.buffer) % 4096 == 0 and len(state.buffer) >= state.size
+    index = json.loads((tmp_path / "a.state" / "variables.json").read_text())
+    assert [e["offset"] for e in index["variables"]] == state.offsets
+    assert index["bytes"] == state.size
+    assert os.path.getsize(tmp_path / "a.state" / "values.bin") in (state.size, len(state.buffer))
+    again = snapshot.take(_built(keras), into=state)
+    assert again.buffer is state.buffer
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5)])
+    other.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    other.optimizer.build(other.trainable_variables)
+    assert snapshot.take(other, into=state).buffer is not state.buffer
+
+
+@pytest.mark.parametrize("refused_at", ["open", "write"])
+def test_a_filesystem_without_direct_io_gets_buffered_writes(tmp_path, monkeypatch, refused_at):
+    """tmpfs before Linux 6.6 refuses O_DIRECT at open; some filesystems only at the first
+    write (EINVAL): the state is then written buffered, whole."""
+    import errno
+
+    import keras
+    import numpy as np
+
+    if not getattr(os, "O_DIRECT", 0):
+        pytest.skip("no O_DIRECT on this platform")
+    real_open, real_pwrite = os.open, os.pwrite
+    direct_fds: set[int] = set()
+    refused = []
+
+    def open_(path, flags, *args):
+        if flags & os.O_DIRECT and refused_at == "open":
+            refused.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        fd = real_open(path, flags, *args)
+        if flags & os.O_DIRECT:
+            direct_fds.add(fd)
+        return fd
+
+    def pwrite(fd, data, offset):
+        if fd in direct_fds:
+            direct_fds.discard(fd)  # closed by the writer: its number may be reused
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    state, got, want = _written_and_loaded(tmp_path, keras, "b.state")
+    assert refused, "the direct path was never tried"
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert os.path.getsize(tmp_path / "b.state" / "values.bin") == state.size

@@ -3,7 +3,8 @@
 A backup must not stall training. ``take(model)`` copies every weight and optimizer
 variable into host memory (the only part the training thread waits for: a memory copy);
 ``Writer.write(...)`` then puts the copy on disk in a background thread while the next
-steps run: ``<stem>.state/values.bin`` (the values' bytes, one after the other) and
+steps run: ``<stem>.state/values.bin`` (the values' bytes, each at a 64-byte-aligned
+offset, written with direct I/O where the filesystem allows it) and
 ``<stem>.state/variables.json`` (each variable's path, shape, dtype and offset), each
 flushed to the device, then the directory, then the backup's mark. At most one write is in
 flight: the next backup, a preemption and the end of training wait for it (``wait``).
@@ -18,11 +19,13 @@ the same order and refuses a state whose variables do not match the model's.
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["State", "StateMismatch", "Writer", "take", "load", "state_variables"]
 
@@ -33,12 +36,47 @@ class StateMismatch(RuntimeError):
     """A state on disk does not fit the model it is loaded into."""
 
 
+#: O_DIRECT wants the buffer's address, the file offsets and the lengths in multiples of
+#: the device's block size; 4096 covers the usual 512-byte and 4K devices.
+_BLOCK = 4096
+#: Each variable starts at a multiple of this inside the buffer (any dtype's alignment).
+_ALIGN = 64
+#: Bytes per write call: large enough for the device, small enough to stay responsive.
+_CHUNK = 64 << 20
+
+
 @dataclass
 class State:
-    """Host-memory copies of a model's variables, in ``state_variables`` order."""
+    """Host-memory copies of a model's variables, in ``state_variables`` order.
+
+    ``values`` are numpy views into one page-aligned anonymous mapping, ``buffer``: the
+    variables back to back at ``offsets`` (``size`` bytes in all), so the whole state is
+    written with a few large direct writes."""
 
     paths: list[str]
-    values: list  # numpy arrays
+    values: list  # numpy arrays, views into buffer
+    offsets: list[int] = field(default_factory=list)
+    size: int = 0
+    buffer: mmap.mmap | None = None
+
+    def layout(self) -> list[tuple]:
+        return [(value.shape, value.dtype) for value in self.values]
+
+
+def _allocate(layout: list[tuple]) -> tuple[mmap.mmap, list, list[int], int]:
+    """One anonymous mapping (page-aligned, as O_DIRECT needs) holding arrays of ``layout``."""
+    import numpy as np
+
+    offsets, size = [], 0
+    for shape, dtype in layout:
+        offsets.append(size)
+        count = int(np.prod(shape, dtype=np.int64))
+        size += -(-count * np.dtype(dtype).itemsize // _ALIGN) * _ALIGN
+    buffer = mmap.mmap(-1, max(_BLOCK, -(-size // _BLOCK) * _BLOCK))
+    values = [np.frombuffer(buffer, dtype=dtype, offset=offset,
+                            count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+              for (shape, dtype), offset in zip(layout, offsets)]
+    return buffer, values, offsets, size
 
 
 def state_variables(model) -> list:
@@ -58,30 +96,85 @@ def _path(variable, index: int) -> str:
 
 
 def take(model, into: State | None = None) -> State:
-    """Copy the model's state into host memory (numpy arrays the training cannot change).
+    """Copy the model's state into host memory (arrays the training cannot change).
 
-    ``into``: the state of the previous backup, whose written arrays are reused when they
-    fit. A fresh 2.4 GB allocation costs its page faults on every backup (measured: 5.3 s,
-    against well under a second to copy into pages already mapped), and the training
-    thread waits for the copy."""
+    ``into``: the state of the previous backup, whose buffer is reused when the layout is
+    the same. A fresh 2.4 GB buffer costs its page faults (measured: 1.5-4.4 s on this
+    machine, against 0.15 s to copy into pages already mapped), and the training thread
+    waits for the copy."""
     import numpy as np
 
     variables = state_variables(model)
-    reuse = into.values if into is not None and len(into.values) == len(variables) else None
-    values = []
-    for i, variable in enumerate(variables):
-        value = np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
-        held = reuse[i] if reuse is not None else None
-        if held is None or held.shape != value.shape or held.dtype != value.dtype:
-            held = np.empty_like(value)
-        np.copyto(held, value)
-        values.append(held)
-    return State([_path(v, i) for i, v in enumerate(variables)], values)
+    views = [_host_view(variable) for variable in variables]
+    layout = [(view.shape, view.dtype) for view in views]
+    if into is not None and into.buffer is not None and into.layout() == layout:
+        buffer, values, offsets, size = into.buffer, into.values, into.offsets, into.size
+    else:
+        buffer, values, offsets, size = _allocate(layout)
+    for held, view in zip(values, views):
+        np.copyto(held, view)
+    return State([_path(v, i) for i, v in enumerate(variables)], values, offsets, size, buffer)
+
+
+def _host_view(variable):
+    """The variable's value as a numpy array, without a copy where TensorFlow allows it.
+
+    ``variable.numpy()`` copies into a fresh array: at 201.9M parameters with Adam that is
+    2.4 GB of new pages on every backup, measured at 1.5 s of the training thread's time
+    against 0.15 s for copying from a view of the variable's own buffer (a CPU tensor's
+    ``numpy()`` view; on a GPU this is the one copy to the host). The view is copied into
+    the backup's own arrays at once, while training waits: nothing changes it meanwhile."""
+    import numpy as np
+
+    try:
+        import tensorflow as tf
+
+        return np.asarray(tf.convert_to_tensor(variable))
+    except (ImportError, TypeError, ValueError):  # not a TensorFlow variable
+        return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
 
 
 def _fsync(path: str, directory: bool = False) -> None:
     fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
     try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_values(path: str) -> tuple[int, bool]:
+    """A new file for the values, opened for direct I/O where the filesystem allows it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            return os.open(path, flags | direct, 0o644), True
+        except OSError:  # e.g. tmpfs before Linux 6.6: EINVAL
+            pass
+    return os.open(path, flags, 0o644), False
+
+
+def _write_values(state: State, path: str) -> None:
+    """The state's buffer to ``path``, flushed to the device.
+
+    Direct I/O (O_DIRECT) hands the pages to the device without copying them into the
+    page cache first: measured here for 2.4 GB, 0.07 s of CPU against 1.3-4.3 s for
+    buffered writes, time taken from the training threads while a background write runs.
+    A filesystem that refuses it (EINVAL on open or on a write) gets buffered writes."""
+    fd, direct = _open_values(path)
+    try:
+        view = memoryview(state.buffer)
+        end = len(view) if direct else state.size  # direct: whole blocks, padding included
+        done = 0
+        while done < end:
+            try:
+                done += os.pwrite(fd, view[done:min(end, done + _CHUNK)], done)
+            except OSError as error:
+                if not direct or error.errno != errno.EINVAL:
+                    raise
+                os.close(fd)
+                fd, direct = os.open(path, os.O_WRONLY), False
+                end = state.size
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -93,17 +186,12 @@ def write_now(state: State, final: str) -> None:
     temporary = final + ".tmp"
     shutil.rmtree(temporary, ignore_errors=True)
     os.makedirs(temporary)
-    index, offset = [], 0
-    with open(os.path.join(temporary, _VALUES), "wb") as out:
-        for path, value in zip(state.paths, state.values):
-            out.write(memoryview(value.reshape(-1).view("uint8")))  # releases the GIL
-            index.append({"path": path, "shape": list(value.shape), "dtype": str(value.dtype),
-                          "offset": offset})
-            offset += value.nbytes
-        out.flush()
-        os.fsync(out.fileno())
+    _write_values(state, os.path.join(temporary, _VALUES))
+    index = [{"path": path, "shape": list(value.shape), "dtype": str(value.dtype),
+              "offset": offset}
+             for path, value, offset in zip(state.paths, state.values, state.offsets)]
     with open(os.path.join(temporary, _INDEX), "w") as out:
-        json.dump({"variables": index, "bytes": offset}, out)
+        json.dump({"variables": index, "bytes": state.size}, out)
         out.flush()
         os.fsync(out.fileno())
     _fsync(temporary, directory=True)

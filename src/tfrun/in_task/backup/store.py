@@ -4,8 +4,8 @@ A backup ``<stem>`` is its weights and optimizer state (``<stem>.state/``, see
 ``snapshot``: the same form in both Keras flavours) and its *mark* ``<stem>.json``: the
 position it stands for (epoch, batch, global step, input position, replicas). The state
 is copied to host memory on the training thread and written in the background (at most
-one write in flight; ``contract.BACKUP_WRITE=sync`` writes on the training thread, for
-hosts without memory to spare for the copy); each file is fsynced, then the directory,
+one write in flight; ``contract.BACKUP_WRITE=sync`` writes on the training thread, the
+copy made all the same); each file is fsynced, then the directory,
 and the mark is written last, so a mark on disk always means a whole backup, even after
 a power loss.
 
