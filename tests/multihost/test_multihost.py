@@ -900,6 +900,55 @@ def test_elastic_per_node_a_spare_on_its_own_disk_takes_a_lost_hosts_place_exact
 
 
 @pytest.mark.tf
+def test_elastic_ssh_a_spare_on_its_own_disk_takes_a_vanished_hosts_place_exactly(
+        fake_hosts, tmp_path, uninterrupted_two_workers):
+    """Issue 43, SSH launch from node-1 with a spare, every host with its own disk: node-2
+    (worker:1) vanishes mid-epoch 2 (link cut, processes killed: no goodbye); the cluster
+    re-forms on node-1 and the spare node-3 at once (no restart used up), whose disk holds
+    no backup: it gets the state and the input's position from worker:0 over the cluster.
+    At most the 10 steps since the last backup are redone and the final weights equal an
+    uninterrupted 2-worker run's."""
+    out = tmp_path / "out"
+    run_dir = _private_run_dir(tmp_path)
+    run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[1], tmp_path,
+                       [str(out), "3", "10", "0.1"], run_dir=run_dir, max_restarts="0")
+    log = Path(f"{out}-steps-worker-0.log")
+    _wait_for_step(run, log, 0, 45)
+    try:
+        _vanish(fake_hosts, 2)
+        assert run.wait(300) == 0, run.stdout[-4000:]
+    finally:
+        fake_hosts.link(2, up=True)
+    stdout = run.stdout
+    assert "node-2 lost (worker:1" in stdout and "re-forming the cluster on node-1, node-3 " \
+        "(node-3 joining from the spares): 2 tasks (was 2; --min-nodes 2)" in stdout, \
+        stdout[-4000:]
+    summary = json.loads(fake_hosts.read(1, f"{run_dir}/summary.json"))
+    (change,) = summary["membership"]
+    assert change["left"] == ["node-2"] and change["joined"] == ["node-3"], change
+    assert change["tasks_after"] == ["worker:0@node-1", "worker:1@node-3"], change
+    assert [(a["ended"], a["failure_class"]) for a in summary["attempts"]] == [
+        ("reform", "node-lost"), ("success", None)]
+    steps = _logged_steps(log)
+    assert max(s for _, s in steps) == 90
+    before = max(s for r, s in steps if r == 0)
+    resumed_at = min(s for r, s in steps if r == 1)
+    assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+    assert change["resumed_at_step"] == resumed_at - 1, change
+    joined = fake_hosts.read(1, f"{run_dir}/logs/worker-1.log")
+    assert "its state came from replica 0 over the cluster" in joined, joined[-3000:]
+    assert "starting from the beginning" not in joined
+    for i in range(2):
+        got = np.load(f"{out}-worker-{i}.npz")
+        for k in range(4):
+            np.testing.assert_allclose(got[f"arr_{k}"], uninterrupted_two_workers[f"arr_{k}"],
+                                       atol=1e-6, rtol=0)
+    assert fake_hosts.run(3, ["test", "-d", f"{run_dir}/backup/worker-1"]).returncode == 0
+    assert not Path(run_dir).exists()  # nothing of it on the test's own disk
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
 def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restart(
         fake_hosts, tmp_path):
     """Issue 33, growing back: node-3 vanishes (re-form on 2), its link comes back; the next
