@@ -4,12 +4,15 @@ about 2.4 GB of state per worker: each backup takes seconds), two MWMS workers.
 One uninterrupted reference run is shared; one preempted run then meets both kinds of
 notice: SIGTERM to worker:1 mid-epoch 2 (the workers agree, save at one step, stop, tfrun
 restarts them uncharged), then SIGTERM to tfrun itself (every worker saves, tfrun exits
-143), then the same command again finishes. Each resume must redo no step, and the final
+143), then the same command again finishes -- with worker:1's backups gone, as on a host
+whose disk does not hold them (a spare, a replaced machine; each worker backs up in a
+directory only it reads): its 2.4 GB of state comes from worker:0 over the cluster. Each resume must redo no step, and both workers' final
 weights equal the reference's within 1e-6.
 """
 
 import os
 import re
+import shutil
 import signal
 import time
 
@@ -21,6 +24,7 @@ from conftest import ROOT, Run, assert_nothing_left
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 SCRIPT = str(ROOT / "tests" / "scripts" / "large_model.py")
 EPOCHS, STEPS = 3, 6  # epoch 2 is steps 7-12
+PRIVATE = {"PRIVATE_BACKUPS": "1"}  # each worker's backups in a directory of its own
 
 
 def _args(out) -> list[str]:
@@ -61,7 +65,7 @@ def test_a_201m_parameter_model_preempted_twice_redoes_no_step_and_ends_as_unint
     assert int((tmp_path / "clean-params.txt").read_text()) >= 200_000_000
 
     log = tmp_path / "stopped-steps-worker-0.log"
-    first = Run(tmp_path, _args(tmp_path / "stopped"), name="stopped").start()
+    first = Run(tmp_path, _args(tmp_path / "stopped"), name="stopped", env=PRIVATE).start()
     _wait_for(first, log, 0, STEPS + 2)  # mid-epoch 2, after epoch 1's backup
     os.kill(_pid(first, "worker:1"), signal.SIGTERM)
     _wait_for(first, log, 1, max(s for _, s in _steps(log)) + 2)  # the restart trains on
@@ -79,9 +83,13 @@ def test_a_201m_parameter_model_preempted_twice_redoes_no_step_and_ends_as_unint
     assert [a["failure_class"] for a in attempts] == ["preempted", None], attempts
     assert [a.get("preempted_at_step") for a in attempts] == saved, attempts
 
-    again = Run(tmp_path, _args(tmp_path / "stopped"), name="stopped")
+    # worker:1's disk without its backups: the state must come from worker:0
+    shutil.rmtree(first.run_dir / "disk-of-worker-1")
+    again = Run(tmp_path, _args(tmp_path / "stopped"), name="stopped", env=PRIVATE)
     assert again.run(600) == 0, again.stdout[-4000:]
     assert again.summary["attempts"][-1]["resumed_at_step"] == saved[-1]
+    joined = (again.run_dir / "logs" / "worker-1.log").read_text()
+    assert "its state came from replica 0 over the cluster" in joined, joined[-3000:]
 
     steps = _steps(log)
     # Per start (restart count 0, 1, then the second command's 0): the first step each
@@ -94,8 +102,11 @@ def test_a_201m_parameter_model_preempted_twice_redoes_no_step_and_ends_as_unint
     trained = [s for _, s in steps]
     assert len(trained) == len(set(trained)), steps
     assert set(range(1, EPOCHS * STEPS + 1)) - set(trained) <= set(saved), steps
-    want, got = np.load(tmp_path / "clean-worker-0.npz"), np.load(tmp_path / "stopped-worker-0.npz")
-    assert len(want.files) == len(got.files) == 10
-    for name in want.files:
-        np.testing.assert_allclose(got[name], want[name], atol=1e-6, rtol=0, err_msg=name)
+    want = np.load(tmp_path / "clean-worker-0.npz")
+    for i in range(2):
+        got = np.load(tmp_path / f"stopped-worker-{i}.npz")
+        assert len(want.files) == len(got.files) == 10
+        for name in want.files:
+            np.testing.assert_allclose(got[name], want[name], atol=1e-6, rtol=0,
+                                       err_msg=f"worker:{i} {name}")
     assert_nothing_left(again)

@@ -6,10 +6,15 @@ Four Dense(WIDTH) layers (WIDTH 8192: 201.9M parameters; with Adam's two slots a
 2.4 GB of weights and optimizer state per worker, so a backup takes seconds, not
 milliseconds). Seeded initial weights and data, one fixed batch order: two runs of the
 same command end with the same weights. Each task appends "<restart count> <global step>"
-per trained batch to OUT-steps-<role>-<index>.log; worker:0 writes its final weights to
-OUT-worker-0.npz and every task the parameter count to OUT-params.txt.
+per trained batch to OUT-steps-<role>-<index>.log and its final weights to
+OUT-<role>-<index>.npz, and the parameter count to OUT-params.txt.
+
+PRIVATE_BACKUPS=1 in the environment: each task backs up under a directory of its own,
+``<run dir>/disk-of-<role>-<index>`` (no task sees another's backups, as on hosts with
+their own disks).
 """
 
+import os
 import sys
 
 import numpy as np
@@ -38,8 +43,9 @@ with strategy.scope():
 with open(f"{out}-params.txt", "w") as f:
     f.write(str(model.count_params()))
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
-model.fit(data, epochs=epochs, verbose=0, callbacks=[tfrun.backup_and_restore(),
+backup_dir = (os.path.join(os.environ["TFRUN_RUN_DIR"], f"disk-of-{info.role}-{info.index}")
+              if os.environ.get("PRIVATE_BACKUPS") == "1" else None)
+model.fit(data, epochs=epochs, verbose=0, callbacks=[tfrun.backup_and_restore(backup_dir),
                      step_log(keras, f"{out}-steps-{info.role}-{info.index}.log")])
-if info.role == "worker" and info.index == 0:
-    np.savez(f"{out}-worker-0.npz", *[np.asarray(w) for w in model.get_weights()])
+np.savez(f"{out}-{info.role}-{info.index}.npz", *[np.asarray(w) for w in model.get_weights()])
 print("trained", flush=True)
