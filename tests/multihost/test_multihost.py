@@ -83,18 +83,43 @@ def ssh_flags(hosts) -> list[str]:
     return ["--ssh-opt", f"-F {hosts.ssh_config}"]
 
 
+#: When this module was loaded: a tfrun cgroup made since is this session's.
+_LOADED = time.time()
+
+
+def _new_tfrun_cgroups() -> list[Path]:
+    """tfrun's task cgroups (``tfrun-<pid>-...``, made by a launcher or a host's agent:
+    the fake hosts share this machine's cgroup tree) made since this module was loaded."""
+    from tfrun.launch.cgroups import own_cgroup_dir
+
+    base = own_cgroup_dir()
+    if base is None:
+        return []
+    return [path for path in base.glob("tfrun-*")
+            if path.is_dir() and path.stat().st_ctime >= _LOADED]
+
+
 def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
+    """No tfrun process on any fake host, and none of their task cgroups remains."""
     deadline = time.monotonic() + timeout
     while True:
         left = hosts.tfrun_processes()
         if not left:
-            return
+            break
         if time.monotonic() > deadline:
             described = [(p.pid, " ".join(p.cmdline())[:120]) for p in left]
             for p in left:
                 p.kill()
             raise AssertionError(f"tfrun processes left on the fake hosts: {described}")
         time.sleep(0.1)
+    cgroups = _new_tfrun_cgroups()
+    described = [str(c.relative_to(c.parent)) + ": " + ", ".join(
+        sorted(d.name for d in c.iterdir() if d.is_dir())) for c in cgroups]
+    for cgroup in cgroups:  # the next test must not fail for this one's leftovers
+        for child in (d for d in cgroup.iterdir() if d.is_dir()):
+            child.rmdir()
+        cgroup.rmdir()
+    assert not cgroups, f"tfrun cgroups left behind: {described}"
 
 
 @pytest.fixture(scope="module")
