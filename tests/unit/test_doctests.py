@@ -42,6 +42,7 @@ import tfrun.in_task.tcp_handshake
 import tfrun.launch.plan_text
 import tfrun.launch.report_progress
 import tfrun.launch.supervise.attempt_marks
+import tfrun.launch.supervise.membership
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
@@ -59,7 +60,8 @@ import tfrun.launch.supervise.attempt_marks
                                     tfrun.native_cache, tfrun.launch.loopback,
                                     tfrun.in_task.tcp_allreduce, tfrun.in_task.tcp_handshake,
                                     tfrun.launch.plan_text, tfrun.launch.report_progress,
-                                    tfrun.launch.supervise.attempt_marks])
+                                    tfrun.launch.supervise.attempt_marks,
+                                    tfrun.launch.supervise.membership])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

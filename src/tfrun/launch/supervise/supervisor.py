@@ -27,7 +27,7 @@ from pathlib import Path
 from ...cluster import ClusterPlan, TaskId
 from ..engines.base import Backend, TaskSpec
 from ..config import LaunchConfig
-from ...contract import RESUMED_EVENT, TF_CONFIG_REPLACED
+from ...contract import TF_CONFIG_REPLACED
 from .diagnose import culprits
 from .explain import explain
 from ..output import (LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error,
@@ -35,6 +35,7 @@ from ..output import (LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error,
 from .attempts import Attempts, earlier_attempts
 from .attribution import failure_verdict, hang_verdict, join_verdict
 from .attempt_marks import AttemptMarks
+from .membership import Membership
 from .policy import (ALLOWED_TRANSITIONS, EXCEPTION_CLASSES, Decision, FailureClass,
                      FailurePolicy, TaskExit, TaskState, classify_exit)
 from ..rendezvous import JoinProbe
@@ -106,10 +107,9 @@ class Supervisor:
                                     max_preemptions=config.max_preemptions,
                                     min_nodes=config.min_nodes if reform is not None else None,
                                     exclude_after=config.exclude_after)
-        self.membership: list[dict] = []  # each re-form: when, who left, the tasks after
-        self.departed: list[TaskRecord] = []  # tasks of lost hosts, for the summary
-        self._lost_hosts: set[str] = set()  # lost or excluded: never used again this run
-        self.excluded_hosts: list[str] = []  # excluded after failures in a row
+        #: hosts lost or excluded, their tasks, each change (summary.json's membership)
+        self.members = Membership(min_nodes=config.min_nodes,
+                                  keep_global_batch=config.keep_global_batch)
         self._opened: list[Backend] = []
         self._every_record: list[TaskRecord] = []  # of every membership, for its events
         self._adopt(plan, backends, make_spec)
@@ -152,30 +152,11 @@ class Supervisor:
         self._every_record += self.records
 
     def _complete_membership(self) -> None:
-        """Each re-form's ``resumed_at_step`` and ``seconds_to_resume`` (from tfrun noticing
-        the loss -- up to --heartbeat-timeout after it -- to the survivors' resume), from the
-        first ``resumed`` event after it, and ``steps_redone``: the newest step the tasks
-        reported before it (``step_reached``: where the survivors were when stopped, else
-        their last sample of a few seconds before; a lower bound) less the step resumed
-        at. Said on the console too."""
-        for change in self.membership:
-            if "resumed_at_step" in change:
-                continue
-            resumed = [e for r in self._every_record for e in r.logger.training_events
-                       if e.get("event") == RESUMED_EVENT and isinstance(e.get("time"), float)
-                       and e["time"] > change["time"]]
-            if resumed:
-                first = min(resumed, key=lambda e: e["time"])
-                change["resumed_at_step"] = first.get("step")
-                change["seconds_to_resume"] = round(first["time"] - change["time"], 1)
-                if isinstance(first.get("step"), int) and "step_reached" in change:
-                    change["steps_redone"] = max(change["step_reached"] - first["step"], 0)
-                self.console.info(
-                    f"re-form at restart {change['restart']} ({change['how']}: "
-                    f"{', '.join(change['left'] + change['joined'])}): training resumed at step "
-                    f"{change['resumed_at_step']}, {change['seconds_to_resume']:g}s after tfrun "
-                    "noticed" + (f"; {change['steps_redone']} steps redone (at least)"
-                                 if "steps_redone" in change else ""))
+        """Once the tasks have resumed after a re-form: where, and how many steps were
+        redone (``Membership.complete``), said on the console too."""
+        events = [e for r in self._every_record for e in r.logger.training_events]
+        for line in self.members.complete(events):
+            self.console.info(line)
 
     @property
     def restarts(self) -> int:
@@ -396,7 +377,7 @@ class Supervisor:
         excluded = record.failure is not FailureClass.NODE_LOST
         if excluded:  # failed --exclude-after times in a row (infrastructure)
             lost.add(record.host)
-            self.excluded_hosts.append(record.host)
+            self.members.excluded.append(record.host)
         why = (f"excluded after {self.config.exclude_after} infrastructure failures in a row"
                if excluded else "lost")
         self._end_attempt(record, "reform")
@@ -405,8 +386,8 @@ class Supervisor:
                    grace=self.config.stop_grace, at_once=True)
         self.marks.note_training_events(self.records, ended)
         reached = [r.logger.last_step for r in self.records if r.logger.last_step is not None]
-        self.departed += [r for r in self.records if r.host in lost]
-        before, joined = self._replan(self._lost_hosts | lost)
+        self.members.departed += [r for r in self.records if r.host in lost]
+        before, joined = self._replan(self.members.away | lost)
         self._membership_change(noticed, sorted(lost), joined, why,
                                 record.note or str(record.failure), before,
                                 **({"saved_at_step": ended["preempted_at_step"]}
@@ -430,11 +411,11 @@ class Supervisor:
         if self.reform is None:
             return
         backends = self._distinct_backends()
-        back = sorted(h for h in self._lost_hosts - set(self.excluded_hosts)
+        back = sorted(h for h in self.members.away - set(self.members.excluded)
                       if any(b.reachable(h) for b in backends))
         if not back:
             return
-        before, joined = self._replan(self._lost_hosts - set(back))
+        before, joined = self._replan(self.members.away - set(back))
         if not joined:  # back, but the cluster is full (spares took their places)
             return
         self._membership_change(time.time(), [], joined, "back", "answered again", before)
@@ -449,8 +430,8 @@ class Supervisor:
         before = self.records
         for old in before:
             old.logger.join()  # a task of the same name logs on into the same file
-        self._lost_hosts = set(away)
-        self._adopt(*self.reform(frozenset(self._lost_hosts)))
+        self.members.away = set(away)
+        self._adopt(*self.reform(frozenset(self.members.away)))
         for backend in self._distinct_backends():
             if all(backend is not b for b in self._opened):
                 backend.open(self.run_dir)
@@ -461,15 +442,10 @@ class Supervisor:
 
     def _membership_change(self, when: float, left: list[str], joined: list[str], how: str,
                            reason: str, before: list[TaskRecord], **extra) -> dict:
-        """Record one change of the cluster's hosts (summary.json's ``membership``)."""
-        change = {"time": when, "left": left, "joined": joined, "how": how, "reason": reason,
-                  **extra,
-                  "tasks_before": [f"{r.task}@{r.host}" for r in before],
-                  "tasks_after": [f"{r.task}@{r.host}" for r in self.records],
-                  "restart": self.restarts + 1, "min_nodes": self.config.min_nodes,
-                  "global_batch": "kept" if self.config.keep_global_batch
-                  else "per-replica x replicas"}
-        self.membership.append(change)
+        """Record one change of the cluster's hosts (and its event)."""
+        change = self.members.change(
+            when, left, joined, how, reason, [f"{r.task}@{r.host}" for r in before],
+            [f"{r.task}@{r.host}" for r in self.records], restart=self.restarts + 1, **extra)
         self._event("membership", **change)
         return change
 
@@ -602,7 +578,7 @@ class Supervisor:
         repeated = self.ledger.repeated(error)
         nodes_left, streak = None, 0
         if self.reform is not None and record.host is not None:
-            nodes_left = self.reform.hosts_after(frozenset(self._lost_hosts | {record.host}))
+            nodes_left = self.reform.hosts_after(frozenset(self.members.away | {record.host}))
             if record.failure in (FailureClass.INFRASTRUCTURE, FailureClass.NODE_LOST):
                 # failures of one host in a row (another host's, or the script's, ends it:
                 # see _end_host_streak; a survivor's collateral error does not)
@@ -882,8 +858,8 @@ class Supervisor:
         result = RunResult(exit_code=exit_code, status=status, root_cause=root, hints=hints,
                            tasks=self.records, restarts=self.restarts, message=message,
                            attempts=self.attempts, preemptions=self.preemptions,
-                           membership=self.membership, departed=self.departed,
-                           excluded_hosts=self.excluded_hosts,
+                           membership=self.members.changes, departed=self.members.departed,
+                           excluded_hosts=self.members.excluded,
                            traceback=traceback, failed_because=failed_because,
                            traceback_of=traceback_of, hang=self.watchdogs.hang,
                            stragglers=self.stragglers.findings,
