@@ -710,6 +710,16 @@ def uninterrupted_two_workers(tmp_path_factory) -> dict:
     return dict(np.load(tmp / "clean-worker-0.npz"))
 
 
+def _assert_as_uninterrupted(out: Path, reference: dict) -> None:
+    """Both workers' final weights (step_backup.py's OUT-worker-<i>.npz) equal the
+    uninterrupted 2-worker run's within 1e-6."""
+    for i in range(2):
+        got = np.load(f"{out}-worker-{i}.npz")
+        for k in range(4):
+            np.testing.assert_allclose(got[f"arr_{k}"], reference[f"arr_{k}"], atol=1e-6,
+                                       rtol=0, err_msg=f"worker:{i} arr_{k}")
+
+
 def _logged_steps(path: Path) -> list[tuple[int, int]]:
     """(restart count, global step) per trained batch, from step_backup.py's log."""
     if not path.exists():
@@ -834,8 +844,7 @@ def test_elastic_a_host_failing_twice_is_excluded_and_the_spare_takes_its_place(
     w0, w1 = np.load(f"{out}-worker-0.npz"), np.load(f"{out}-worker-1.npz")
     for k in range(4):
         np.testing.assert_array_equal(w0[f"arr_{k}"], w1[f"arr_{k}"])
-        np.testing.assert_allclose(w0[f"arr_{k}"], uninterrupted_two_workers[f"arr_{k}"],
-                                   atol=1e-6, rtol=0)
+    _assert_as_uninterrupted(out, uninterrupted_two_workers)
     # the whole run trained its 3 x 30 steps; the re-form redid at most 10
     steps = _logged_steps(log)
     assert max(s for _, s in steps) == 90
@@ -916,11 +925,7 @@ def test_elastic_per_node_a_spare_on_its_own_disk_takes_a_lost_hosts_place_exact
     # each node's tfrun shows its own tasks' output: worker:1 now runs on node-3
     assert "its state came from replica 0 over the cluster" in node3.stdout, (
         node3.stdout[-3000:], fake_hosts.run(3, ["find", fh_private(run_dir)]).stdout)
-    for i in range(2):
-        got = np.load(f"{out}-worker-{i}.npz")
-        for k in range(4):
-            np.testing.assert_allclose(got[f"arr_{k}"], uninterrupted_two_workers[f"arr_{k}"],
-                                       atol=1e-6, rtol=0)
+    _assert_as_uninterrupted(out, uninterrupted_two_workers)
     assert_nothing_left(fake_hosts)
 
 
@@ -963,11 +968,7 @@ def test_elastic_ssh_a_spare_on_its_own_disk_takes_a_vanished_hosts_place_exactl
     joined = fake_hosts.read(1, f"{run_dir}/logs/worker-1.log")
     assert "its state came from replica 0 over the cluster" in joined, joined[-3000:]
     assert "starting from the beginning" not in joined
-    for i in range(2):
-        got = np.load(f"{out}-worker-{i}.npz")
-        for k in range(4):
-            np.testing.assert_allclose(got[f"arr_{k}"], uninterrupted_two_workers[f"arr_{k}"],
-                                       atol=1e-6, rtol=0)
+    _assert_as_uninterrupted(out, uninterrupted_two_workers)
     assert fake_hosts.run(3, ["test", "-d", f"{run_dir}/backup/worker-1"]).returncode == 0
     assert not Path(run_dir).exists()  # nothing of it on the test's own disk
     assert_nothing_left(fake_hosts)
