@@ -92,3 +92,18 @@ def test_a_task_whose_cpu_is_taken_is_named_for_that_not_twice():
     found = find_stragglers([TaskLoad("worker:0", "h", [0.0, 0.0], 300, work(0.008, 0.008)),
                              both])
     assert [(s.task, s.cause) for s in found] == [("worker:1", "cpu-taken")]
+
+
+def test_a_busy_cpu_that_slows_nobody_is_no_straggler():
+    """The CI failure of stop 52, on fake hosts that share the machine's two CPUs: worker:1
+    waits 50 ms for each batch (own work about 23x worker:0's) while worker:0's CPUs look
+    40% taken -- by worker:1's own input threads. The others wait for worker:1, not for
+    worker:0: only worker:1 is named."""
+    fast = TaskLoad("worker:0", "node-1", [0.4, 0.4], 30, work(0.019, 0.019))
+    slow = TaskLoad("worker:1", "node-2", [0.1, 0.1], 30, work(0.0, 0.0))
+    found = find_stragglers([fast, slow])
+    assert [(s.task, s.cause) for s in found] == [("worker:1", "own-work")]
+    # the same CPU evidence with no exchange records still names worker:0
+    found = find_stragglers([TaskLoad("worker:0", "node-1", [0.4, 0.4], 30),
+                             TaskLoad("worker:1", "node-2", [0.1, 0.1], 30)])
+    assert [(s.task, s.cause) for s in found] == [("worker:0", "cpu-taken")]

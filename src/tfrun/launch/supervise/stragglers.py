@@ -8,7 +8,10 @@ samples:
 * **its CPUs are taken** (``cpu-taken``): ``cpu_taken``, the share of the task's own CPUs
   other processes used (``tfrun.in_task.contention``), is at least ``1 - 1/1.3`` (it runs at
   least 1.3x slower than on its own) and at least 0.2 more than any other task's: CPUs
-  every task shares (unpinned tasks on one host) name nobody;
+  every task shares (unpinned tasks on one host) name nobody; and when the exchange's
+  arrival records show another task's own work clearly longer (below), the others wait
+  for that one, not for this: a busy CPU that slows nobody is no straggler (two tasks of
+  the run sharing CPUs count each other's work as taken);
 * **its own work is slower** (``own-work``): from the arrival records of tfrun's exchange
   (``tfrun.in_task.arrivals``: the seconds each task spent inside all-reduces), a task's
   own work per step is its step time minus that wait. The others wait in every all-reduce
@@ -82,9 +85,22 @@ class Straggler:
 
 def find_stragglers(tasks: list[TaskLoad]) -> list[Straggler]:
     """The tasks that stand out (see the module docstring); none with fewer than two."""
-    found = _cpu_taken(tasks)
+    per_task = {t.task: w for t in tasks if len(w := _work_per_step(t.work)) >= _SAMPLES}
+    found = [s for s in _cpu_taken(tasks) if not _someone_slower(s.task, per_task)]
     named = {s.task for s in found}
-    return found + [s for s in _own_work(tasks) if s.task not in named]
+    return found + [s for s in _own_work(tasks, per_task) if s.task not in named]
+
+
+def _clearly_longer(slow: list[float], fast: list[float]) -> bool:
+    """In each of the last ``_SAMPLES`` windows, ``slow`` is 1.3x ``fast`` and 1 ms more."""
+    return all(m >= _MIN_SLOWER * o and m - o >= _MIN_EXTRA_SECONDS
+               for m, o in zip(slow[-_SAMPLES:], fast[-_SAMPLES:]))
+
+
+def _someone_slower(task: str, per_task: dict) -> bool:
+    mine = per_task.get(task)
+    return mine is not None and any(_clearly_longer(w, mine)
+                                    for name, w in per_task.items() if name != task)
 
 
 def _cpu_taken(tasks: list[TaskLoad]) -> list[Straggler]:
@@ -106,10 +122,10 @@ def _cpu_taken(tasks: list[TaskLoad]) -> list[Straggler]:
     return out
 
 
-def _own_work(tasks: list[TaskLoad]) -> list[Straggler]:
-    """Own work per step (step time minus the wait inside tfrun's exchange) in each task's
-    last ``_SAMPLES`` sample windows; a task slower than every other in each window."""
-    per_task = {t.task: w for t in tasks if len(w := _work_per_step(t.work)) >= _SAMPLES}
+def _own_work(tasks: list[TaskLoad], per_task: dict) -> list[Straggler]:
+    """Own work per step (step time minus the wait inside tfrun's exchange, ``per_task``)
+    in each task's last ``_SAMPLES`` sample windows; a task slower than every other in each
+    window."""
     if len(per_task) < 2:
         return []
     out = []
@@ -120,8 +136,7 @@ def _own_work(tasks: list[TaskLoad]) -> list[Straggler]:
         others = [max(w[-_SAMPLES + i] for name, w in per_task.items() if name != task.task)
                   for i in range(_SAMPLES)]
         recent = mine[-_SAMPLES:]
-        if all(m >= _MIN_SLOWER * o and m - o >= _MIN_EXTRA_SECONDS
-               for m, o in zip(recent, others)):
+        if _clearly_longer(recent, others):
             own, other = sum(recent) / _SAMPLES, sum(others) / _SAMPLES
             why = (f"its own work per step (its compute or its input pipeline) takes "
                    f"{own * 1000:.0f} ms, the others' {other * 1000:.0f} ms (not its CPUs "
