@@ -930,48 +930,81 @@ def test_elastic_per_node_a_spare_on_its_own_disk_takes_a_lost_hosts_place_exact
 
 
 @pytest.mark.tf
-def test_elastic_ssh_a_spare_on_its_own_disk_takes_a_vanished_hosts_place_exactly(
+def test_elastic_ssh_a_spare_takes_a_vanished_hosts_place_and_the_host_back_the_next_ones(
         fake_hosts, tmp_path, uninterrupted_two_workers):
     """Issue 43, SSH launch from node-1 with a spare, every host with its own disk: node-2
     (worker:1) vanishes mid-epoch 2 (link cut, processes killed: no goodbye); the cluster
     re-forms on node-1 and the spare node-3 at once (no restart used up), whose disk holds
     no backup: it gets the state and the input's position from worker:0 over the cluster.
-    At most the 10 steps since the last backup are redone and the final weights equal an
-    uninterrupted 2-worker run's."""
+    Then node-2 answers again and node-3 vanishes: node-2 takes its place (a host that
+    grows back), holding only its backups from before it vanished, and gets the newest
+    state from worker:0. Each time at most the 10 steps since the last backup are redone,
+    two replicas throughout, and the final weights equal an uninterrupted 2-worker run's."""
     out = tmp_path / "out"
     run_dir = _private_run_dir(tmp_path)
     run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[1], tmp_path,
-                       [str(out), "3", "10", "0.1"], run_dir=run_dir, max_restarts="0")
+                       [str(out), "3", "10", "0.2"], run_dir=run_dir, max_restarts="0")
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(run, log, 0, 45)
     try:
         _vanish(fake_hosts, 2)
-        assert run.wait(300) == 0, run.stdout[-4000:]
+        _wait_for_step(run, log, 1, 46)  # re-formed on node-1, node-3 and training again
     finally:
         fake_hosts.link(2, up=True)
+    _wait_until_it_answers(fake_hosts, "node-2")
+    assert max(s for _, s in _logged_steps(log)) < 80  # node-3 vanishes mid-training
+    try:
+        _vanish(fake_hosts, 3)
+        assert run.wait(300) == 0, run.stdout[-4000:]
+    finally:
+        fake_hosts.link(3, up=True)
     stdout = run.stdout
     assert "node-2 lost (worker:1" in stdout and "re-forming the cluster on node-1, node-3 " \
         "(node-3 joining from the spares): 2 tasks (was 2; --min-nodes 2)" in stdout, \
         stdout[-4000:]
+    assert "node-3 lost (worker:1" in stdout and "re-forming the cluster on node-1, node-2 " \
+        "(node-2 answered again: lost earlier, back now): 2 tasks (was 2; --min-nodes 2)" \
+        in stdout, stdout[-4000:]
     summary = json.loads(fake_hosts.read(1, f"{run_dir}/summary.json"))
-    (change,) = summary["membership"]
-    assert change["left"] == ["node-2"] and change["joined"] == ["node-3"], change
-    assert change["tasks_after"] == ["worker:0@node-1", "worker:1@node-3"], change
+    spare, back = summary["membership"]
+    assert spare["left"] == ["node-2"] and spare["joined"] == ["node-3"], spare
+    assert spare["tasks_after"] == ["worker:0@node-1", "worker:1@node-3"], spare
+    assert "answered_again" not in spare
+    assert back["left"] == ["node-3"] and back["joined"] == back["answered_again"] == \
+        ["node-2"], back
+    assert back["tasks_after"] == ["worker:0@node-1", "worker:1@node-2"], back
     assert [(a["ended"], a["failure_class"]) for a in summary["attempts"]] == [
-        ("reform", "node-lost"), ("success", None)]
+        ("reform", "node-lost"), ("reform", "node-lost"), ("success", None)]
     steps = _logged_steps(log)
     assert max(s for _, s in steps) == 90
-    before = max(s for r, s in steps if r == 0)
-    resumed_at = min(s for r, s in steps if r == 1)
-    assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
-    assert change["resumed_at_step"] == resumed_at - 1, change
+    for attempt, change in ((1, spare), (2, back)):
+        before = max(s for r, s in steps if r == attempt - 1)
+        resumed_at = min(s for r, s in steps if r == attempt)
+        assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+        assert change["resumed_at_step"] == resumed_at - 1, change
     joined = fake_hosts.read(1, f"{run_dir}/logs/worker-1.log")
     assert "its state came from replica 0 over the cluster" in joined, joined[-3000:]
+    assert re.search(r"tfrun: this worker has no backup of .* \(its own newest: epoch \d+ "
+                     r"batch \d+\): its state came from replica 0 over the cluster",
+                     joined), joined[-3000:]  # node-2, back with its older backups
     assert "starting from the beginning" not in joined
     _assert_as_uninterrupted(out, uninterrupted_two_workers)
-    assert fake_hosts.run(3, ["test", "-d", f"{run_dir}/backup/worker-1"]).returncode == 0
+    for host in (2, 3):
+        assert fake_hosts.run(host, ["test", "-d", f"{run_dir}/backup/worker-1"]).returncode == 0
     assert not Path(run_dir).exists()  # nothing of it on the test's own disk
     assert_nothing_left(fake_hosts)
+
+
+def _wait_until_it_answers(hosts, name: str) -> None:
+    """Until ``ssh name true`` from node-1 succeeds (as tfrun will ask it), 60 s at most."""
+    deadline, answered = time.monotonic() + 60, None
+    while time.monotonic() < deadline:
+        answered = hosts.run(1, ["ssh", "-F", str(hosts.ssh_config), "-o", "BatchMode=yes",
+                                 "-o", "ConnectTimeout=3", name, "true"])
+        if answered.returncode == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{name} does not answer ssh again: {answered}")
 
 
 @pytest.mark.tf
@@ -993,15 +1026,7 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
         _wait_for_step(run, log, 1, 45)  # re-formed on node-1, node-2 and training again
     finally:
         fake_hosts.link(3, up=True)
-    # node-3 answers ssh again (as tfrun will ask it at the next restart) before that restart
-    deadline, answered = time.monotonic() + 60, None
-    while time.monotonic() < deadline:
-        answered = fake_hosts.run(1, ["ssh", "-F", str(fake_hosts.ssh_config), "-o",
-                                      "BatchMode=yes", "-o", "ConnectTimeout=3", "node-3", "true"])
-        if answered.returncode == 0:
-            break
-        time.sleep(0.5)
-    assert answered is not None and answered.returncode == 0, answered
+    _wait_until_it_answers(fake_hosts, "node-3")  # before that restart asks it
     _kill_task_on(fake_hosts, 2)
     assert run.wait(300) == 0, run.stdout[-4000:]
     assert "node-3 answered again: the restart takes it back: 3 tasks (was 2)" in run.stdout, \

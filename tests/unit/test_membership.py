@@ -53,3 +53,21 @@ def test_a_completed_change_is_said_once_and_each_change_finds_its_own_resume():
     assert (first["resumed_at_step"], second["resumed_at_step"]) == (40, 80)
     assert "steps_redone" not in second  # no step_reached: nothing to subtract from
     assert members.complete(events) == []
+
+
+def test_only_hosts_lost_earlier_and_not_excluded_are_asked_whether_they_answer_again():
+    members = Membership(min_nodes=1, keep_global_batch=False)
+    asked = []
+
+    def reachable(host):
+        asked.append(host)
+        return host in {"node-2", "node-4"}
+
+    assert members.answering(reachable) == [] and asked == []  # nobody lost yet
+    members.away = {"node-2", "node-3", "node-4"}
+    members.exclude("node-4")
+    assert members.answering(reachable) == ["node-2"]
+    assert sorted(asked) == ["node-2", "node-3"] and members.excluded == ["node-4"]
+    members.depart(["worker:1@node-2"])
+    members.depart(iter(["worker:2@node-3"]))
+    assert members.departed == ["worker:1@node-2", "worker:2@node-3"]

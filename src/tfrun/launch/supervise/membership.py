@@ -17,7 +17,7 @@ with where they resumed and how many steps were redone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ...contract import RESUMED_EVENT
 
@@ -35,6 +35,26 @@ class Membership:
         self.departed: list = []  # the TaskRecords of lost hosts' tasks, for the summary
         self.away: set[str] = set()  # lost or excluded: not used again unless they answer
         self.excluded: list[str] = []  # excluded after failures in a row: never again
+
+    def exclude(self, host: str) -> None:
+        """``host`` failed --exclude-after times in a row: never used again."""
+        self.excluded.append(host)
+
+    def depart(self, records: Iterable) -> None:
+        """The tasks of hosts that left (kept for the summary's ``departed_tasks``)."""
+        self.departed.extend(records)
+
+    def answering(self, reachable: Callable[[str], bool]) -> list[str]:
+        """The hosts lost earlier (excluded ones never) that answer again, sorted:
+        ``reachable(host)`` asks one.
+
+        >>> members = Membership(min_nodes=1, keep_global_batch=False)
+        >>> members.away = {"node-2", "node-3", "node-4"}
+        >>> members.exclude("node-4")
+        >>> members.answering(lambda host: host != "node-3")
+        ['node-2']
+        """
+        return sorted(h for h in self.away - set(self.excluded) if reachable(h))
 
     def change(self, when: float, left: list[str], joined: list[str], how: str, reason: str,
                tasks_before: list[str], tasks_after: list[str], *, restart: int,

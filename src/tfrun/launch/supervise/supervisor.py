@@ -110,6 +110,8 @@ class Supervisor:
         #: hosts lost or excluded, their tasks, each change (summary.json's membership)
         self.members = Membership(min_nodes=config.min_nodes,
                                   keep_global_batch=config.keep_global_batch)
+        #: hosts lost earlier that answered again when the last host fault was decided on
+        self._back: list[str] = []
         self._opened: list[Backend] = []
         self._every_record: list[TaskRecord] = []  # of every membership, for its events
         self._adopt(plan, backends, make_spec)
@@ -377,7 +379,7 @@ class Supervisor:
         excluded = record.failure is not FailureClass.NODE_LOST
         if excluded:  # failed --exclude-after times in a row (infrastructure)
             lost.add(record.host)
-            self.members.excluded.append(record.host)
+            self.members.exclude(record.host)
         why = (f"excluded after {self.config.exclude_after} infrastructure failures in a row"
                if excluded else "lost")
         self._end_attempt(record, "reform")
@@ -386,10 +388,14 @@ class Supervisor:
                    grace=self.config.stop_grace, at_once=True)
         self.marks.note_training_events(self.records, ended)
         reached = [r.logger.last_step for r in self.records if r.logger.last_step is not None]
-        self.members.departed += [r for r in self.records if r.host in lost]
-        before, joined = self._replan(self.members.away | lost)
+        self.members.depart(r for r in self.records if r.host in lost)
+        back, self._back = set(self._back), []
+        before, joined = self._replan((self.members.away - back) | lost)
+        returned = [h for h in joined if h in back]
+        spares = [h for h in joined if h not in back]
         self._membership_change(noticed, sorted(lost), joined, why,
                                 record.note or str(record.failure), before,
+                                **({"answered_again": returned} if returned else {}),
                                 **({"saved_at_step": ended["preempted_at_step"]}
                                    if "preempted_at_step" in ended else {}),
                                 **({"step_reached": max(reached)} if reached else {}))
@@ -397,7 +403,9 @@ class Supervisor:
         self.console.info(
             f"{', '.join(sorted(lost))} {why} ({record.task}: {record.note or record.failure}); "
             f"re-forming the cluster on {', '.join(hosts)}"
-            + (f" ({', '.join(joined)} joining from the spares)" if joined else "")
+            + (f" ({', '.join(spares)} joining from the spares)" if spares else "")
+            + (f" ({', '.join(returned)} answered again: lost earlier, back now)"
+               if returned else "")
             + f": {len(self.records)} tasks (was "
             f"{len(before)}; --min-nodes {self.config.min_nodes}); the tasks resume from "
             "the newest backup any of them holds; the global batch "
@@ -410,9 +418,7 @@ class Supervisor:
         answer again join the cluster, up to the workers it started with."""
         if self.reform is None:
             return
-        backends = self._distinct_backends()
-        back = sorted(h for h in self.members.away - set(self.members.excluded)
-                      if any(b.reachable(h) for b in backends))
+        back = self._answering_again()
         if not back:
             return
         before, joined = self._replan(self.members.away - set(back))
@@ -422,6 +428,13 @@ class Supervisor:
         self.console.info(f"{', '.join(joined)} answered again: the restart takes "
                           f"{'it' if len(joined) == 1 else 'them'} back: {len(self.records)} "
                           f"tasks (was {len(before)})")
+
+    def _answering_again(self) -> list[str]:
+        """The hosts lost earlier (not excluded) that answer again (ssh, srun, Ray)."""
+        if not self.members.away:
+            return []
+        backends = self._distinct_backends()
+        return self.members.answering(lambda host: any(b.reachable(host) for b in backends))
 
     def _replan(self, away: set[str]) -> tuple[list[TaskRecord], list[str]]:
         """Run the cluster without the hosts ``away`` from now on (every task has ended);
@@ -578,11 +591,16 @@ class Supervisor:
         repeated = self.ledger.repeated(error)
         nodes_left, streak = None, 0
         if self.reform is not None and record.host is not None:
-            nodes_left = self.reform.hosts_after(frozenset(self.members.away | {record.host}))
+            self._back = []
             if record.failure in (FailureClass.INFRASTRUCTURE, FailureClass.NODE_LOST):
                 # failures of one host in a row (another host's, or the script's, ends it:
                 # see _end_host_streak; a survivor's collateral error does not)
                 streak = self.ledger.host_failure(record.host)
+                # a host lost earlier that answers again may take this one's place (a
+                # re-form then keeps its size instead of shrinking, or failing)
+                self._back = self._answering_again()
+            nodes_left = self.reform.hosts_after(
+                frozenset((self.members.away - set(self._back)) | {record.host}))
         decision = self.policy.decide(TaskExit(role=record.task.role, exit_code=code,
                                                tracked=record.tracked,
                                                restarts=self.ledger.charged,
