@@ -894,37 +894,62 @@ def test_elastic_per_node_a_node_that_vanishes_leaves_the_hub_and_one_node_to_fi
 
 
 @pytest.mark.tf
-def test_elastic_per_node_a_spare_on_its_own_disk_takes_a_lost_hosts_place_exactly(
+def test_elastic_per_node_a_spare_takes_a_lost_hosts_place_and_the_host_back_the_next_ones(
         fake_hosts, tmp_path, uninterrupted_two_workers):
     """Issue 43, per-node launch with a spare, every host with its own disk: node-2
     (worker:1) vanishes mid-epoch 2; the hub re-forms the cluster on node-1 and the spare
     node-3, whose disk holds no backup: it gets the state and the input's position from
-    worker:0 over the cluster. At most the 10 steps since the last backup are redone and
-    the final weights equal an uninterrupted 2-worker run's."""
+    worker:0 over the cluster. Then node-2 comes back and its tfrun is started again (the
+    same command): it joins the hub again, and when node-3 vanishes after the backup at
+    step 50 the hub takes node-2 back in its place; node-2 holds only its backups from
+    before it vanished and gets the newest state from worker:0. Each time at most the 10
+    steps since the last backup are redone, two replicas throughout, and the final
+    weights equal an uninterrupted 2-worker run's."""
     out = tmp_path / "out"
     run_dir = _private_run_dir(tmp_path)
+    args = [str(out), "3", "10", "0.3"]
     node3, node2, hub = (_elastic_run(fake_hosts, i, README_COMMANDS_ELASTIC[3], tmp_path,
-                                      [str(out), "3", "10", "0.1"], run_dir=run_dir)
+                                      args, run_dir=run_dir)
                          for i in (3, 2, 1))
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(hub, log, 0, 45)
     try:
         _vanish(fake_hosts, 2)
-        assert hub.wait(300) == 0, hub.stdout[-4000:]
-        assert node3.wait(60) == 0, node3.stdout[-4000:]
+        _wait_for_step(hub, log, 1, 46)  # re-formed on node-1, node-3 and training again
     finally:
         fake_hosts.link(2, up=True)
     node2.wait(30)
+    node2 = _elastic_run(fake_hosts, 2, README_COMMANDS_ELASTIC[3], tmp_path, args,
+                         run_dir=run_dir)
+    hub.wait_for("node rank 1 (node-2) joined from ")
+    _wait_for_step(hub, log, 1, 56)  # past the backup at step 50, which node-2 lacks
+    assert max(s for _, s in _logged_steps(log)) < 80  # node-3 vanishes mid-training
+    try:
+        _vanish(fake_hosts, 3)
+        assert hub.wait(300) == 0, hub.stdout[-4000:]
+        assert node2.wait(60) == 0, node2.stdout[-4000:]
+    finally:
+        fake_hosts.link(3, up=True)
+    node3.wait(30)
     assert "node-2 lost (worker:1" in hub.stdout and "(node-3 joining from the spares)" \
         in hub.stdout, hub.stdout[-4000:]
+    assert re.search(r"node rank 1 \(node-2\) joined from \S+ again, after it was lost",
+                     hub.stdout), hub.stdout[-4000:]
+    assert "node-3 lost (worker:1" in hub.stdout and "re-forming the cluster on node-1, " \
+        "node-2 (node-2 answered again: lost earlier, back now)" in hub.stdout, \
+        hub.stdout[-4000:]
     steps = _logged_steps(log)
-    before = max(s for r, s in steps if r == 0)
-    resumed_at = min(s for r, s in steps if r == 1)
-    assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
     assert max(s for _, s in steps) == 90
-    # each node's tfrun shows its own tasks' output: worker:1 now runs on node-3
+    for attempt in (1, 2):
+        before = max(s for r, s in steps if r == attempt - 1)
+        resumed_at = min(s for r, s in steps if r == attempt)
+        assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+    # each node's tfrun shows its own tasks' output: worker:1 ran on node-3, then node-2
     assert "its state came from replica 0 over the cluster" in node3.stdout, (
         node3.stdout[-3000:], fake_hosts.run(3, ["find", fh_private(run_dir)]).stdout)
+    assert re.search(r"this worker has no backup of .* \(its own newest: epoch \d+ batch "
+                     r"\d+\): its state came from replica 0 over the cluster", node2.stdout), \
+        node2.stdout[-3000:]
     _assert_as_uninterrupted(out, uninterrupted_two_workers)
     assert_nothing_left(fake_hosts)
 

@@ -262,9 +262,9 @@ class RemoteBackend(Backend):
             link.release(handle)
 
     def mark_training_done(self) -> None:
-        for link in self.links.values():
+        for link in list(self.links.values()):  # a copy: a node may connect again meanwhile
             link.training_done()
 
     def end_all(self, exit_code: int, message: str) -> None:
-        for link in self.links.values():
+        for link in list(self.links.values()):
             link.end(exit_code, message)

@@ -50,14 +50,23 @@ class HubBackend(RemoteBackend):
         self._server: socket.socket | None = None
         self._rejections: dict[int, str] = {}
         self._lock = threading.Lock()
+        self._heartbeat_timeout = heartbeat_timeout
         for host in self.nodes[1:]:
-            self.links[host] = NodeLink(
-                host, heartbeat_timeout=heartbeat_timeout,
-                encode_start=lambda task_id, spec: {
-                    "id": task_id, "task": str(spec.task),
-                    "restart": int(spec.env.get(contract.RESTART_COUNT, "0")),
-                    # an elastic re-form: the node plans the smaller cluster itself
-                    "away": spec.env.get(contract.HOSTS_AWAY, "")})
+            self.links[host] = self._new_link(host)
+
+    def _new_link(self, host: str) -> NodeLink:
+        return NodeLink(host, heartbeat_timeout=self._heartbeat_timeout,
+                        encode_start=lambda task_id, spec: {
+                            "id": task_id, "task": str(spec.task),
+                            "restart": int(spec.env.get(contract.RESTART_COUNT, "0")),
+                            # an elastic re-form: the node plans the smaller cluster itself
+                            "away": spec.env.get(contract.HOSTS_AWAY, "")})
+
+    def reachable(self, host: str) -> bool:
+        """Whether ``host``'s tfrun is connected (again, after the host was lost: its
+        tfrun started once more with the same flags), for an elastic run to take it back."""
+        link = self.links.get(host)
+        return link is not None and link.channel is not None and link.lost_reason is None
 
     def open(self, run_dir: Path) -> None:
         host, port = self.listen_address
@@ -103,8 +112,14 @@ class HubBackend(RemoteBackend):
             reason = f"node rank {rank!r} is not a non-hub rank of {len(self.nodes)} nodes"
         else:
             reason = self.check_hello(hello)
+        back = False
         with self._lock:
             link = self.links.get(self.nodes[rank]) if reason is None else None  # type: ignore[index]
+            if link is not None and link.lost_reason is not None:
+                # The node was lost and its tfrun started again: a fresh link (the old one
+                # keeps answering for the tasks it ran); an elastic run takes it back.
+                link = self.links[link.host] = self._new_link(link.host)
+                back = True
             if link is not None and link.channel is not None:
                 reason = f"node rank {rank} is already connected (from another machine?)"
             if reason is not None:
@@ -119,7 +134,9 @@ class HubBackend(RemoteBackend):
             assert link is not None
             link.attach(channel)
         if self.console is not None:
-            self.console.info(f"node rank {rank} ({self.nodes[rank]}) joined from {peer[0]}")
+            self.console.info(f"node rank {rank} ({self.nodes[rank]}) joined from {peer[0]}"
+                              + (" again, after it was lost (an elastic run takes it back "
+                                 "at its next re-form or gang restart)" if back else ""))
 
     def problems(self) -> list[str]:
         out = []
@@ -138,7 +155,7 @@ class HubBackend(RemoteBackend):
         if self._server is not None:
             self._server.close()
             self._server = None
-        for link in self.links.values():
+        for link in list(self.links.values()):
             link.wait_closed(timeout=5.0)
             if link.channel is not None:
                 link.channel.close()
