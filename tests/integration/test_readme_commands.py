@@ -71,13 +71,13 @@ ELSEWHERE = {
         "tests/multihost/test_multihost.py",
     "tfrun bench --hosts node-1,node-2 --workers 1,2 --model mlp": "tests/multihost/test_multihost.py",
     # docs/elastic.md: the elastic tests run these with their own train.py (the step log)
-    "tfrun --hosts node-1,node-2,node-3 --min-nodes 2 train.py": "tests/multihost/test_multihost.py",
+    "tfrun --hosts node-1,node-2,node-3 --min-nodes 2 train.py": "tests/multihost/test_elastic_hosts.py",
     "tfrun --workers 2 --hosts node-1,node-2,node-3 --min-nodes 2 train.py":
-        "tests/multihost/test_multihost.py",
+        "tests/multihost/test_elastic_hosts.py",
     "tfrun --hosts node-1,node-2,node-3 --node-rank auto --min-nodes 2 train.py":
-        "tests/multihost/test_multihost.py",
+        "tests/multihost/test_elastic_hosts.py",
     "tfrun --workers 2 --hosts node-1,node-2,node-3 --node-rank auto --min-nodes 2 train.py":
-        "tests/multihost/test_multihost.py",
+        "tests/multihost/test_elastic_hosts.py",
     "tfrun slurm --nodes 2 --min-nodes 1 train.py > job.sh && sbatch job.sh":
         "tests/slurm/test_slurm.py",
     "tfrun --backend ray --workers 2 --min-nodes 1 train.py": "tests/ray/test_ray.py",

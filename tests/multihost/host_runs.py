@@ -1,0 +1,105 @@
+"""What the fake-host tests share: tfrun started on a fake host (``HostRun``), the ssh
+flags that reach the others, and the check that nothing of a run is left on any host."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import ROOT
+
+__all__ = ["HostRun", "assert_nothing_left", "env", "ssh_flags"]
+
+
+def env() -> dict:
+    out = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
+    out["TF_CPP_MIN_LOG_LEVEL"] = "2"  # a TF_* variable: forwarded to every host's tasks
+    return out
+
+
+class HostRun:
+    """``tfrun ARGS`` started on fake host ``i`` (in its namespaces), cwd = the repo."""
+
+    def __init__(self, hosts, i: int, args: list[str], extra_env: dict | None = None,
+                 cwd: Path = ROOT) -> None:
+        self.hosts, self.i = hosts, i
+        sub = args[:1] if args[:1] in (["doctor"], ["bench"]) else []  # a subcommand comes first
+        cmd = [sys.executable, "-m", "tfrun", *sub, "--color", "never", *args[len(sub):]]
+        self.proc = hosts.popen(i, cmd, cwd=str(cwd), env={**env(), **(extra_env or {})},
+                                stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        import threading
+
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"tfrun on node-{self.i} did not finish in {timeout}s:\n"
+                                 f"{self.stdout[-4000:]}")
+        self._reader.join(10)
+        return code
+
+    def wait_for(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.stdout:
+            assert self.proc.poll() is None, f"tfrun ended early:\n{self.stdout[-4000:]}"
+            assert time.monotonic() < deadline, f"{text!r} never appeared:\n{self.stdout[-4000:]}"
+            time.sleep(0.1)
+
+
+def ssh_flags(hosts) -> list[str]:
+    return ["--ssh-opt", f"-F {hosts.ssh_config}"]
+
+
+#: When this module was loaded: a tfrun cgroup made since is this session's.
+_LOADED = time.time()
+
+
+def _new_tfrun_cgroups() -> list[Path]:
+    """tfrun's task cgroups (``tfrun-<pid>-...``, made by a launcher or a host's agent:
+    the fake hosts share this machine's cgroup tree) made since this module was loaded."""
+    from tfrun.launch.cgroups import own_cgroup_dir
+
+    base = own_cgroup_dir()
+    if base is None:
+        return []
+    return [path for path in base.glob("tfrun-*")
+            if path.is_dir() and path.stat().st_ctime >= _LOADED]
+
+
+def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
+    """No tfrun process on any fake host, and none of their task cgroups remains."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = hosts.tfrun_processes()
+        if not left:
+            break
+        if time.monotonic() > deadline:
+            described = [(p.pid, " ".join(p.cmdline())[:120]) for p in left]
+            for p in left:
+                p.kill()
+            raise AssertionError(f"tfrun processes left on the fake hosts: {described}")
+        time.sleep(0.1)
+    cgroups = _new_tfrun_cgroups()
+    described = [str(c.relative_to(c.parent)) + ": " + ", ".join(
+        sorted(d.name for d in c.iterdir() if d.is_dir())) for c in cgroups]
+    for cgroup in cgroups:  # the next test must not fail for this one's leftovers
+        for child in (d for d in cgroup.iterdir() if d.is_dir()):
+            child.rmdir()
+        cgroup.rmdir()
+    assert not cgroups, f"tfrun cgroups left behind: {described}"
