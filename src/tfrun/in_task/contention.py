@@ -20,9 +20,11 @@ __all__ = ["CpuContention"]
 
 
 class CpuContention:
-    """Busy time of ``cpus`` (default: this process's affinity) between two calls."""
+    """Busy time of ``cpus`` (default: this process's affinity, read again at each call:
+    a cpuset or ``taskset`` may move the task while it runs) between two calls."""
 
     def __init__(self, cpus=None) -> None:
+        self._follow = cpus is None
         self.cpus = frozenset(cpus if cpus is not None else os.sched_getaffinity(0))
         self._last = self._read()
 
@@ -48,7 +50,14 @@ class CpuContention:
 
     def taken(self, own_cores: float) -> float | None:
         """The share (0..1) of our CPUs other processes used since the last call, given
-        the cores our own process tree used meanwhile; None when unknown."""
+        the cores our own process tree used meanwhile; None when unknown (also for the
+        window in which the task was moved to other CPUs: it mixes two sets)."""
+        if self._follow:
+            cpus = frozenset(os.sched_getaffinity(0))
+            if cpus != self.cpus:
+                self.cpus, self._last = cpus, {}
+                self._last = self._read()
+                return None
         now = self._read()
         busy = total = 0
         for cpu, (b, t) in now.items():

@@ -1,0 +1,44 @@
+"""What other processes take of a task's CPUs (in_task/contention.py), on this machine's
+real /proc/stat; a busy loop pinned to a CPU is the competitor."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfrun.in_task.contention import CpuContention
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+def test_a_task_moved_to_other_cpus_measures_the_cpus_it_is_on_now():
+    """A meter that follows the affinity: moved onto the competitor's CPU, the window of
+    the move is unknown (None), and the next one sees the competitor take most of it."""
+    before = os.sched_getaffinity(0)
+    competitor = subprocess.Popen(["taskset", "-c", str(CPUS[1]), sys.executable, "-c",
+                                   "while True: pass"])
+    try:
+        os.sched_setaffinity(0, {CPUS[0]})
+        meter = CpuContention()
+        assert meter.cpus == {CPUS[0]}
+        os.sched_setaffinity(0, {CPUS[1]})
+        assert meter.taken(own_cores=0.0) is None and meter.cpus == {CPUS[1]}
+        time.sleep(1.0)
+        assert meter.taken(own_cores=0.0) >= 0.8  # the busy loop, nearly all of it
+    finally:
+        os.sched_setaffinity(0, before)
+        competitor.kill()
+        competitor.wait()
+
+
+def test_a_meter_of_given_cpus_keeps_them():
+    meter = CpuContention([CPUS[0]])
+    os.sched_setaffinity(0, {CPUS[0]})
+    try:
+        share = meter.taken(own_cores=0.0)
+        assert meter.cpus == {CPUS[0]} and (share is None or 0.0 <= share <= 1.0)
+    finally:
+        os.sched_setaffinity(0, set(CPUS))
