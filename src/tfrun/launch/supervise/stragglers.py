@@ -8,10 +8,10 @@ samples:
 * **its CPUs are taken** (``cpu-taken``): ``cpu_taken``, the share of the task's own CPUs
   other processes used (``tfrun.in_task.contention``), is at least ``1 - 1/1.3`` (it runs at
   least 1.3x slower than on its own) and at least 0.2 more than any other task's: CPUs
-  every task shares (unpinned tasks on one host) name nobody; and when the exchange's
-  arrival records show another task's own work clearly longer (below), the others wait
-  for that one, not for this: a busy CPU that slows nobody is no straggler (two tasks of
-  the run sharing CPUs count each other's work as taken);
+  every task shares (unpinned tasks on one host) name nobody; and where tfrun's exchange
+  keeps arrival records (below), they must show the others waiting for it: its own work
+  per step the longest in both windows. A busy CPU that slows nobody is no straggler (two
+  tasks of the run sharing CPUs count each other's work as taken);
 * **its own work is slower** (``own-work``): from the arrival records of tfrun's exchange
   (``tfrun.in_task.arrivals``: the seconds each task spent inside all-reduces), a task's
   own work per step is its step time minus that wait. The others wait in every all-reduce
@@ -86,7 +86,9 @@ class Straggler:
 def find_stragglers(tasks: list[TaskLoad]) -> list[Straggler]:
     """The tasks that stand out (see the module docstring); none with fewer than two."""
     per_task = {t.task: w for t in tasks if len(w := _work_per_step(t.work)) >= _SAMPLES}
-    found = [s for s in _cpu_taken(tasks) if not _someone_slower(s.task, per_task)]
+    recorded = {t.task for t in tasks if t.work}
+    found = [s for s in _cpu_taken(tasks)
+             if s.task not in recorded or _others_wait_for(s.task, per_task)]
     named = {s.task for s in found}
     return found + [s for s in _own_work(tasks, per_task) if s.task not in named]
 
@@ -97,10 +99,14 @@ def _clearly_longer(slow: list[float], fast: list[float]) -> bool:
                for m, o in zip(slow[-_SAMPLES:], fast[-_SAMPLES:]))
 
 
-def _someone_slower(task: str, per_task: dict) -> bool:
+def _others_wait_for(task: str, per_task: dict) -> bool:
+    """The arrival records show ``task``'s own work per step the longest in each of the
+    last ``_SAMPLES`` windows (False until there are that many, for it and another)."""
     mine = per_task.get(task)
-    return mine is not None and any(_clearly_longer(w, mine)
-                                    for name, w in per_task.items() if name != task)
+    others = [w for name, w in per_task.items() if name != task]
+    return mine is not None and bool(others) and all(
+        m >= max(w[i] for w in others)
+        for i, m in zip(range(-_SAMPLES, 0), mine[-_SAMPLES:]))
 
 
 def _cpu_taken(tasks: list[TaskLoad]) -> list[Straggler]:
