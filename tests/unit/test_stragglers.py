@@ -103,10 +103,16 @@ def test_a_busy_cpu_that_slows_nobody_is_no_straggler():
     slow = TaskLoad("worker:1", "node-2", [0.1, 0.1], 30, work(0.0, 0.0))
     found = find_stragglers([fast, slow])
     assert [(s.task, s.cause) for s in found] == [("worker:1", "own-work")]
-    # one window of records is not enough to say who the others wait for: nobody yet
+    # one window of records is enough to see whom the others wait for; none is not
     found = find_stragglers([TaskLoad("worker:0", "node-1", [0.4, 0.4], 30, work(0.019)),
                              TaskLoad("worker:1", "node-2", [0.1, 0.1], 30, work(0.0))])
     assert found == []
+    found = find_stragglers([TaskLoad("worker:0", "node-1", [0.4, 0.4], 30, work(0.0)),
+                             TaskLoad("worker:1", "node-2", [0.1, 0.1], 30, work(0.008))])
+    assert [(s.task, s.cause) for s in found] == [("worker:0", "cpu-taken")]
+    found = find_stragglers([TaskLoad("worker:0", "node-1", [0.4, 0.4], 30, work()),
+                             TaskLoad("worker:1", "node-2", [0.1, 0.1], 30, work(0.0))])
+    assert found == []  # its records have no window yet
     # the same CPU evidence with no exchange records still names worker:0
     found = find_stragglers([TaskLoad("worker:0", "node-1", [0.4, 0.4], 30),
                              TaskLoad("worker:1", "node-2", [0.1, 0.1], 30)])

@@ -10,8 +10,9 @@ samples:
   least 1.3x slower than on its own) and at least 0.2 more than any other task's: CPUs
   every task shares (unpinned tasks on one host) name nobody; and where tfrun's exchange
   keeps arrival records (below), they must show the others waiting for it: its own work
-  per step the longest in both windows. A busy CPU that slows nobody is no straggler (two
-  tasks of the run sharing CPUs count each other's work as taken);
+  per step the longest in the windows there are (one at least, two at most). A busy CPU
+  that slows nobody is no straggler (two tasks of the run sharing CPUs count each other's
+  work as taken);
 * **its own work is slower** (``own-work``): from the arrival records of tfrun's exchange
   (``tfrun.in_task.arrivals``: the seconds each task spent inside all-reduces), a task's
   own work per step is its step time minus that wait. The others wait in every all-reduce
@@ -85,10 +86,11 @@ class Straggler:
 
 def find_stragglers(tasks: list[TaskLoad]) -> list[Straggler]:
     """The tasks that stand out (see the module docstring); none with fewer than two."""
-    per_task = {t.task: w for t in tasks if len(w := _work_per_step(t.work)) >= _SAMPLES}
+    windows = {t.task: _work_per_step(t.work) for t in tasks}
+    per_task = {name: w for name, w in windows.items() if len(w) >= _SAMPLES}
     recorded = {t.task for t in tasks if t.work}
     found = [s for s in _cpu_taken(tasks)
-             if s.task not in recorded or _others_wait_for(s.task, per_task)]
+             if s.task not in recorded or _others_wait_for(s.task, windows)]
     named = {s.task for s in found}
     return found + [s for s in _own_work(tasks, per_task) if s.task not in named]
 
@@ -99,14 +101,15 @@ def _clearly_longer(slow: list[float], fast: list[float]) -> bool:
                for m, o in zip(slow[-_SAMPLES:], fast[-_SAMPLES:]))
 
 
-def _others_wait_for(task: str, per_task: dict) -> bool:
-    """The arrival records show ``task``'s own work per step the longest in each of the
-    last ``_SAMPLES`` windows (False until there are that many, for it and another)."""
-    mine = per_task.get(task)
-    others = [w for name, w in per_task.items() if name != task]
-    return mine is not None and bool(others) and all(
-        m >= max(w[i] for w in others)
-        for i, m in zip(range(-_SAMPLES, 0), mine[-_SAMPLES:]))
+def _others_wait_for(task: str, windows: dict) -> bool:
+    """The arrival records show ``task``'s own work per step the longest in each of its
+    last windows (up to ``_SAMPLES``; False until it and another task have one)."""
+    mine = windows.get(task) or []
+    others = [w for name, w in windows.items() if name != task and w]
+    if not mine or not others:
+        return False
+    count = min(_SAMPLES, len(mine), *(len(w) for w in others))
+    return all(mine[-k] >= max(w[-k] for w in others) for k in range(1, count + 1))
 
 
 def _cpu_taken(tasks: list[TaskLoad]) -> list[Straggler]:
