@@ -167,7 +167,7 @@ def test_ssh_network_partition_is_a_failure_not_a_hang(fake_hosts, tmp_path):
 def test_ssh_a_worker_with_a_slower_input_is_named_a_straggler_over_tcp(fake_hosts, tmp_path):
     """Issue 44.3 across hosts: worker:1 on node-2 gets each batch 50 ms later (a sleep in
     its tf.data map). The wait inside tfrun's TCP exchange shows worker:0 waiting for it in
-    every all-reduce: worker:1 on node-2 is named within 50 steps, cause own-work."""
+    every all-reduce: worker:1 on node-2 is named within 50 steps, cause input-wait."""
     run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
                                   "--hosts", "node-1,node-2",
                                   str(ROOT / "tests" / "scripts" / "fault.py"), "slow-input",
@@ -177,7 +177,7 @@ def test_ssh_a_worker_with_a_slower_input_is_named_a_straggler_over_tcp(fake_hos
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     findings = summary["stragglers"]
     assert [(f["task"], f["host"], f["cause"]) for f in findings] == \
-        [("worker:1", "node-2", "own-work")], findings
+        [("worker:1", "node-2", "input-wait")], findings
     assert findings[0]["steps_done"] <= 50 and findings[0]["slower"] >= 1.3, findings
     assert "straggler: worker:1 (host node-2) runs about " in run.stdout
     assert_nothing_left(fake_hosts)

@@ -17,8 +17,9 @@ TASK ("worker:1") after step AT_STEP, from the script's own callback: nothing tf
   heartbeats go on), before the step's all-reduce: the other worker waits inside it;
 - ``before-strategy``: waits forever before making the strategy (the cluster never forms);
 - ``import``: imports a module that does not exist, before anything else;
-- ``slow-input``: its input pipeline takes 50 ms more per batch from the start (TASK's
-  only); trains AT_STEP steps and exits 0: a straggler, not a failure;
+- ``slow-input``: its input pipeline waits 50 ms more per batch from the start (a sleep:
+  a slow disk; TASK's only); trains AT_STEP steps and exits 0: a straggler, not a failure;
+- ``busy-input``: the same, but those 50 ms are CPU work (a heavy decode);
 - ``none``: no fault (TASK ``none``): trains until stopped (the test makes the fault).
 """
 
@@ -53,11 +54,16 @@ x, y = small_data(64)
 model = small_model(strategy, lambda: keras.optimizers.SGD(0.01))
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
 steps = 100_000
-if fault == "slow-input":
+if fault in ("slow-input", "busy-input"):
     steps = at_step
     if me == culprit:
         def slow(batch):
-            time.sleep(0.05)  # a heavy decode, a slow disk: nothing tfrun knows of
+            # a slow disk (waiting) or a heavy decode (computing): nothing tfrun knows of
+            until = time.monotonic() + 0.05
+            if fault == "slow-input":
+                time.sleep(0.05)
+            while time.monotonic() < until:
+                pass
             return batch
 
         data = data.map(lambda x, y: (tf.ensure_shape(tf.numpy_function(slow, [x], tf.float32),

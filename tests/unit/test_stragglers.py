@@ -51,13 +51,15 @@ def test_before_the_first_step_nobody_is_a_straggler():
                             load("worker:1", 0.8, 0.8, steps=0)]) == []
 
 
-def work(*per_step_inside, seconds=2.0, steps=100):
+def work(*per_step_inside, seconds=2.0, steps=100, cpu=None):
     """Samples every ``seconds`` with ``steps`` steps between them, each step spending
-    the given seconds inside tfrun's exchange (one value per window)."""
+    the given seconds inside tfrun's exchange (one value per window); ``cpu``: the CPU
+    share (% of one core) each window's sample carries."""
     samples, inside = [(0.0, 0, 0.0)], 0.0
     for n, wait in enumerate(per_step_inside, start=1):
         inside += steps * wait
-        samples.append((n * seconds, n * steps, inside))
+        samples.append((n * seconds, n * steps, inside)
+                       + (() if cpu is None else (cpu[n - 1],)))
     return samples
 
 
@@ -84,7 +86,7 @@ def test_a_straggler_is_a_task_whose_own_work_the_others_wait_for(tasks, named):
     assert [s.task for s in found] == named
     for straggler in found:
         assert straggler.cause == "own-work" and straggler.slower >= 1.3
-        assert "its own work per step (its compute or its input pipeline)" in straggler.why
+        assert "(its compute or its input pipeline; not its CPUs taken" in straggler.why
 
 
 def test_a_task_whose_cpu_is_taken_is_named_for_that_not_twice():
@@ -117,3 +119,22 @@ def test_a_busy_cpu_that_slows_nobody_is_no_straggler():
     found = find_stragglers([TaskLoad("worker:0", "node-1", [0.4, 0.4], 30),
                              TaskLoad("worker:1", "node-2", [0.1, 0.1], 30)])
     assert [(s.task, s.cause) for s in found] == [("worker:0", "cpu-taken")]
+
+
+@pytest.mark.parametrize("slow_cpu, cause, words", [
+    # 20 ms a step against 12; its CPU share 95% of a core (19 ms a step) against the
+    # others' 55% (11 ms): its extra time is CPU time -- it computes more
+    (95.0, "compute", "8 ms more CPU time a step: it computes more"),
+    # the same 20 ms with the others' CPU time (60%: 12 ms a step): it waits
+    (60.0, "input-wait", "it waits, most likely for its input"),
+])
+def test_a_straggler_by_its_own_work_is_told_computing_from_waiting(slow_cpu, cause, words):
+    fast = TaskLoad("worker:0", "h", [0, 0], 200, work(0.008, 0.008, cpu=[55.0, 55.0]))
+    slow = TaskLoad("worker:1", "h", [0, 0], 200, work(0.0, 0.0, cpu=[slow_cpu, slow_cpu]))
+    (found,) = find_stragglers([fast, slow])
+    assert (found.task, found.cause, found.slower) == ("worker:1", cause, 1.7)
+    assert words in found.why and "the others' 12 ms" in found.why, found.why
+    # a window whose sample has no CPU share: the cause stays own-work
+    unknown = TaskLoad("worker:1", "h", [0, 0], 200, work(0.0, 0.0, cpu=[slow_cpu, None]))
+    (found,) = find_stragglers([fast, unknown])
+    assert found.cause == "own-work"

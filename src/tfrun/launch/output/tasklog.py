@@ -156,8 +156,10 @@ class TaskLogger:
             if isinstance(record.get("steps_done"), int) and isinstance(
                     record.get("exchange_seconds"), (int, float)) and \
                     isinstance(record.get("time"), (int, float)):
+                cpu = record.get("cpu_percent")  # tells a task computing from waiting
                 self.work.append((float(record["time"]), record["steps_done"],
-                                  float(record["exchange_seconds"])))
+                                  float(record["exchange_seconds"]),
+                                  float(cpu) if isinstance(cpu, (int, float)) else None))
         if record.get("event") == "resources" and isinstance(record.get("cpu_taken"),
                                                               (int, float)):
             self.cpu_taken.append(float(record["cpu_taken"]))

@@ -59,7 +59,8 @@ class TaskLoad:
     host: str | None
     taken: list[float]        # recent cpu_taken samples, oldest first
     steps_done: int = 0
-    #: recent (task's time, steps done, seconds inside tfrun's exchange) samples, oldest first
+    #: recent (task's time, steps done, seconds inside tfrun's exchange[, the CPU its
+    #: process tree used since the sample before, in % of one core]) samples, oldest first
     work: list = field(default_factory=list)
 
 
@@ -69,7 +70,7 @@ class Straggler:
     host: str | None
     slower: float             # about how much slower than the others (or than on its own)
     steps_done: int
-    cause: str                # "cpu-taken" or "own-work"
+    cause: str                # "cpu-taken", "compute", "input-wait" or "own-work"
     why: str
     taken: float | None = None  # cpu-taken: mean share of its CPUs others took
 
@@ -92,7 +93,8 @@ def find_stragglers(tasks: list[TaskLoad]) -> list[Straggler]:
     found = [s for s in _cpu_taken(tasks)
              if s.task not in recorded or _others_wait_for(s.task, windows)]
     named = {s.task for s in found}
-    return found + [s for s in _own_work(tasks, per_task) if s.task not in named]
+    cpu = {t.task: _cpu_per_step(t.work) for t in tasks}
+    return found + [s for s in _own_work(tasks, per_task, cpu) if s.task not in named]
 
 
 def _clearly_longer(slow: list[float], fast: list[float]) -> bool:
@@ -131,10 +133,10 @@ def _cpu_taken(tasks: list[TaskLoad]) -> list[Straggler]:
     return out
 
 
-def _own_work(tasks: list[TaskLoad], per_task: dict) -> list[Straggler]:
+def _own_work(tasks: list[TaskLoad], per_task: dict, cpu: dict) -> list[Straggler]:
     """Own work per step (step time minus the wait inside tfrun's exchange, ``per_task``)
     in each task's last ``_SAMPLES`` sample windows; a task slower than every other in each
-    window."""
+    window. Its CPU time per step (``cpu``) tells computing from waiting."""
     if len(per_task) < 2:
         return []
     out = []
@@ -147,21 +149,61 @@ def _own_work(tasks: list[TaskLoad], per_task: dict) -> list[Straggler]:
         recent = mine[-_SAMPLES:]
         if _clearly_longer(recent, others):
             own, other = sum(recent) / _SAMPLES, sum(others) / _SAMPLES
-            why = (f"its own work per step (its compute or its input pipeline) takes "
-                   f"{own * 1000:.0f} ms, the others' {other * 1000:.0f} ms (not its CPUs "
-                   "taken by another process: more work, a slower CPU or a slower input)")
+            cause, why = _why_own_work(own, other, _recent_mean(cpu.get(task.task)),
+                                       _recent_mean([c for name, w in cpu.items()
+                                                     if name != task.task and name in per_task
+                                                     for c in w[-_SAMPLES:]], all_of=False))
             out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
-                                 task.steps_done, "own-work", why))
+                                 task.steps_done, cause, why))
     return out
+
+
+def _why_own_work(own: float, other: float, my_cpu: float | None,
+                  others_cpu: float | None) -> tuple[str, str]:
+    """The cause: ``compute`` when at least half of its extra time per step is CPU time
+    (it computes more, or on a slower CPU), ``input-wait`` when it is not (it waits outside
+    the exchange: for its input, mostly), ``own-work`` when the CPU time is unknown."""
+    took = f"its own work per step takes {own * 1000:.0f} ms, the others' {other * 1000:.0f} ms"
+    if my_cpu is None or others_cpu is None:
+        return "own-work", (f"{took} (its compute or its input pipeline; not its CPUs taken "
+                            "by another process: more work, a slower CPU or a slower input)")
+    extra_cpu = my_cpu - others_cpu
+    if extra_cpu >= 0.5 * (own - other):
+        return "compute", (f"{took}, and {extra_cpu * 1000:.0f} ms more CPU time a step: it "
+                           "computes more (a larger share of the work, a heavier input "
+                           "decode) or on a slower CPU")
+    return "input-wait", (f"{took}, with about the others' CPU time a step ({my_cpu * 1000:.0f}"
+                          f" ms against {others_cpu * 1000:.0f} ms): it waits, most likely for "
+                          "its input (a slow disk or remote file system; or a lock, a sleep)")
+
+
+def _recent_mean(values: list | None, all_of: bool = True) -> float | None:
+    """The mean of the last ``_SAMPLES`` values (of all given when not ``all_of``); None
+    when there are none, or one is unknown."""
+    if not values:
+        return None
+    recent = values[-_SAMPLES:] if all_of else values
+    if any(v is None for v in recent):
+        return None
+    return sum(recent) / len(recent)
+
+
+def _windows(samples: list):
+    """Consecutive samples with steps between them: (earlier, later) pairs."""
+    return [(a, b) for a, b in zip(samples, samples[1:]) if b[1] > a[1] and b[0] > a[0]]
 
 
 def _work_per_step(samples: list) -> list[float]:
     """Seconds of own work per step in each window between consecutive samples with steps."""
-    out = []
-    for (t0, s0, e0), (t1, s1, e1) in zip(samples, samples[1:]):
-        if s1 > s0 and t1 > t0:
-            out.append(max((t1 - t0) - (e1 - e0), 0.0) / (s1 - s0))
-    return out
+    return [max((b[0] - a[0]) - (b[2] - a[2]), 0.0) / (b[1] - a[1])
+            for a, b in _windows(samples)]
+
+
+def _cpu_per_step(samples: list) -> list[float | None]:
+    """CPU seconds per step in each window (the later sample's CPU share over it); None
+    for a window whose sample has no CPU share."""
+    return [None if len(b) < 4 or b[3] is None else b[3] / 100 * (b[0] - a[0]) / (b[1] - a[1])
+            for a, b in _windows(samples)]
 
 
 class StragglerWatch:
