@@ -172,9 +172,10 @@ def _why_own_work(own: float, other: float, my_cpu: float | None,
         return "compute", (f"{took}, and {extra_cpu * 1000:.0f} ms more CPU time a step: it "
                            "computes more (a larger share of the work, a heavier input "
                            "decode) or on a slower CPU")
-    return "input-wait", (f"{took}, with about the others' CPU time a step ({my_cpu * 1000:.0f}"
-                          f" ms against {others_cpu * 1000:.0f} ms): it waits, most likely for "
-                          "its input (a slow disk or remote file system; or a lock, a sleep)")
+    return "input-wait", (f"{took}, but little or no more CPU time a step ({my_cpu * 1000:.0f}"
+                          f" ms against the others' {others_cpu * 1000:.0f} ms): it waits, most "
+                          "likely for its input (a slow disk or remote file system; or a lock, "
+                          "a sleep)")
 
 
 def _recent_mean(values: list | None, all_of: bool = True) -> float | None:
