@@ -313,3 +313,23 @@ def test_a_filesystem_without_direct_io_gets_buffered_writes(tmp_path, monkeypat
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     assert os.path.getsize(tmp_path / "b.state" / "values.bin") == state.size
+
+
+def test_a_resume_waits_for_the_write_an_earlier_fit_left_in_flight(monkeypatch, tmp_path):
+    """A fit that raised may leave its last backup being written; a fit resuming in the
+    same process first waits for it (else which backup it resumes from is a race with the
+    disk: seen under load, test_the_input_is_put_back_where_it_was_in_every_epoch_form)."""
+    from tfrun.in_task.backup import snapshot
+
+    done = []
+
+    def slow_write(state, final):
+        time.sleep(0.3)
+        done.append(final)
+
+    monkeypatch.setattr(snapshot, "write_now", slow_write)
+    snapshot.Writer().write(object(), str(tmp_path / "a"), lambda: done.append("mark"))
+    assert done == []  # in flight
+    snapshot.finish_writes_in_flight()
+    assert done == [str(tmp_path / "a"), "mark"]
+    snapshot.finish_writes_in_flight()  # nothing in flight: returns at once

@@ -16,7 +16,7 @@ from ..metrics import note_step, record_training_event
 from ..notes import say_once
 from ..preemption import PreemptionWatch, stop_preempted
 from ..runtime import is_parameter_server_strategy
-from . import agree, store
+from . import agree, snapshot, store
 from .position import InputPosition, LegacyInputPosition, ResumePoint, skip_batches
 
 __all__ = ["consistent_backup_class"]
@@ -79,6 +79,7 @@ def consistent_backup_class(keras):
                 self.watch.listen()
 
         def _resume(self):
+            snapshot.finish_writes_in_flight()  # an earlier fit's, in this process
             visible = self.store.visible_saves()
             keys = [save["key"] for save in visible]
             if self._ps:  # the coordinator alone holds the training state's backups

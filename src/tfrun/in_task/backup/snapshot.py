@@ -25,9 +25,11 @@ import mmap
 import os
 import shutil
 import threading
+import weakref
 from dataclasses import dataclass, field
 
-__all__ = ["State", "StateMismatch", "Writer", "take", "load", "state_variables"]
+__all__ = ["State", "StateMismatch", "Writer", "finish_writes_in_flight", "fsync_path", "take",
+           "load", "state_variables"]
 
 _VALUES, _INDEX = "values.bin", "variables.json"
 
@@ -56,27 +58,34 @@ class State:
     paths: list[str]
     values: list  # numpy arrays, views into buffer
     offsets: list[int] = field(default_factory=list)
-    size: int = 0
     buffer: mmap.mmap | None = None
 
     def layout(self) -> list[tuple]:
         return [(value.shape, value.dtype) for value in self.values]
 
+    @property
+    def size(self) -> int:
+        """Bytes of the state in ``buffer``: the last variable's end, each one padded."""
+        return self.offsets[-1] + _aligned(self.values[-1].nbytes) if self.values else 0
 
-def _allocate(layout: list[tuple]) -> tuple[mmap.mmap, list, list[int], int]:
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _allocate(layout: list[tuple]) -> tuple[mmap.mmap, list, list[int]]:
     """One anonymous mapping (page-aligned, as O_DIRECT needs) holding arrays of ``layout``."""
     import numpy as np
 
+    counts = [int(np.prod(shape, dtype=np.int64)) for shape, _ in layout]
     offsets, size = [], 0
-    for shape, dtype in layout:
+    for (_, dtype), count in zip(layout, counts):
         offsets.append(size)
-        count = int(np.prod(shape, dtype=np.int64))
-        size += -(-count * np.dtype(dtype).itemsize // _ALIGN) * _ALIGN
+        size += _aligned(count * np.dtype(dtype).itemsize)
     buffer = mmap.mmap(-1, max(_BLOCK, -(-size // _BLOCK) * _BLOCK))
-    values = [np.frombuffer(buffer, dtype=dtype, offset=offset,
-                            count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-              for (shape, dtype), offset in zip(layout, offsets)]
-    return buffer, values, offsets, size
+    values = [np.frombuffer(buffer, dtype=dtype, offset=offset, count=count).reshape(shape)
+              for (shape, dtype), offset, count in zip(layout, offsets, counts)]
+    return buffer, values, offsets
 
 
 def state_variables(model) -> list:
@@ -108,12 +117,12 @@ def take(model, into: State | None = None) -> State:
     views = [_host_view(variable) for variable in variables]
     layout = [(view.shape, view.dtype) for view in views]
     if into is not None and into.buffer is not None and into.layout() == layout:
-        buffer, values, offsets, size = into.buffer, into.values, into.offsets, into.size
+        buffer, values, offsets = into.buffer, into.values, into.offsets
     else:
-        buffer, values, offsets, size = _allocate(layout)
+        buffer, values, offsets = _allocate(layout)
     for held, view in zip(values, views):
         np.copyto(held, view)
-    return State([_path(v, i) for i, v in enumerate(variables)], values, offsets, size, buffer)
+    return State([_path(v, i) for i, v in enumerate(variables)], values, offsets, buffer)
 
 
 def _host_view(variable):
@@ -134,8 +143,10 @@ def _host_view(variable):
         return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
 
 
-def _fsync(path: str, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+def fsync_path(path: str) -> None:
+    """Flush ``path`` (a file, or a directory's entries) to the device."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if os.path.isdir(path) else 0)
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
@@ -194,10 +205,25 @@ def write_now(state: State, final: str) -> None:
         json.dump({"variables": index, "bytes": state.size}, out)
         out.flush()
         os.fsync(out.fileno())
-    _fsync(temporary, directory=True)
+    fsync_path(temporary)
     shutil.rmtree(final, ignore_errors=True)  # the same point saved again
     os.replace(temporary, final)
-    _fsync(os.path.dirname(final) or ".", directory=True)
+    fsync_path(os.path.dirname(final) or ".")
+
+
+#: every Writer of this process (a fit that raised may leave a write in flight)
+_WRITERS: "weakref.WeakSet[Writer]" = weakref.WeakSet()
+
+
+def finish_writes_in_flight() -> None:
+    """Until every backup this process is writing is on disk (or failed), whichever fit
+    started it. A fit that resumes in the same process after an earlier one raised (a
+    retry loop, an in-process restart) must see the backup that one was still writing, or
+    it would resume from an older one -- by a race with the disk."""
+    for writer in list(_WRITERS):
+        thread = writer._thread
+        if thread is not None:
+            thread.join()
 
 
 class Writer:
@@ -206,6 +232,7 @@ class Writer:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        _WRITERS.add(self)
 
     def write(self, state: State, final: str, on_done=None, *, background: bool = True) -> None:
         """Write ``state`` to ``final``, then call ``on_done()`` (which writes the mark);

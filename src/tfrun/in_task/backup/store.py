@@ -105,16 +105,6 @@ def complete_saves(directory: str) -> list[dict]:
     return sorted(saves, key=_order)
 
 
-def _fsync(path: str) -> None:
-    """Flush ``path`` (a file, or a directory's entries) to the device."""
-    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if os.path.isdir(path) else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class BackupStore:
     """The backups of one worker, in ``directory``; ``legacy``: tf_keras' file form."""
 
@@ -165,7 +155,7 @@ class BackupStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(path + ".tmp", path)  # complete from here on
-            _fsync(self.directory)
+            snapshot.fsync_path(self.directory)
             for old in self.saves()[:-KEEP]:  # another worker may be one save point behind
                 self.remove(old["name"])
 
