@@ -186,27 +186,34 @@ def test_ssh_a_worker_with_a_slower_input_is_named_a_straggler_over_tcp(fake_hos
 STEADY = str(ROOT / "tests" / "scripts" / "steady_steps.py")
 
 
-@pytest.mark.tf
-def test_ssh_a_worker_whose_cpu_another_process_takes_is_named_a_straggler_over_tcp(
-        fake_hosts, tmp_path):
-    """Issue 44.3's competitor across hosts. The fake hosts share this machine's CPUs, so
-    once the cluster has formed each worker is moved onto a CPU of its own (worker:0 on
-    node-1 to the first, worker:1 on node-2 to the second: hosts with a core each; the
-    tasks' meters follow the move). Then a busy loop no tfrun knows of starts on node-2,
-    pinned to worker:1's CPU: worker:1 on node-2 is named within 50 steps of it, cause
-    cpu-taken, and worker:0 never."""
+def _run_on_a_cpu_each(hosts, tmp_path: Path, name: str, steps: int) -> tuple[HostRun, list]:
+    """steady_steps.py over TCP on node-1 and node-2; once the cluster has formed, worker:0
+    is moved onto this machine's first CPU and worker:1 onto its second (the fake hosts
+    share the machine's CPUs: hosts with a core each). Returns the run and the CPUs."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs two CPUs")
-    run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
-                                  "--hosts", "node-1,node-2", STEADY, "250"],
+    run = HostRun(hosts, 1, [*ssh_flags(hosts), "--run-dir", str(tmp_path / name),
+                             "--hosts", "node-1,node-2", STEADY, str(steps)],
                   extra_env={"TFRUN_METRICS_INTERVAL": "0.5"})
     run.wait_for("cluster formed")
     for host, cpu in ((1, cpus[0]), (2, cpus[1])):
-        (task,) = [p for p in fake_hosts.tfrun_processes(host)
+        (task,) = [p for p in hosts.tfrun_processes(host)
                    if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())]
         subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(task.pid)], check=True,
                        capture_output=True)
+    return run, cpus
+
+
+@pytest.mark.tf
+def test_ssh_a_worker_whose_cpu_another_process_takes_is_named_a_straggler_over_tcp(
+        fake_hosts, tmp_path):
+    """Issue 44.3's competitor across hosts, over the TCP exchange. Each worker on a CPU of
+    its own (the tasks' meters follow the move), then a busy loop no tfrun knows of starts
+    on node-2, pinned to worker:1's CPU: worker:1 on node-2 is named within 50 steps of it,
+    cause cpu-taken, and worker:0 never. The same setting without the busy loop, 300
+    steps: nobody is named."""
+    run, cpus = _run_on_a_cpu_each(fake_hosts, tmp_path, "slowed", 250)
     competitor = fake_hosts.popen(2, ["taskset", "-c", str(cpus[1]), sys.executable, "-c",
                                       "while True: pass"])
     started = time.time()
@@ -217,17 +224,23 @@ def test_ssh_a_worker_whose_cpu_another_process_takes_is_named_a_straggler_over_
         competitor.wait()
     from tfrun.launch.report import load_run
 
-    samples = [r for r in load_run(tmp_path / "run").metrics["worker:1"]
+    samples = [r for r in load_run(tmp_path / "slowed").metrics["worker:1"]
                if r.get("event") == "resources"]
     at_start = max((e.get("steps_done") or 0 for e in samples if e["time"] <= started),
                    default=0)
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "slowed" / "summary.json").read_text())
     findings = summary["stragglers"]
     assert findings and all(f["task"] == "worker:1" for f in findings), findings
     first = findings[0]
     assert (first["host"], first["cause"]) == ("node-2", "cpu-taken"), findings
     assert first["slower"] >= 1.3 and first["steps_done"] - at_start <= 50, (findings, at_start)
     assert "straggler: worker:1 (host node-2) runs about " in run.stdout
+
+    clean, _ = _run_on_a_cpu_each(fake_hosts, tmp_path, "clean", 300)
+    assert clean.wait(300) == 0, clean.stdout[-4000:]
+    summary = json.loads((tmp_path / "clean" / "summary.json").read_text())
+    assert summary["stragglers"] == [] and "straggler:" not in clean.stdout, \
+        summary["stragglers"]
     assert_nothing_left(fake_hosts)
 
 
