@@ -149,10 +149,10 @@ def _own_work(tasks: list[TaskLoad], per_task: dict, cpu: dict) -> list[Straggle
         recent = mine[-_SAMPLES:]
         if _clearly_longer(recent, others):
             own, other = sum(recent) / _SAMPLES, sum(others) / _SAMPLES
-            cause, why = _why_own_work(own, other, _recent_mean(cpu.get(task.task)),
-                                       _recent_mean([c for name, w in cpu.items()
-                                                     if name != task.task and name in per_task
-                                                     for c in w[-_SAMPLES:]], all_of=False))
+            theirs = [c for name, w in cpu.items() if name != task.task and name in per_task
+                      for c in w[-_SAMPLES:]]
+            cause, why = _why_own_work(own, other, _mean_known(cpu[task.task][-_SAMPLES:]),
+                                       _mean_known(theirs))
             out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
                                  task.steps_done, cause, why))
     return out
@@ -178,15 +178,11 @@ def _why_own_work(own: float, other: float, my_cpu: float | None,
                           "a sleep)")
 
 
-def _recent_mean(values: list | None, all_of: bool = True) -> float | None:
-    """The mean of the last ``_SAMPLES`` values (of all given when not ``all_of``); None
-    when there are none, or one is unknown."""
-    if not values:
+def _mean_known(values: list) -> float | None:
+    """The mean; None when there are no values, or one is unknown."""
+    if not values or any(v is None for v in values):
         return None
-    recent = values[-_SAMPLES:] if all_of else values
-    if any(v is None for v in recent):
-        return None
-    return sum(recent) / len(recent)
+    return sum(values) / len(values)
 
 
 def _windows(samples: list):
