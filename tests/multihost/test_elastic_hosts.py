@@ -218,9 +218,7 @@ def test_elastic_a_host_failing_twice_is_excluded_and_the_spare_takes_its_place(
     # the whole run trained its 3 x 30 steps; the re-form redid at most 10
     steps = _logged_steps(log)
     assert max(s for _, s in steps) == 90
-    before = max(s for r, s in steps if r == 1)
-    resumed_at = min(s for r, s in steps if r == 2)
-    assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+    _assert_redid_at_most_a_backup(steps, 2)
     joined = fake_hosts.read(1, f"{run_dir}/logs/worker-1.log")
     assert "its state came from replica 0 over the cluster" in joined, joined[-3000:]
     assert "starting from the beginning" not in joined
@@ -283,11 +281,7 @@ def test_elastic_per_node_a_spare_takes_a_lost_hosts_place_and_the_host_back_the
                          for i in (3, 2, 1))
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(hub, log, 0, 45)
-    try:
-        _vanish(fake_hosts, 2)
-        _wait_for_step(hub, log, 1, 46)  # re-formed on node-1, node-3 and training again
-    finally:
-        fake_hosts.link(2, up=True)
+    _vanish_until_trained_again(fake_hosts, 2, hub, log, 46)  # on node-1, node-3
     node2.wait(30)
     node2 = _elastic_run(fake_hosts, 2, README_COMMANDS_ELASTIC[3], tmp_path, args,
                          run_dir=run_dir)
@@ -311,9 +305,7 @@ def test_elastic_per_node_a_spare_takes_a_lost_hosts_place_and_the_host_back_the
     steps = _logged_steps(log)
     assert max(s for _, s in steps) == 90
     for attempt in (1, 2):
-        before = max(s for r, s in steps if r == attempt - 1)
-        resumed_at = min(s for r, s in steps if r == attempt)
-        assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+        _assert_redid_at_most_a_backup(steps, attempt)
     # each node's tfrun shows its own tasks' output: worker:1 ran on node-3, then node-2
     assert "its state came from replica 0 over the cluster" in node3.stdout, (
         node3.stdout[-3000:], fake_hosts.run(3, ["find", fh_private(run_dir)]).stdout)
@@ -341,11 +333,7 @@ def test_elastic_ssh_a_spare_takes_a_vanished_hosts_place_and_the_host_back_the_
                        [str(out), "3", "10", "0.2"], run_dir=run_dir, max_restarts="0")
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(run, log, 0, 45)
-    try:
-        _vanish(fake_hosts, 2)
-        _wait_for_step(run, log, 1, 46)  # re-formed on node-1, node-3 and training again
-    finally:
-        fake_hosts.link(2, up=True)
+    _vanish_until_trained_again(fake_hosts, 2, run, log, 46)  # on node-1, node-3
     _wait_until_it_answers(fake_hosts, "node-2")
     _wait_for_step(run, log, 1, 56)  # past the backup at step 50, which node-2 lacks
     assert max(s for _, s in _logged_steps(log)) < 80  # node-3 vanishes mid-training
@@ -374,9 +362,7 @@ def test_elastic_ssh_a_spare_takes_a_vanished_hosts_place_and_the_host_back_the_
     steps = _logged_steps(log)
     assert max(s for _, s in steps) == 90
     for attempt, change in ((1, spare), (2, back)):
-        before = max(s for r, s in steps if r == attempt - 1)
-        resumed_at = min(s for r, s in steps if r == attempt)
-        assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+        resumed_at = _assert_redid_at_most_a_backup(steps, attempt)
         assert change["resumed_at_step"] == resumed_at - 1, change
     joined = fake_hosts.read(1, f"{run_dir}/logs/worker-1.log")
     assert "its state came from replica 0 over the cluster" in joined, joined[-3000:]
@@ -390,6 +376,25 @@ def test_elastic_ssh_a_spare_takes_a_vanished_hosts_place_and_the_host_back_the_
         assert fake_hosts.run(host, ["test", "-d", f"{run_dir}/backup/worker-1"]).returncode == 0
     assert not Path(run_dir).exists()  # nothing of it on the test's own disk
     assert_nothing_left(fake_hosts)
+
+
+def _vanish_until_trained_again(hosts, i: int, run, log: Path, step: int) -> None:
+    """Host i vanishes (``_vanish``); once the re-formed cluster trained to ``step`` (restart
+    count 1), its link is plugged back in (its processes stay dead, its disk stays)."""
+    try:
+        _vanish(hosts, i)
+        _wait_for_step(run, log, 1, step)
+    finally:
+        hosts.link(i, up=True)
+
+
+def _assert_redid_at_most_a_backup(steps: list, attempt: int) -> int:
+    """The attempt resumed right after a backup (every 10 steps) and redid at most the 10
+    steps since it; returns the first step it trained."""
+    before = max(s for r, s in steps if r == attempt - 1)
+    resumed_at = min(s for r, s in steps if r == attempt)
+    assert 0 <= before - resumed_at + 1 <= 10 and (resumed_at - 1) % 10 == 0, steps
+    return resumed_at
 
 
 def _wait_until_it_answers(hosts, name: str) -> None:
@@ -418,11 +423,7 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
                        [str(out), "3", "10", "0.1"], run_dir=run_dir, max_restarts="1")
     log = Path(f"{out}-steps-worker-0.log")
     _wait_for_step(run, log, 0, 25)
-    try:
-        _vanish(fake_hosts, 3)
-        _wait_for_step(run, log, 1, 45)  # re-formed on node-1, node-2 and training again
-    finally:
-        fake_hosts.link(3, up=True)
+    _vanish_until_trained_again(fake_hosts, 3, run, log, 45)  # on node-1, node-2
     _wait_until_it_answers(fake_hosts, "node-3")  # before that restart asks it
     _kill_task_on(fake_hosts, 2)
     assert run.wait(300) == 0, run.stdout[-4000:]
