@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from conftest import ROOT
 
 __all__ = ["HostRun", "assert_nothing_left", "env", "ssh_flags"]
@@ -96,10 +98,50 @@ def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
             raise AssertionError(f"tfrun processes left on the fake hosts: {described}")
         time.sleep(0.1)
     cgroups = _new_tfrun_cgroups()
-    described = [str(c.relative_to(c.parent)) + ": " + ", ".join(
-        sorted(d.name for d in c.iterdir() if d.is_dir())) for c in cgroups]
+    described = [_describe_cgroup(c) for c in cgroups]
     for cgroup in cgroups:  # the next test must not fail for this one's leftovers
-        for child in (d for d in cgroup.iterdir() if d.is_dir()):
-            child.rmdir()
-        cgroup.rmdir()
+        _remove_cgroup_tree(cgroup)
     assert not cgroups, f"tfrun cgroups left behind: {described}"
+
+
+def _describe_cgroup(path: Path) -> str:
+    """``tfrun-1-ab: worker-1-1 (populated 0; pids: 12 python3 zombie)``: what a leftover
+    cgroup holds, so that a leak found in CI says what kept it."""
+    parts = []
+    for child in sorted(d for d in path.rglob("*") if d.is_dir()):
+        try:
+            populated = (child / "cgroup.events").read_text().split("\n")[0]
+            pids = (child / "cgroup.procs").read_text().split()
+        except OSError as exc:
+            parts.append(f"{child.relative_to(path)} (unreadable: {exc})")
+            continue
+        described = []
+        for pid in pids:
+            try:
+                proc = psutil.Process(int(pid))
+                described.append(f"{pid} {proc.name()} {proc.status()}")
+            except psutil.Error:
+                described.append(f"{pid} gone")
+        parts.append(f"{child.relative_to(path)} ({populated}; pids: {', '.join(described)})")
+    return f"{path.name}: " + "; ".join(parts)
+
+
+def _remove_cgroup_tree(path: Path) -> None:
+    from tfrun.launch.cgroups import kill
+
+    kill(path)
+    for child in sorted((d for d in path.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+        _rmdir_soon(child)
+    _rmdir_soon(path)
+
+
+def _rmdir_soon(path: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

@@ -25,12 +25,13 @@ import signal
 import time
 from pathlib import Path
 
-from .. import contract
-
-__all__ = ["TaskCgroups", "available", "kill", "own_cgroup_dir"]
+__all__ = ["TaskCgroups", "available", "described", "kill", "own_cgroup_dir"]
 
 #: How long ``remove`` waits for killed processes to leave a cgroup before giving up.
 _EMPTY_TIMEOUT = 5.0
+#: How long ``close`` waits for all of them: the run is ending, and a cgroup left behind
+#: outlives it (a few GB of a dying task can take more than ``_EMPTY_TIMEOUT`` under load).
+_CLOSE_TIMEOUT = 30.0
 
 
 def own_cgroup_dir(controller: str | None = None) -> Path | None:
@@ -94,24 +95,29 @@ class TaskCgroups:
         path.mkdir()
         return path
 
-    def remove(self, path: Path) -> None:
-        """SIGKILL everything in ``path``, wait until it is empty, remove it."""
+    def remove(self, path: Path, timeout: float = _EMPTY_TIMEOUT) -> bool:
+        """SIGKILL everything in ``path``, wait until it is empty, remove it; whether it is
+        gone (a process the kernel takes longer than ``timeout`` to tear down keeps it)."""
         kill(path)
-        deadline = time.monotonic() + _EMPTY_TIMEOUT
+        deadline = time.monotonic() + timeout
         while _populated(path) and time.monotonic() < deadline:
             time.sleep(0.02)
         # What is left of the wait: a task of a few GB (or one that was stopped) can take
         # seconds to be torn down after "populated 0".
-        _rmdir(path, wait=max(deadline - time.monotonic(), 1.0))
+        return _rmdir(path, wait=max(deadline - time.monotonic(), 1.0))
 
-    def close(self) -> None:
-        """Kill and remove every task's cgroup, then the parent."""
+    def close(self) -> list[str]:
+        """Kill and remove every task's cgroup, then the parent; what could not be removed
+        (``described``), after waiting ``_CLOSE_TIMEOUT`` for it: empty when all is gone."""
         if not self.parent.exists():
-            return
+            return []
         kill(self.parent)  # recursive: every task's cgroup at once
-        for child in [p for p in self.parent.iterdir() if p.is_dir()]:
-            self.remove(child)
-        _rmdir(self.parent)
+        deadline = time.monotonic() + _CLOSE_TIMEOUT
+        left = [child for child in _children(self.parent)
+                if not self.remove(child, timeout=max(deadline - time.monotonic(), 0.0))]
+        if _rmdir(self.parent, wait=max(deadline - time.monotonic(), 1.0)):
+            return []
+        return [described(path) for path in left or [self.parent]]
 
 
 def kill(path: Path | str) -> None:
@@ -138,15 +144,49 @@ def _populated(path: Path) -> bool:
         return False
 
 
-def _rmdir(path: Path, wait: float = 1.0) -> None:
+def _rmdir(path: Path, wait: float = 1.0) -> bool:
     """Remove the cgroup ``path``; retried for up to ``wait`` seconds while the kernel
-    still counts a dying task in it (EBUSY: its last process not reaped yet)."""
+    still counts a dying task in it (EBUSY: its last process not reaped yet). Whether it
+    is gone."""
     deadline = time.monotonic() + wait
     while True:
         try:
             path.rmdir()
-            return
+            return True
+        except FileNotFoundError:
+            return True
         except OSError as error:
             if error.errno != errno.EBUSY or time.monotonic() > deadline:
-                return
+                return False
             time.sleep(0.02)
+
+
+def _children(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+
+def described(path: Path) -> str:
+    """``/sys/fs/cgroup/tfrun-1-ab/worker-1-1 (pids 12 D python3)``: a cgroup and what is in
+    it (pid, state, name), to say why it could not be removed.
+
+        >>> described(Path("/nonexistent"))
+        '/nonexistent (gone)'
+    """
+    try:
+        pids = (path / "cgroup.procs").read_text().split()
+    except OSError:
+        return f"{path} (gone)"
+    shown = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+            shown.append(f"{pid} {state} {name}")
+        except (OSError, ValueError, IndexError):
+            shown.append(f"{pid} ?")
+    inner = [p.name for p in _children(path)]
+    return (f"{path} (pids {', '.join(shown) or 'none'}"
+            + (f"; cgroups {', '.join(inner)}" if inner else "") + ")")

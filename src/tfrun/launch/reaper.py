@@ -52,7 +52,9 @@ def main() -> int:
         from .cgroups import TaskCgroups
 
         for path in cgroups:
-            TaskCgroups(Path(path)).close()
+            for left in TaskCgroups(Path(path)).close():
+                print(f"tfrun reaper: a task's cgroup could not be removed: {left}",
+                      file=sys.stderr)
     return 0
 
 

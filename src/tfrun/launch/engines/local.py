@@ -138,7 +138,9 @@ class LocalBackend(Backend):
         for key in list(self._task_cgroups):
             self._remove_cgroup(key)
         if self._cgroups is not None:
-            self._cgroups.close()
+            for left in self._cgroups.close():
+                # Nothing to do about it here; said, so that it is not a silent leak.
+                print(f"tfrun: a task's cgroup could not be removed: {left}", file=sys.stderr)
             if self._reaper is not None:
                 self._reaper.unregister(self._cgroups.parent)
             self._cgroups = None
