@@ -55,8 +55,8 @@ class CpuContention:
         if self._follow:
             cpus = frozenset(os.sched_getaffinity(0))
             if cpus != self.cpus:
-                self.cpus, self._last = cpus, {}
-                self._last = self._read()
+                self.cpus = cpus
+                self._last = self._read()  # of the new set (_read counts self.cpus only)
                 return None
         now = self._read()
         busy = total = 0
