@@ -159,6 +159,35 @@ def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
         assert not busy, f"ports still held or listening: {busy}"
 
 
+
+# --------------------------------------------------------------------------- shared reference runs
+
+@pytest.fixture(scope="session")
+def step_backup_reference(tmp_path_factory):
+    """``reference(flavour) -> dir``: tests/scripts/step_backup.py's 3 epochs of 30 steps on
+    2 local workers, never interrupted, with Keras ``flavour`` ("3" or "2"); ``dir`` holds
+    its ``clean-worker-<i>.npz`` (the weights an exact resume must end with).
+
+    Made on first use and shared by the whole session (the resume tests and the elastic
+    fake-host tests compare with the same run): it only reads, so one test's failure cannot
+    pass another's assertion; a reference that fails fails every test that asks for it.
+
+        >>> want = np.load(step_backup_reference("3") / "clean-worker-0.npz")  # doctest: +SKIP
+    """
+    made: dict[str, Path] = {}
+
+    def reference(flavour: str = "3") -> Path:
+        if flavour not in made:
+            tmp = tmp_path_factory.mktemp(f"step-backup-reference-keras{flavour}")
+            clean = Run(tmp, ["--workers", "2", "--keras", flavour, "--quiet-tasks",
+                              str(ROOT / "tests" / "scripts" / "step_backup.py"),
+                              str(tmp / "clean"), "3", "1000"], name="clean")
+            assert clean.run(600) == 0, clean.stdout[-3000:]
+            made[flavour] = tmp
+        return made[flavour]
+
+    return reference
+
 # --------------------------------------------------------------------------- fake hosts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "multihost"))

@@ -68,16 +68,11 @@ def _elastic_run(hosts, i: int, command: str, tmp_path: Path, script_args: list[
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_two_workers(tmp_path_factory) -> dict:
+def uninterrupted_two_workers(step_backup_reference) -> dict:
     """step_backup.py's 3 epochs of 30 steps on 2 workers, never interrupted (on this
-    machine): the weights an elastic run that keeps 2 replicas must end with."""
-    from conftest import Run
-
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    clean = Run(tmp, ["--workers", "2", "--quiet-tasks", STEP_BACKUP, str(tmp / "clean"), "3",
-                      "1000"], name="clean")
-    assert clean.run(600) == 0, clean.stdout[-3000:]
-    return dict(np.load(tmp / "clean-worker-0.npz"))
+    machine; the session's run, shared with the resume tests): the weights an elastic run
+    that keeps 2 replicas must end with."""
+    return dict(np.load(step_backup_reference("3") / "clean-worker-0.npz"))
 
 
 def _assert_as_uninterrupted(out: Path, reference: dict) -> None:

@@ -6,8 +6,12 @@ worker:1 sleeps SLOW_SECONDS at each epoch end *before* its backup, so for that 
 worker:0 has backed an epoch up and worker:1 has not: the window in which a kill used to
 desynchronise the workers. CHECK is backup_and_restore's preemption_check ("auto", the
 default, or steps; 0: a SIGTERM ends the task at once). Writes OUT-<role>-<index>.npz (final weights) at the end.
+With EPOCH_WEIGHTS=1 in the environment, also OUT-<role>-<index>-epoch<E>.npz after each
+epoch E (1-based): what a run of E epochs ends with (the data and the learning rate do not
+depend on the number of epochs), so that one reference serves runs of any length.
 """
 
+import os
 import sys
 import time
 
@@ -32,7 +36,16 @@ class SlowEpochEnd(keras.callbacks.Callback):
             time.sleep(slow)
 
 
+class EpochWeights(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        np.savez(f"{out}-{info.role}-{info.index}-epoch{epoch + 1}.npz",
+                 *[np.array(w) for w in self.model.get_weights()])
+
+
+callbacks = [SlowEpochEnd(), tfrun.backup_and_restore(preemption_check=check)]
+if os.environ.get("EPOCH_WEIGHTS") == "1":
+    callbacks.append(EpochWeights())
 model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=epochs, verbose=0,
-          callbacks=[SlowEpochEnd(), tfrun.backup_and_restore(preemption_check=check)])
+          callbacks=callbacks)
 np.savez(f"{out}-{info.role}-{info.index}.npz", *[np.array(w) for w in model.get_weights()])
 print("trained", flush=True)
