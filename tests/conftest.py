@@ -159,7 +159,6 @@ def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
         assert not busy, f"ports still held or listening: {busy}"
 
 
-
 # --------------------------------------------------------------------------- shared reference runs
 
 @pytest.fixture(scope="session")
@@ -187,6 +186,7 @@ def step_backup_reference(tmp_path_factory):
         return made[flavour]
 
     return reference
+
 
 # --------------------------------------------------------------------------- fake hosts
 

@@ -7,8 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-
 from conftest import ROOT
 
 __all__ = ["HostRun", "assert_nothing_left", "env", "ssh_flags"]
@@ -105,25 +103,12 @@ def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
 
 
 def _describe_cgroup(path: Path) -> str:
-    """``tfrun-1-ab: worker-1-1 (populated 0; pids: 12 python3 zombie)``: what a leftover
-    cgroup holds, so that a leak found in CI says what kept it."""
-    parts = []
-    for child in sorted(d for d in path.rglob("*") if d.is_dir()):
-        try:
-            populated = (child / "cgroup.events").read_text().split("\n")[0]
-            pids = (child / "cgroup.procs").read_text().split()
-        except OSError as exc:
-            parts.append(f"{child.relative_to(path)} (unreadable: {exc})")
-            continue
-        described = []
-        for pid in pids:
-            try:
-                proc = psutil.Process(int(pid))
-                described.append(f"{pid} {proc.name()} {proc.status()}")
-            except psutil.Error:
-                described.append(f"{pid} gone")
-        parts.append(f"{child.relative_to(path)} ({populated}; pids: {', '.join(described)})")
-    return f"{path.name}: " + "; ".join(parts)
+    """``tfrun-1-ab: .../worker-1-1 (pids 12 D python3)``: what a leftover cgroup holds,
+    each cgroup under it described as tfrun itself says it could not remove one."""
+    from tfrun.launch.cgroups import described
+
+    return f"{path.name}: " + "; ".join(
+        described(child) for child in sorted(d for d in path.rglob("*") if d.is_dir()))
 
 
 def _remove_cgroup_tree(path: Path) -> None:
