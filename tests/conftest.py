@@ -264,6 +264,29 @@ def ray_cluster():
     yield from _engine_for_session("Ray", ray_cluster, lambda: ray_cluster.ADDRESS)
 
 
+@pytest.fixture(autouse=True)
+def _no_cgroup_left_by_an_engine(request):
+    """After each Slurm or Ray test: none of the tfrun cgroups made during it remains once
+    the next tfrun on this machine has swept what ended backends left (``sweep_ended``:
+    Slurm ends a job step by SIGKILLing a node's agent together with its reaper, so nobody
+    removes their empty cgroups until then). A cgroup still holding a process, or one
+    whose owner lives on, fails the test. The fake-host tests check the same, strictly,
+    in ``host_runs.assert_nothing_left``."""
+    if not {"slurm", "ray"} & {mark.name for mark in request.node.iter_markers()}:
+        yield
+        return
+    from tfrun.launch.cgroups import described, own_cgroup_dir, sweep_ended
+
+    base, started = own_cgroup_dir(), time.time()
+    yield
+    if base is None:
+        return
+    sweep_ended(base)
+    left = [path for path in base.glob("tfrun-*") if path.stat().st_ctime >= started]
+    assert not left, "tfrun cgroups left behind: " + "; ".join(
+        described(d) for path in left for d in sorted(path.rglob("*")) if d.is_dir())
+
+
 #: Folders whose every test is in the quick tier (``-m quick``): pure logic, and the real
 #: supervisor with fake tasks -- no TensorFlow cluster. Elsewhere a test opts in by marker.
 QUICK_FOLDERS = ("unit", "supervisor")

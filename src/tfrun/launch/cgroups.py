@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import signal
 import time
 from pathlib import Path
 
-__all__ = ["TaskCgroups", "available", "described", "kill", "own_cgroup_dir"]
+__all__ = ["TaskCgroups", "available", "described", "kill", "own_cgroup_dir", "sweep_ended"]
 
 #: How long ``remove`` waits for killed processes to leave a cgroup before giving up.
 _EMPTY_TIMEOUT = 5.0
+#: A backend's parent cgroup: ``tfrun-<pid of its owner>-<token>``.
+_PARENT_NAME = re.compile(r"tfrun-(\d+)-[0-9a-f]{6}")
 #: How long ``close`` waits for all of them: the run is ending, and a cgroup left behind
 #: outlives it (a few GB of a dying task can take more than ``_EMPTY_TIMEOUT`` under load).
 _CLOSE_TIMEOUT = 30.0
@@ -76,10 +79,12 @@ class TaskCgroups:
 
     @classmethod
     def create(cls) -> TaskCgroups | None:
-        """A new parent cgroup next to ours, or None where cgroups cannot contain tasks."""
+        """A new parent cgroup next to ours, or None where cgroups cannot contain tasks.
+        First removes what ended backends left next to it (``sweep_ended``)."""
         base = own_cgroup_dir()
         if base is None or not (base / "cgroup.procs").exists():
             return None
+        sweep_ended(base)
         parent = base / f"tfrun-{os.getpid()}-{secrets.token_hex(3)}"
         try:
             parent.mkdir()
@@ -91,6 +96,9 @@ class TaskCgroups:
         return cls(parent)
 
     def make(self, name: str) -> Path:
+        # exist_ok: another tfrun that cannot see our pid (a pid namespace of its own over
+        # the same cgroup tree) may have swept our parent while it held no task.
+        self.parent.mkdir(exist_ok=True)
         path = self.parent / name
         path.mkdir()
         return path
@@ -118,6 +126,43 @@ class TaskCgroups:
         if _rmdir(self.parent, wait=max(deadline - time.monotonic(), 1.0)):
             return []
         return [described(path) for path in left or [self.parent]]
+
+
+def sweep_ended(base: Path) -> list[Path]:
+    """Remove, under ``base``, the parent cgroups of backends that ended without removing
+    them, and return them: named for a pid that no longer exists, holding no process.
+
+    The owner, or its reaper, removes a parent when the run ends. Both can be SIGKILLed
+    at once: a batch system ends a job step by killing its whole process tree (Slurm's
+    proctrack/linuxproc), the kernel's OOM killer, ``kill -9`` of a process group. The
+    tasks die with their owner (PDEATHSIG), but the empty cgroups would stay until the
+    machine restarts; the next tfrun on that machine removes them. A cgroup that still
+    holds a process is left alone: its owner may only be invisible from here (another
+    pid namespace), and nothing of a run is killed on a guess.
+
+        >>> sweep_ended(Path("/nonexistent"))
+        []
+    """
+    swept = []
+    for parent in _children(base):
+        match = _PARENT_NAME.fullmatch(parent.name)
+        if match is None or _alive(int(match.group(1))) or _populated(parent):
+            continue
+        # Deepest first: a cgroup is removed once the cgroups inside it are.
+        inner = sorted((Path(d) for d, _, _ in os.walk(parent)), key=lambda p: -len(p.parts))
+        if all(_rmdir(path, wait=0.0) for path in inner):
+            swept.append(parent)
+    return swept
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def kill(path: Path | str) -> None:
