@@ -5,6 +5,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -184,6 +185,63 @@ def step_backup_reference(tmp_path_factory):
             assert clean.run(600) == 0, clean.stdout[-3000:]
             made[flavour] = tmp
         return made[flavour]
+
+    return reference
+
+
+#: backup_kill.py's epochs in its reference (the ten kills of test_saving_and_resume need them all)
+KILL_EPOCHS = 28
+
+
+@pytest.fixture(scope="session")
+def backup_kill_reference(tmp_path_factory) -> Path:
+    """A dir with tests/scripts/backup_kill.py's KILL_EPOCHS epochs on 2 local workers,
+    never interrupted and with no slow epoch end (the sleep changes no weight), with every
+    epoch's weights (``clean-worker-0-epoch<E>.npz``: what a run of E epochs ends with --
+    neither the data nor the learning rate depends on the number of epochs).
+
+    Made once for the session: the ten-kills and stopped-then-again tests and the
+    preempted JobSet's test compare with it; only read, as ``step_backup_reference``.
+
+        >>> want = np.load(backup_kill_reference / "clean-worker-0-epoch6.npz")  # doctest: +SKIP
+    """
+    tmp = tmp_path_factory.mktemp("backup-kill-reference")
+    clean = Run(tmp, ["--workers", "2", "--quiet-tasks",
+                      str(ROOT / "tests" / "scripts" / "backup_kill.py"), str(tmp / "clean"),
+                      str(KILL_EPOCHS), "0"], env={"EPOCH_WEIGHTS": "1"}, name="clean")
+    assert clean.run(600) == 0, clean.stdout[-3000:]
+    return tmp
+
+
+@pytest.fixture(scope="session")
+def exactness_reference(tmp_path_factory):
+    """``reference(flavour) -> dict``: tests/scripts/exactness.py's single-process training
+    (no cluster, no strategy) on the global batches every distributed exactness test uses,
+    with Keras ``flavour`` ("3" or "2"): the arrays of its ``-worker-0.npz``.
+
+    Run once per flavour for the session (the local, fake-host, Slurm, Ray and JobSet
+    exactness tests all compare with it); each call loads the arrays afresh, so no test
+    sees what another did to them. Through the bootstrap, so that ``import keras`` means
+    tf_keras for flavour 2, exactly as in the distributed runs.
+
+        >>> want = exactness_reference("3")["spe1_w0"]  # doctest: +SKIP
+    """
+    made: dict[str, Path] = {}
+
+    def reference(flavour: str = "3") -> dict:
+        if flavour not in made:
+            out = tmp_path_factory.mktemp(f"exactness-reference-keras{flavour}") / "ref"
+            env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
+            env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+            if flavour == "2":
+                env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
+            done = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap",
+                                   str(ROOT / "tests" / "scripts" / "exactness.py"), "reference",
+                                   str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=300)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            made[flavour] = Path(f"{out}-worker-0.npz")
+        return dict(np.load(made[flavour]))
 
     return reference
 

@@ -63,15 +63,8 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=["3", "2"], ids=["keras3", "tf_keras"])
-def reference(request, workdir):
-    flavour = request.param
-    out = workdir / f"ref{flavour}"
-    # Through the bootstrap so that `import keras` means tf_keras for flavour 2, exactly
-    # as in the distributed runs; no TF_CONFIG, no strategy.
-    result = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", str(SCRIPT), "reference", str(out)],
-                            env=flavour_env(flavour), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return flavour, dict(np.load(f"{out}-worker-0.npz"))
+def reference(request, exactness_reference):
+    return request.param, exactness_reference(request.param)
 
 
 @pytest.mark.parametrize("setup", sorted(SETUPS))

@@ -6,12 +6,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, Run, assert_nothing_left
+from conftest import KILL_EPOCHS, ROOT, Run, assert_nothing_left
 
 pytestmark = pytest.mark.tf
 SCRIPT = str(ROOT / "tests" / "scripts" / "resume.py")
@@ -81,25 +80,9 @@ def _restarts(run) -> int:
     return sum(1 for e in run.events() if e["event"] == "restart")
 
 
-#: backup_kill.py's epochs in the reference (the ten kills need them all)
-KILL_EPOCHS = 28
-
-
-@pytest.fixture(scope="module")
-def kill_reference(tmp_path_factory) -> Path:
-    """backup_kill.py's KILL_EPOCHS epochs on 2 workers, never interrupted and with no slow
-    epoch end (the sleep changes no weight), with every epoch's weights
-    (``clean-worker-0-epoch<E>.npz``: what a run of E epochs ends with)."""
-    tmp = tmp_path_factory.mktemp("kill-reference")
-    clean = Run(tmp, ["--workers", "2", "--quiet-tasks", KILL_SCRIPT, str(tmp / "clean"),
-                      str(KILL_EPOCHS), "0"], env={"EPOCH_WEIGHTS": "1"}, name="clean")
-    assert clean.run(600) == 0, clean.stdout[-3000:]
-    return tmp
-
-
 @pytest.mark.slow
-def test_ten_random_kills_resume_exactly_from_the_last_complete_backup(tmp_path,
-                                                                       kill_reference):
+def test_ten_random_kills_resume_exactly_from_the_last_complete_backup(
+        tmp_path, backup_kill_reference):
     """Issue 14.2: SIGKILL a worker 10 times (half of the kills aimed just after worker:0's
     epoch-end backup, while worker:1's is still pending); every resume is consistent and
     the final weights equal an uninterrupted run's (Keras 3, Adam: optimizer state too)."""
@@ -142,7 +125,7 @@ def test_ten_random_kills_resume_exactly_from_the_last_complete_backup(tmp_path,
     assert len(in_window) >= 3, f"seed {seed}: only {len(in_window)} kills in the window: {trials}"
     assert run.summary["restarts"] == 10
 
-    want, _ = weights(kill_reference / "clean-worker-0.npz")
+    want, _ = weights(backup_kill_reference / "clean-worker-0.npz")
     for i in range(2):
         got, _ = weights(tmp_path / f"killed-worker-{i}.npz")
         for g, w in zip(got, want):
@@ -154,8 +137,8 @@ def test_ten_random_kills_resume_exactly_from_the_last_complete_backup(tmp_path,
 
 
 @pytest.mark.slow
-def test_tfrun_stopped_then_the_same_command_again_resumes_from_the_backups(tmp_path,
-                                                                            kill_reference):
+def test_tfrun_stopped_then_the_same_command_again_resumes_from_the_backups(
+        tmp_path, backup_kill_reference):
     """SIGTERM to tfrun (a preempted or requeued job) with the coordinated preemption save
     off (preemption_check=0: the tasks end at once, as with tf_keras), then the same
     command, the same run dir: it resumes from the newest epoch every worker backed up and
@@ -186,7 +169,7 @@ def test_tfrun_stopped_then_the_same_command_again_resumes_from_the_backups(tmp_
         log = (again.run_dir / "logs" / f"worker-{i}.log").read_text()
         assert "resuming from the backup of epoch" in log, log[-2000:]
         assert "tfrun: preempted:" not in log
-    want, _ = weights(kill_reference / f"clean-worker-0-epoch{epochs}.npz")
+    want, _ = weights(backup_kill_reference / f"clean-worker-0-epoch{epochs}.npz")
     for i in range(2):
         got, _ = weights(tmp_path / f"stopped-worker-{i}.npz")
         for g, w in zip(got, want):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from host_runs import HostRun, assert_nothing_left, env, ssh_flags
+from host_runs import HostRun, assert_nothing_left, ssh_flags
 
 pytestmark = [pytest.mark.multihost]
 EXACTNESS = str(ROOT / "tests" / "scripts" / "exactness.py")
@@ -31,13 +31,9 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(exactness_reference):
     """Single-process training on the same global batches (no cluster, no strategy)."""
-    out = tmp_path_factory.mktemp("ref") / "ref"
-    done = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", EXACTNESS, "reference",
-                           str(out)], env=env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return dict(np.load(f"{out}-worker-0.npz"))
+    return exactness_reference("3")
 
 
 def assert_exact(out_prefix: Path, ref: dict, keras_major: str = "3", tol: float = TOL,

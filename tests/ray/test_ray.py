@@ -64,19 +64,8 @@ def ray_leftovers(address) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = {}
-    for flavour in ("3", "2"):
-        path = tmp_path_factory.mktemp("ref") / f"ref{flavour}"
-        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        env.pop("TF_USE_LEGACY_KERAS", None)
-        if flavour == "2":
-            env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
-        result = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", EXACTNESS, "reference",
-                                 str(path)], env=env, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-        out[flavour] = dict(np.load(f"{path}-worker-0.npz"))
-    return out
+def reference(exactness_reference):
+    return {flavour: exactness_reference(flavour) for flavour in ("3", "2")}
 
 
 @pytest.mark.parametrize("keras", ["3", "2"], ids=["keras3", "tf_keras"])

@@ -32,15 +32,11 @@ def tasks_of(run_dir) -> dict:
     return {t["task"]: t for t in summary(run_dir)["tasks"]}
 
 
-def test_generated_sbatch_script_trains_keras3_mwms_on_both_nodes_exactly(slurm, tmp_path):
+def test_generated_sbatch_script_trains_keras3_mwms_on_both_nodes_exactly(slurm, tmp_path,
+                                                                          exactness_reference):
     """`tfrun slurm` writes the job; its one tfrun line trains on both nodes, and every
     worker's weights match single-process training within 1e-5."""
-    reference = tmp_path / "ref"
-    ref = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", "tests/scripts/exactness.py",
-                          "reference", str(reference)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    ref_values = dict(np.load(f"{reference}-worker-0.npz"))
+    ref_values = exactness_reference("3")
     script = subprocess.run(
         [sys.executable, "-m", "tfrun", "slurm", "--nodes", "2", "--time", "10:00",
          "--run-dir", str(tmp_path / "run"), "tests/scripts/exactness.py", "distributed",
