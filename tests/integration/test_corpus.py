@@ -5,7 +5,6 @@ workers), and, where the shape exists in tf_keras, under ``--keras 2`` against t
 alone; the losses must agree within what the program's arithmetic allows.
 docs/keras3-compatibility.md lists the shapes and what each met."""
 
-import json
 import os
 import subprocess
 import sys

@@ -9,7 +9,6 @@ tests/integration/test_hangs.py, a host's link cut on fake hosts in
 tests/multihost/test_multihost.py (``test_ssh_a_host_whose_link_is_cut_...``).
 """
 
-import os
 import subprocess
 from pathlib import Path
 

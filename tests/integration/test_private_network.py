@@ -12,7 +12,6 @@ import http.server
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
