@@ -21,7 +21,7 @@ __all__ = [
     "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "PREEMPTION_GRACE", "RESUMED_EVENT",
     "STOPPED_EVENT", "TRAINING_EVENTS", "PHASE_AFTER_TRAINING", "PHASE_AGREEMENT",
     "PHASE_BETWEEN_STEPS", "PHASE_EVALUATION", "PHASE_IN_STEP", "PHASE_SETUP",
-    "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "REAPER_FOR",
+    "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "PYTHON_GC", "REAPER_FOR",
     "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
     "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
     "flag_variable",
@@ -100,6 +100,8 @@ PREEMPTION_GRACE = "TFRUN_PREEMPTION_GRACE"
 BACKUP_WRITE = "TFRUN_BACKUP_WRITE"
 #: "1": leave TensorFlow's own SIGTERM handling in place.
 KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"
+#: "untouched": leave Python's garbage collector as Python sets it (``tfrun.in_task.collector``).
+PYTHON_GC = "TFRUN_PYTHON_GC"
 
 # --------------------------------------------------------------------------- containment
 #: The cgroup a task moves into before the user's code runs.

@@ -8,6 +8,7 @@ import tfrun.in_task._native
 import tfrun.cluster
 import tfrun.comm
 import tfrun.errors
+import tfrun.in_task.collector
 import tfrun.in_task.heap
 import tfrun.launch.config
 import tfrun.launch.output.console
@@ -45,7 +46,7 @@ import tfrun.launch.supervise.attempt_marks
 import tfrun.launch.supervise.membership
 
 
-@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
+@pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.collector, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
                                     tfrun.launch.output.splitter, tfrun.launch.output.tasklog,
                                     tfrun.launch.output.tracebacks, tfrun.launch.supervise.records,
                                     tfrun.launch.supervise.summary, tfrun.launch.supervise.explain,

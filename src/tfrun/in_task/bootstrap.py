@@ -12,7 +12,9 @@ In order, before the user's code:
    signal: the launcher shows it as the crash's evidence); split the CPU into
    logical devices when ``contract.DEVICES`` is set;
 3. install the Keras compatibility fixes (applied when Keras is first imported, so a
-   script that never imports Keras pays nothing);
+   script that never imports Keras pays nothing); keep Python's garbage collector from
+   walking TensorFlow's heap while it imports and when the task exits
+   (``tfrun.in_task.collector``);
 4. with ``contract.ROLES=auto`` in a parameter-server cluster, ps and worker tasks become
    plain ``tf.distribute.Server``s and never run the script;
 5. run the script as ``__main__`` with ``sys.argv`` as if started by ``python script.py``.
@@ -143,16 +145,24 @@ def main(argv: list[str] | None = None) -> None:
     # A crash in native code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) leaves the Python
     # stack where it happened in the log: the launcher shows it as the crash's evidence.
     faulthandler.enable(file=sys.stderr, all_threads=True)
+    from . import collector
     from . import setup as task_setup
 
-    task_setup.prepare()
-    if task_setup.run_as_server_if_assigned():
-        return
+    tune_collector = collector.wanted()
+    if tune_collector:
+        collector.quiet_during_import("tensorflow")
     try:
-        _run_user_code(argv)
-    except Exception as exc:  # noqa: BLE001 - re-reported, then exit 1 like python would
-        _print_user_traceback(exc)
-        sys.exit(1)
+        task_setup.prepare()
+        if task_setup.run_as_server_if_assigned():
+            return
+        try:
+            _run_user_code(argv)
+        except Exception as exc:  # noqa: BLE001 - re-reported, then exit 1 like python would
+            _print_user_traceback(exc)
+            sys.exit(1)
+    finally:
+        if tune_collector:
+            collector.before_exit()
 
 
 def _print_user_traceback(exc: BaseException) -> None:
