@@ -73,18 +73,20 @@ def test_untouched_leaves_python_s_collector_as_it_is(tmp_path):
 
 def test_the_threshold_comes_back_after_the_named_import_only(tmp_path, monkeypatch):
     (tmp_path / "heavy_module_for_the_test.py").write_text("VALUE = 1\n")
+    (tmp_path / "light_module_for_the_test.py").write_text("VALUE = 2\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     saved = gc.get_threshold()
     try:
         collector.quiet_during_import("heavy_module_for_the_test")
         assert gc.get_threshold() == (collector.IMPORT_THRESHOLD, *saved[1:])
-        import json as _unrelated  # noqa: F401 - another import leaves it raised
+        __import__("light_module_for_the_test")  # another import leaves it raised
         assert gc.get_threshold()[0] == collector.IMPORT_THRESHOLD
         __import__("heavy_module_for_the_test")
         assert gc.get_threshold() == saved
     finally:
         gc.set_threshold(*saved)
         sys.modules.pop("heavy_module_for_the_test", None)
+        sys.modules.pop("light_module_for_the_test", None)
 
 
 def test_thresholds_the_script_set_meanwhile_are_kept(tmp_path, monkeypatch):
