@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,15 +32,19 @@ CONFIGS = {"Python's collector (untouched)": {"TFRUN_PYTHON_GC": "untouched"},
 
 def one_task(extra: dict) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one task."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "tfrun.in_task.bootstrap",
-                             TASK], env={**base_env, **extra}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        sys.exit(f"the task failed (exit {proc.returncode}): {proc.stderr.read()[-2000:]}")
+    # stderr to a file, not a pipe: nobody reads a pipe while wait4 waits, and TensorFlow's
+    # warnings could fill it and stall the task.
+    with tempfile.TemporaryFile("w+") as errors:
+        start = time.perf_counter()
+        proc = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m",
+                                 "tfrun.in_task.bootstrap", TASK], env={**base_env, **extra},
+                                stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            errors.seek(0)
+            sys.exit(f"the task failed (exit {proc.returncode}): {errors.read()[-2000:]}")
     return usage.ru_utime + usage.ru_stime, wall
 
 

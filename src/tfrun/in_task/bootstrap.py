@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
 
     tune_collector = collector.wanted()
     if tune_collector:
-        collector.quiet_during_import("tensorflow")
+        collector.quiet_during_import()
     try:
         task_setup.prepare()
         if task_setup.run_as_server_if_assigned():
