@@ -75,10 +75,19 @@ class Run:
         self.env.pop("TF_CONFIG", None)
         self.proc: subprocess.Popen | None = None
         self.stdout = ""
+        self.console: Path | None = None
 
-    def start(self) -> "Run":
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, cwd=str(ROOT))
+    def start(self, console: Path | None = None) -> "Run":
+        """Start tfrun; its output goes to a pipe, or to the file ``console`` for a run
+        that nothing reads until it ends (a pipe would fill, and stall tfrun's writes)."""
+        self.console = console
+        out = open(console, "w") if console is not None else subprocess.PIPE
+        try:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT, text=True, cwd=str(ROOT))
+        finally:
+            if console is not None:
+                out.close()  # the child has its own copy
         return self
 
     def wait(self, timeout: float = 120) -> int:
@@ -88,8 +97,14 @@ class Run:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.stdout, _ = self.proc.communicate()
-            raise AssertionError(f"tfrun did not finish in {timeout}s:\n{self.stdout}")
+            raise AssertionError(f"tfrun did not finish in {timeout}s:\n{self._output()}")
+        self._output()
         return self.proc.returncode
+
+    def _output(self) -> str:
+        if self.console is not None:
+            self.stdout = self.console.read_text()
+        return self.stdout
 
     def run(self, timeout: float = 120) -> int:
         return self.start().wait(timeout)
@@ -128,6 +143,43 @@ def fake_run(tmp_path):
     def make(flags: list[str], spec: str, env: dict | None = None, name: str = "run") -> Run:
         return Run(tmp_path, [*flags, str(FAKE_TASK), spec], env=env, name=name)
     return make
+
+
+class Alone:
+    """A program run by itself (no tfrun), started at once: it runs beside the tfrun run a
+    test compares it with, on the core that run's single-threaded phases leave idle. Its
+    output goes to files, so that nothing stalls it while nobody reads.
+
+        >>> with Alone([sys.executable, program]) as alone:  # doctest: +SKIP
+        ...     assert Run(tmp_path, ["--workers", "2", program]).run(300) == 0
+        ...     want = history_of(alone.stdout())
+    """
+
+    def __init__(self, argv: list[str], timeout: float = 300):
+        import tempfile
+
+        self.timeout = timeout
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(argv, stdout=self._out, stderr=self._err, text=True,
+                                        cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+    def stdout(self) -> str:
+        """Its standard output, once it has ended; it must end with code 0."""
+        code = self.process.wait(self.timeout)
+        self._err.seek(0)
+        assert code == 0, self._err.read()[-3000:]
+        self._out.seek(0)
+        return self._out.read()
+
+    def __enter__(self) -> "Alone":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:  # the test failed first: no orphan
+            self.process.kill()
+            self.process.wait()
+        self._out.close()
+        self._err.close()
 
 
 def history_of(output: str) -> dict:

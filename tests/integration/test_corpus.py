@@ -1,18 +1,16 @@
 """Issue 48: real-world program shapes run under tfrun as written (tests/scripts/corpus/,
-and three plain programs of tests/scripts/plain/). Each runs alone (no strategy), then
-under ``tfrun --workers 2`` (MultiWorkerMirroredStrategy, the global batch split across the
+and three plain programs of tests/scripts/plain/). Each runs alone (no strategy) and, beside
+it, under ``tfrun --workers 2`` (MultiWorkerMirroredStrategy, the global batch split across the
 workers), and, where the shape exists in tf_keras, under ``--keras 2`` against tf_keras
 alone; the losses must agree within what the program's arithmetic allows.
 docs/keras3-compatibility.md lists the shapes and what each met."""
 
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, Run, assert_nothing_left, history_of
+from conftest import ROOT, Alone, Run, assert_nothing_left, history_of
 
 pytestmark = pytest.mark.tf
 
@@ -42,13 +40,9 @@ _AS_TF_KERAS = "import sys, runpy, tf_keras; sys.modules['keras'] = tf_keras; " 
                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
-def alone(program, flavour: str) -> dict:
-    command = [sys.executable, str(program)] if flavour == "3" else \
-        [sys.executable, "-c", _AS_TF_KERAS, str(program)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return history_of(done.stdout)
+def alone(program, flavour: str) -> Alone:
+    return Alone([sys.executable, str(program)] if flavour == "3" else
+                 [sys.executable, "-c", _AS_TF_KERAS, str(program)])
 
 
 CASES = [pytest.param(p, "3", id=p.stem) for p in SHAPES] + [
@@ -58,9 +52,10 @@ CASES = [pytest.param(p, "3", id=p.stem) for p in SHAPES] + [
 @pytest.mark.parametrize("program, flavour", CASES)
 def test_a_program_shape_runs_under_tfrun_as_alone(tmp_path, program, flavour):
     rtol, factors = SHAPES[program]
-    want = alone(program, flavour)
-    run = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--quiet-tasks", str(program)])
-    assert run.run(300) == 0, run.stdout[-4000:]
+    with alone(program, flavour) as by_itself:
+        run = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--quiet-tasks", str(program)])
+        assert run.run(300) == 0, run.stdout[-4000:]
+        want = history_of(by_itself.stdout())
     for task in ("worker-0", "worker-1"):
         got = history_of((run.run_dir / "logs" / f"{task}.log").read_text())
         assert sorted(got) == sorted(want), (got, want)

@@ -7,14 +7,13 @@ import os
 import pty
 import select
 import signal
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, Run, assert_nothing_left, history_of
+from conftest import ROOT, Alone, Run, assert_nothing_left, history_of
 
 pytestmark = pytest.mark.tf
 PLAIN = ROOT / "tests" / "scripts" / "plain"
@@ -32,12 +31,12 @@ def logs(run: Run) -> str:
 
 
 def test_lazily_built_layers_in_a_custom_loop_train_exactly(tmp_path):
-    reference = subprocess.run([sys.executable, script("lazy_loop.py"), "reference", str(tmp_path / "ref.npz")],
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True,
-                               text=True, timeout=300)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    run = Run(tmp_path, ["--devices", "2", script("lazy_loop.py"), "mirrored", str(tmp_path / "got.npz")])
-    assert run.run(300) == 0, run.stdout[-4000:]
+    with Alone([sys.executable, script("lazy_loop.py"), "reference",
+                str(tmp_path / "ref.npz")]) as reference:
+        run = Run(tmp_path, ["--devices", "2", script("lazy_loop.py"), "mirrored",
+                             str(tmp_path / "got.npz")])
+        assert run.run(300) == 0, run.stdout[-4000:]
+        reference.stdout()
     want, got = np.load(tmp_path / "ref.npz"), np.load(tmp_path / "got.npz")
     assert int(got["replicas"]) == 2
     np.testing.assert_allclose(got["losses"], want["losses"], atol=1e-5)
@@ -55,13 +54,10 @@ def test_a_metric_whose_result_is_a_variable_trains_as_alone(tmp_path):
     across workers, and a metric whose result() returns a variable (no device) crashed it:
     "Cannot convert input_tensor to a PerReplica object because it doesn't have device set".
     Stock Keras passes such values through; tfrun reads them on the worker's device."""
-    alone = subprocess.run([sys.executable, script("metric_variable.py")],
-                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True,
-                           text=True, timeout=300)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    run = Run(tmp_path, ["--workers", "2", script("metric_variable.py")])
-    assert run.run(300) == 0, run.stdout[-4000:]
-    want = history_of(alone.stdout)
+    with Alone([sys.executable, script("metric_variable.py")]) as alone:
+        run = Run(tmp_path, ["--workers", "2", script("metric_variable.py")])
+        assert run.run(300) == 0, run.stdout[-4000:]
+        want = history_of(alone.stdout())
     for task in ("worker-0", "worker-1"):
         got = history_of((run.run_dir / "logs" / f"{task}.log").read_text())
         assert got["samples_seen"] == want["samples_seen"] == [64.0, 64.0]
@@ -107,15 +103,13 @@ def test_a_tracker_of_compute_loss_in_an_own_train_step_is_explained_once(tmp_pa
     chief, with the remedy -- and the remedy shows what one process shows."""
     program = script("own_train_step_tracker.py")
     for variant in ("scaled", "unscaled"):
-        alone = subprocess.run([sys.executable, program, variant], capture_output=True,
-                               text=True, timeout=300,
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-        assert alone.returncode == 0, alone.stderr[-3000:]
-        run = Run(tmp_path, ["--workers", "2", program, variant], name=variant)
-        assert run.run(300) == 0, run.stdout[-4000:]
+        with Alone([sys.executable, program, variant]) as by_itself:
+            run = Run(tmp_path, ["--workers", "2", program, variant], name=variant)
+            assert run.run(300) == 0, run.stdout[-4000:]
+            alone = by_itself.stdout()
         chief, other = ((run.run_dir / "logs" / f"worker-{i}.log").read_text() for i in (0, 1))
         assert chief.count("Tracked has its own train_step") == 1 and "own train_step" not in other
-        want = np.array(history_of(alone.stdout)["my_loss"])
+        want = np.array(history_of(alone)["my_loss"])
         got = np.array(history_of(chief)["my_loss"])
         np.testing.assert_allclose(got, want / 2 if variant == "scaled" else want, rtol=1e-5)
 
@@ -126,12 +120,10 @@ def test_a_model_without_call_trains_in_a_strategy_scope_as_alone(tmp_path):
     automatically build the model" -- one worker or two. Under tfrun it trains, and two
     workers end where one process without a strategy ends."""
     program = script("pair_without_call.py")
-    alone = subprocess.run([sys.executable, program, "alone"], capture_output=True, text=True,
-                           timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    want = history_of(alone.stdout)["critic_loss"]
-    one = Run(tmp_path, ["--workers", "1", program, "scope"], name="one")
-    assert one.run(300) == 0, one.stdout[-4000:]
+    with Alone([sys.executable, program, "alone"]) as alone:  # two single processes side by side
+        one = Run(tmp_path, ["--workers", "1", program, "scope"], name="one")
+        assert one.run(300) == 0, one.stdout[-4000:]
+        want = history_of(alone.stdout())["critic_loss"]
     two = Run(tmp_path, ["--workers", "2", program], name="two")
     assert two.run(300) == 0, two.stdout[-4000:]
     for run, log in ((one, "worker-0"), (two, "worker-0"), (two, "worker-1")):
