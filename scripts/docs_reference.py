@@ -92,7 +92,7 @@ def render_api() -> str:
     for name in tfrun.__all__:
         obj = getattr(tfrun, name)
         if name == "__version__":
-            parts += ["## `tfrun.__version__`", "", f"The installed version, a string.", ""]
+            parts += ["## `tfrun.__version__`", "", "The installed version, a string.", ""]
             continue
         if inspect.isclass(obj):
             kind = "exception" if issubclass(obj, BaseException) else "class"

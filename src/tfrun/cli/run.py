@@ -17,7 +17,7 @@ from ..in_task.heap import DEFAULT_THRESHOLD
 from ..launch.config import KERAS_FLAVOURS, ROLE_MODES, STRATEGIES, LaunchConfig
 from ..launch.engines import ENGINES, backend_choices, check_options, subcommands
 from ..flags import (add_topology_flags, apply_env_defaults, non_negative_float,
-                     non_negative_int, port, positive_float, split_hosts, split_module,
+                     non_negative_int, port, positive_float, split_module,
                      step_timeout, topology_from)
 
 __all__ = ["build_launch_parser", "config_from_args", "run_launch"]

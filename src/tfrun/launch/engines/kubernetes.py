@@ -32,7 +32,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ... import contract
 from ...cluster import Topology
