@@ -15,6 +15,8 @@ Rules are ``selector=action,action,...`` separated by ``;``; the selector is
   | watch_stop_before_restart:N (as tfrun's preemption watch ending a task without its
   backup: its "stopped" metrics event, then death by SIGTERM, while TFRUN_RESTART_COUNT < N)
   | ignore_sigterm (a task whose backup takes longer than any grace)
+  | tempfile (make a file with Python's tempfile and write its path to the run dir's
+  ``tempfile-<role>-<index>.path``)
 """
 
 import json
@@ -95,6 +97,12 @@ def run(action: str) -> None:
         while True:
             n += 1
             print(f"spam {n} " + "x" * 1000, flush=True)
+    if name == "tempfile":
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="fake-task-")
+        os.write(fd, b"left by a task that never cleans up")
+        Path(os.environ["TFRUN_RUN_DIR"], f"tempfile-{role}-{index}.path").write_text(path)
     if name == "escaped_child":
         # A helper in a session of its own (setsid), outside the task's process group.
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],

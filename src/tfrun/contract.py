@@ -21,7 +21,7 @@ __all__ = [
     "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "PREEMPTION_GRACE", "RESUMED_EVENT",
     "STOPPED_EVENT", "TRAINING_EVENTS", "PHASE_AFTER_TRAINING", "PHASE_AGREEMENT",
     "PHASE_BETWEEN_STEPS", "PHASE_EVALUATION", "PHASE_IN_STEP", "PHASE_SETUP",
-    "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "PYTHON_GC", "REAPER_FOR",
+    "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "PRIVATE_TMP", "PYTHON_GC", "REAPER_FOR",
     "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
     "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
     "flag_variable",
@@ -116,6 +116,10 @@ HOST_LOOPBACK = "TFRUN_HOST_LOOPBACK"
 NETWORK_OF = "TFRUN_NETWORK_OF"
 #: Marks a reaper process with the pid it watches.
 REAPER_FOR = "TFRUN_REAPER_FOR"
+#: "0": a task keeps the TMPDIR it would have had. By default its TMPDIR is a directory of
+#: the run on its host (under that host's temporary directory), shared by the run's tasks
+#: there and removed when the run ends, even where a task was killed before it cleaned up.
+PRIVATE_TMP = "TFRUN_PRIVATE_TMP"
 
 # --------------------------------------------------------------------------- launcher only
 #: "0": no report.html at the end of a run.

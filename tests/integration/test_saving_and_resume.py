@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,9 +252,11 @@ def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path, uninter
     steps, and ends with the weights of an uninterrupted run (both Keras flavours, MWMS,
     Adam). The uninterrupted run is the shared one (saving every 1000 steps trains the same)."""
     import signal
+    import tempfile
     import time
 
     reference, flavour = uninterrupted
+    started = time.time() - 1
     run = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--max-restarts", "1", STEP_SCRIPT,
                          str(tmp_path / "killed"), "3", "10", "0.05"], name="killed").start()
     log = tmp_path / "killed-steps-worker-0.log"
@@ -282,6 +285,11 @@ def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path, uninter
         for k in range(4):
             np.testing.assert_allclose(got[f"arr_{k}"], want[f"arr_{k}"], atol=1e-6, rtol=0)
     assert_nothing_left(run)
+    # The killed worker's autograph files (TensorFlow removes them at a normal exit only)
+    # went with the run's temporary directory: none in the one tfrun itself uses.
+    left = [f for f in Path(tempfile.gettempdir()).glob("__autograph_generated_file*.py")
+            if f.stat().st_mtime >= started]
+    assert not left, left
 
 
 def _saved_step(output: str) -> int:

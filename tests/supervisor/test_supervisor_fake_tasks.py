@@ -5,6 +5,7 @@ import signal
 import subprocess
 import socket
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -282,6 +283,44 @@ def test_a_helper_that_left_its_task_s_process_group_dies_with_the_task(fake_run
     assert_nothing_left(run, timeout=10)
     for helper in helpers:
         assert not helper.is_running() or helper.status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("ending", ["a task SIGKILLed", "tfrun SIGKILLed", "opted out"])
+def test_what_tasks_leave_in_their_temporary_directory_goes_with_the_run(fake_run, ending):
+    """The tasks' TMPDIR is one directory of the run, inside tfrun's own temporary
+    directory: a file a killed task never removed is gone when the run ends, whether tfrun
+    ends it or its reaper does. TFRUN_PRIVATE_TMP=0 leaves TMPDIR as it was."""
+    import tempfile
+
+    outside = tempfile.gettempdir()
+    spec = {"a task SIGKILLed": "worker:1=tempfile,print:ready,sleep:0.5,kill:SIGKILL;"
+                                "*=tempfile,print:ready,forever",
+            "tfrun SIGKILLed": "*=tempfile,print:ready,forever",
+            "opted out": "*=tempfile,ok"}[ending]
+    run = fake_run(["--workers", "2", *FAST], spec,
+                   env={"TFRUN_PRIVATE_TMP": "0"} if ending == "opted out" else None).start()
+    path_files = [run.run_dir / f"tempfile-worker-{i}.path" for i in range(2)]
+    for path_file in path_files:
+        run.wait_for_file(path_file, nonempty=True)
+    files = [Path(p.read_text()) for p in path_files]
+    if ending == "opted out":
+        assert run.wait(30) == 0, run.stdout
+        assert [f.parent for f in files] == [Path(outside)] * 2 and all(f.exists() for f in files)
+        for f in files:
+            f.unlink()
+        return
+    (shared,) = {f.parent for f in files}  # one directory for the run's tasks on this host
+    assert shared.parent == Path(outside) and shared.name.startswith("tfrun-tmp-"), shared
+    if ending == "a task SIGKILLed":
+        assert run.wait(30) == 128 + signal.SIGKILL, run.stdout
+    else:
+        run.proc.kill()
+        run.proc.wait()
+    assert_nothing_left(run, timeout=10)
+    deadline = time.monotonic() + 10  # the reaper removes it once the tasks are dead
+    while shared.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not shared.exists(), sorted(shared.iterdir())
 
 
 def test_ports_are_held_against_other_processes_and_released_at_exit(fake_run):

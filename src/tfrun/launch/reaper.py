@@ -6,9 +6,10 @@ starts this reaper in its own session, with a pipe on its stdin. tfrun writes
 ``+<pgid>`` when it starts a task group and ``-<pgid>`` when that group is gone, and
 the same with the cgroup directory its tasks' cgroups live in
 (``+/sys/fs/cgroup/.../tfrun-<pid>-<token>``), which also holds helpers that left the
-group. If the pipe closes without a final ``done`` line (tfrun was SIGKILLed,
-crashed, ...), the reaper SIGKILLs every group and cgroup still registered, removes
-the cgroups, and exits.
+group, and ``+dir:<path>`` for the run's temporary directory on this host. If the pipe
+closes without a final ``done`` line (tfrun was SIGKILLed, crashed, ...), the reaper
+SIGKILLs every group and cgroup still registered, removes the cgroups and the
+directories, and exits.
 
 Run as ``python -m tfrun.launch.reaper``; it imports nothing heavy.
 """
@@ -37,6 +38,7 @@ def main() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     pgids: set[int] = set()
     cgroups: set[str] = set()
+    directories: set[str] = set()
     for line in sys.stdin:
         line = line.strip()
         if line == "done":
@@ -45,7 +47,14 @@ def main() -> int:
             (pgids.add if line[0] == "+" else pgids.discard)(int(line[1:]))
         elif line[:1] in "+-" and line[1:].startswith("/"):
             (cgroups.add if line[0] == "+" else cgroups.discard)(line[1:])
+        elif line[:1] in "+-" and line[1:].startswith("dir:/"):
+            (directories.add if line[0] == "+" else directories.discard)(line[5:])
     _kill_groups(pgids)
+    if directories:
+        import shutil
+
+        for path in directories:  # after the kill: nothing writes there any more
+            shutil.rmtree(path, ignore_errors=True)
     if cgroups:
         from pathlib import Path
 

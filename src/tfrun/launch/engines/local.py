@@ -7,7 +7,9 @@ also holds a helper that left the group with ``setsid``: releasing the task kill
 whole cgroup. A small reaper process (``tfrun.launch.reaper``) holds the list of live
 groups and cgroups and SIGKILLs them if the process that owns this backend dies without
 closing it (SIGKILL, crash). Output (stdout and stderr merged, so their order is kept)
-is returned as a pipe.
+is returned as a pipe. The tasks' TMPDIR is a directory of the run, removed when the
+backend closes (or by the reaper): what a killed task leaves there (TensorFlow's autograph
+writes a file per converted function and removes it only at a normal exit) goes with it.
 
 The same backend runs a node's tasks inside a remote agent (``tfrun.launch.remote.agent``);
 there it also holds each task's ports (``hold_ports=True``) until the task exits, as the
@@ -24,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO
@@ -79,6 +82,13 @@ class _Reaper:
     def unregister(self, group: int | Path) -> None:
         self._send(f"-{group}")
 
+    def register_directory(self, path: Path) -> None:
+        """Remove this directory (after the kill) if the owner dies."""
+        self._send(f"+dir:{path}")
+
+    def unregister_directory(self, path: Path) -> None:
+        self._send(f"-dir:{path}")
+
     def close(self) -> None:
         self._send("done")
         try:
@@ -114,6 +124,7 @@ class LocalBackend(Backend):
         self._cgroups: TaskCgroups | None = None
         self._task_cgroups: dict[int, Path] = {}             # id(handle) -> its cgroup
         self._oom: dict[int, OomWatch] = {}                  # id(handle) -> OOM-kill counts
+        self._tmp: Path | None = None                        # the tasks' TMPDIR on this host
 
     def open(self, run_dir: Path) -> None:
         self._reaper = _Reaper(run_dir)
@@ -137,6 +148,7 @@ class LocalBackend(Backend):
             self._remove_scratch(key)
         for key in list(self._task_cgroups):
             self._remove_cgroup(key)
+        self._remove_tmp()
         if self._cgroups is not None:
             for left in self._cgroups.close():
                 # Nothing to do about it here; said, so that it is not a silent leak.
@@ -164,6 +176,8 @@ class LocalBackend(Backend):
             Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
             self._run_dirs.add(spec.run_dir)
             env[contract.SCRATCH_DIR] = str(self._make_scratch(id(handle), spec))
+        if env.get(contract.PRIVATE_TMP) != "0" and "TMPDIR" not in spec.env:
+            env["TMPDIR"] = str(self._run_tmp())  # what TensorFlow's autograph leaves, too
         if self._cgroups is not None:
             cgroup = self._cgroups.make(f"{spec.task.slug}-{next(self._scratch_names)}")
             self._task_cgroups[id(handle)] = cgroup
@@ -210,6 +224,23 @@ class LocalBackend(Backend):
         path.mkdir(mode=0o700, parents=True)
         self._scratch[key] = path
         return path
+
+    def _run_tmp(self) -> Path:
+        """The run's temporary directory on this host, made at the first task's start
+        (inside this process's own temporary directory, so a TMPDIR set for tfrun is the
+        disk it lives on) and removed by ``close``, or by the reaper if we die first."""
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="tfrun-tmp-"))
+            if self._reaper is not None:
+                self._reaper.register_directory(self._tmp)
+        return self._tmp
+
+    def _remove_tmp(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)  # after the kill: no writer left
+            if self._reaper is not None:
+                self._reaper.unregister_directory(self._tmp)
+            self._tmp = None
 
     def _remove_scratch(self, key: int) -> None:
         path = self._scratch.pop(key, None)
