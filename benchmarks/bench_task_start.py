@@ -1,12 +1,15 @@
-"""CPU time of a task's start and exit: Python's garbage collector as Python sets it, or as
-tfrun sets it around TensorFlow's import and the task's exit (``tfrun.in_task.collector``).
+"""CPU time of a task's start and exit, with and without what tfrun does to shorten it:
+Python's garbage collector held back around TensorFlow's import and frozen at the task's
+exit (``tfrun.in_task.collector``), and Keras 3's scikit-learn wrappers and plotting
+helpers left to their first use (``tfrun.in_task.compat.deferred_imports``).
 
     python benchmarks/bench_task_start.py [--rounds 8]
 
-Each round starts the same task twice through tfrun's bootstrap (``python -m
-tfrun.in_task.bootstrap``, as every task of a run starts), one after the other: once with
-``TFRUN_PYTHON_GC=untouched`` (the baseline), once with the default. The task imports
-TensorFlow and Keras, fits a small model for two epochs and exits; both are pinned to one
+Each round starts the same task three times through tfrun's bootstrap (``python -m
+tfrun.in_task.bootstrap``, as every task of a run starts), one after the other: with
+neither (``TFRUN_PYTHON_GC=untouched TFRUN_DEFER_IMPORTS=0``: the baseline), with the
+collector only (``TFRUN_DEFER_IMPORTS=0``), and with the default (both). The task imports
+TensorFlow and Keras, fits a small model for two epochs and exits; all are pinned to one
 CPU. Prints each sample, the medians of the CPU seconds (user + system) and of the wall
 seconds per task, and their ratios; exits 1 if a task fails.
 """
@@ -26,8 +29,10 @@ parser.add_argument("--rounds", type=int, default=8)
 args = parser.parse_args()
 base_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("TFRUN_")}
 base_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-CONFIGS = {"Python's collector (untouched)": {"TFRUN_PYTHON_GC": "untouched"},
-           "tfrun's (default)": {}}
+CONFIGS = {"neither (Python's collector, eager)": {"TFRUN_PYTHON_GC": "untouched",
+                                                   "TFRUN_DEFER_IMPORTS": "0"},
+           "tfrun's collector only": {"TFRUN_DEFER_IMPORTS": "0"},
+           "both (the default)": {}}
 
 
 def one_task(extra: dict) -> tuple[float, float]:
@@ -56,9 +61,9 @@ baseline = next(iter(CONFIGS))
 cpu0 = statistics.median(c for c, _ in samples[baseline])
 wall0 = statistics.median(w for _, w in samples[baseline])
 print(f"task start + small fit + exit, {args.rounds} interleaved rounds, one CPU")
-print(f"  {'collector':<32} {'CPU s':>7} {'ratio':>6} {'wall s':>7} {'ratio':>6}  samples (CPU s)")
+print(f"  {'what tfrun does':<36} {'CPU s':>7} {'ratio':>6} {'wall s':>7} {'ratio':>6}  samples (CPU s)")
 for name, values in samples.items():
     cpu, wall = statistics.median(c for c, _ in values), statistics.median(w for _, w in values)
-    print(f"  {name:<32} {cpu:>7.2f} {cpu / cpu0:>6.2f} {wall:>7.2f} {wall / wall0:>6.2f}  "
+    print(f"  {name:<36} {cpu:>7.2f} {cpu / cpu0:>6.2f} {wall:>7.2f} {wall / wall0:>6.2f}  "
           + ", ".join(f"{c:.2f}" for c, _ in values))
 print(f"  (ratios against {baseline!r}, measured in this invocation)")

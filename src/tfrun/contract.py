@@ -14,7 +14,7 @@ spells a ``TFRUN_*`` variable name: a script started by hand with these variable
 """
 
 __all__ = [
-    "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE",
+    "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE", "DEFER_IMPORTS",
     "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
@@ -102,6 +102,9 @@ BACKUP_WRITE = "TFRUN_BACKUP_WRITE"
 KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"
 #: "untouched": leave Python's garbage collector as Python sets it (``tfrun.in_task.collector``).
 PYTHON_GC = "TFRUN_PYTHON_GC"
+#: "0": Keras 3's scikit-learn wrappers and plotting helpers load at ``import keras``, as
+#: without tfrun, instead of at their first use (``tfrun.in_task.compat.deferred_imports``).
+DEFER_IMPORTS = "TFRUN_DEFER_IMPORTS"
 
 # --------------------------------------------------------------------------- containment
 #: The cgroup a task moves into before the user's code runs.

@@ -14,7 +14,8 @@ In order, before the user's code:
 3. install the Keras compatibility fixes (applied when Keras is first imported, so a
    script that never imports Keras pays nothing); keep Python's garbage collector from
    walking TensorFlow's heap while it imports and when the task exits
-   (``tfrun.in_task.collector``);
+   (``tfrun.in_task.collector``); leave Keras 3's scikit-learn wrappers and plotting
+   helpers to the script's first use of them (``tfrun.in_task.compat.deferred_imports``);
 4. with ``contract.ROLES=auto`` in a parameter-server cluster, ps and worker tasks become
    plain ``tf.distribute.Server``s and never run the script;
 5. run the script as ``__main__`` with ``sys.argv`` as if started by ``python script.py``.
@@ -147,10 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     from . import collector
     from . import setup as task_setup
+    from .compat import deferred_imports
 
     tune_collector = collector.wanted()
     if tune_collector:
         collector.quiet_during_import()
+    if deferred_imports.wanted():
+        deferred_imports.install()
     try:
         task_setup.prepare()
         if task_setup.run_as_server_if_assigned():

@@ -1,0 +1,75 @@
+"""Keras 3's optional integrations load when the script first uses them, not at ``import keras``.
+
+Why: ``import keras`` also imports its scikit-learn wrappers (``keras.wrappers``, which
+import scikit-learn and with it SciPy's statistics) and its plotting helpers
+(``keras.visualization``, which import ``matplotlib.pyplot``) whenever those packages are
+installed, as they are in most ML environments. Here that is about 1.3 of the 3.6 CPU
+seconds ``import keras`` takes, in every task and at every restart, for functions a
+training script rarely calls. ``benchmarks/bench_task_start.py`` measures a task's start
+with and without this module; docs/benchmarks.md has the numbers.
+
+What, in every task the bootstrap runs (unless ``contract.DEFER_IMPORTS`` is ``0``):
+``install()`` puts a finder first on ``sys.meta_path`` that gives the Keras modules of
+``DEFERRED`` Python's own ``importlib.util.LazyLoader``. ``import keras`` binds them as
+usual; each module's code runs when the script first reads one of its attributes
+(``keras.wrappers.SKLearnClassifier``, ``from keras.visualization import
+plot_image_gallery``): the same module, made later. Nothing else is deferred, a name the
+installed Keras does not have is left to the normal import, and tf_keras has none of them.
+One difference remains, which Python's lazy loading documents: an error in such a module
+(a broken scikit-learn install) surfaces at that first use rather than at ``import keras``.
+
+    >>> install()                                    # doctest: +SKIP
+    >>> import keras, sys                            # doctest: +SKIP
+    >>> "sklearn" in sys.modules                     # doctest: +SKIP
+    False
+    >>> keras.wrappers.SKLearnClassifier.__mro__[1]  # doctest: +SKIP
+    <class 'keras.src.wrappers.sklearn_wrapper.SKLBase'>
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+from ... import contract
+
+__all__ = ["DEFERRED", "install", "wanted"]
+
+#: Modules made on first use: Keras 3's public packages and the private ones behind them
+#: (``keras.src`` imports its ``visualization`` package itself).
+DEFERRED = frozenset({"keras.wrappers", "keras.src.wrappers",
+                      "keras.visualization", "keras.src.visualization"})
+
+
+def wanted() -> bool:
+    """Whether this task defers them (``contract.DEFER_IMPORTS`` other than ``0``)."""
+    return os.environ.get(contract.DEFER_IMPORTS, "1") != "0"
+
+
+class _Deferring(importlib.abc.MetaPathFinder):
+    """Finds a name of ``DEFERRED`` through the other finders and wraps its loader."""
+
+    def __init__(self) -> None:
+        self._busy = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in DEFERRED or self._busy:
+            return None
+        self._busy = True  # the lookup below asks every finder, this one included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
+
+
+def install() -> None:
+    """Defer ``DEFERRED`` from now on (once per process; a no-op for modules already
+    imported)."""
+    if not any(isinstance(finder, _Deferring) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Deferring())

@@ -1,0 +1,77 @@
+"""Keras 3's scikit-learn wrappers and plotting helpers load at their first use in a task
+(tfrun.in_task.compat.deferred_imports): a real bootstrap run of a script that imports
+Keras, then uses them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfrun.in_task.compat import deferred_imports
+
+PROBE = """
+import json, sys
+import keras
+at_import = {m: m in sys.modules for m in ("sklearn", "matplotlib.pyplot", "scipy.stats")}
+used = {}
+if sys.argv[1:] == ["use"]:
+    from keras.wrappers import SKLearnRegressor
+    import sklearn.base
+    used["an_estimator"] = issubclass(SKLearnRegressor, sklearn.base.BaseEstimator)
+    used["classifier"] = keras.wrappers.SKLearnClassifier.__name__
+    from keras.visualization import plot_image_gallery
+    used["plotting"] = callable(plot_image_gallery) and "matplotlib.pyplot" in sys.modules
+    import keras.src.visualization.plot_image_gallery as direct
+    used["one_function"] = direct.plot_image_gallery is plot_image_gallery
+print("PROBE " + json.dumps({"at_import": at_import, "used": used}), flush=True)
+"""
+
+
+def _probe(tmp_path, *args: str, **env: str) -> dict:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TFRUN_")}
+    done = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", str(script), *args],
+                          env={**environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(l for l in done.stdout.splitlines() if l.startswith("PROBE "))
+    return json.loads(line[len("PROBE "):])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_the_optional_packages():
+    import importlib.util
+
+    missing = [m for m in ("sklearn", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:  # the dev install has both: there, this always runs
+        pytest.skip(f"without {missing} Keras imports neither, deferred or not")
+
+
+def test_import_keras_leaves_them_and_their_first_use_makes_them(tmp_path):
+    got = _probe(tmp_path, "use")
+    assert got["at_import"] == {"sklearn": False, "matplotlib.pyplot": False,
+                                "scipy.stats": False}, got
+    assert got["used"] == {"an_estimator": True, "classifier": "SKLearnClassifier",
+                           "plotting": True, "one_function": True}, got
+
+
+def test_defer_imports_0_imports_them_with_keras_as_python_does(tmp_path):
+    got = _probe(tmp_path, TFRUN_DEFER_IMPORTS="0")
+    assert got["at_import"] == {"sklearn": True, "matplotlib.pyplot": True,
+                                "scipy.stats": True}, got
+
+
+def test_only_the_listed_modules_are_deferred_and_install_is_idempotent():
+    before = list(sys.meta_path)
+    try:
+        deferred_imports.install()
+        deferred_imports.install()
+        added = [f for f in sys.meta_path if f not in before]
+        assert len(added) == 1 and sys.meta_path[0] is added[0]
+        assert added[0].find_spec("json") is None  # everything else: the normal import
+        assert added[0].find_spec("keras.wrappers_of_a_later_keras") is None
+    finally:
+        sys.meta_path[:] = before
