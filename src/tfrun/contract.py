@@ -102,8 +102,9 @@ BACKUP_WRITE = "TFRUN_BACKUP_WRITE"
 KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"
 #: "untouched": leave Python's garbage collector as Python sets it (``tfrun.in_task.collector``).
 PYTHON_GC = "TFRUN_PYTHON_GC"
-#: "0": Keras 3's scikit-learn wrappers and plotting helpers load at ``import keras``, as
-#: without tfrun, instead of at their first use (``tfrun.in_task.compat.deferred_imports``).
+#: "0": Keras 3's scikit-learn wrappers, plotting helpers and IPython load at ``import
+#: keras``, as without tfrun, instead of at their first use
+#: (``tfrun.in_task.compat.deferred_imports``).
 DEFER_IMPORTS = "TFRUN_DEFER_IMPORTS"
 
 # --------------------------------------------------------------------------- containment

@@ -15,6 +15,7 @@ PROBE = """
 import json, sys
 import keras
 at_import = {m: m in sys.modules for m in ("sklearn", "matplotlib.pyplot", "scipy.stats")}
+at_import["IPython"] = "IPython.core" in sys.modules  # its code ran (not only bound)
 used = {}
 if sys.argv[1:] == ["use"]:
     from keras.wrappers import SKLearnRegressor
@@ -25,6 +26,8 @@ if sys.argv[1:] == ["use"]:
     used["plotting"] = callable(plot_image_gallery) and "matplotlib.pyplot" in sys.modules
     import keras.src.visualization.plot_image_gallery as direct
     used["one_function"] = direct.plot_image_gallery is plot_image_gallery
+    from IPython import get_ipython
+    used["no_notebook"] = get_ipython() is None
 print("PROBE " + json.dumps({"at_import": at_import, "used": used}), flush=True)
 """
 
@@ -53,15 +56,15 @@ def _needs_the_optional_packages():
 def test_import_keras_leaves_them_and_their_first_use_makes_them(tmp_path):
     got = _probe(tmp_path, "use")
     assert got["at_import"] == {"sklearn": False, "matplotlib.pyplot": False,
-                                "scipy.stats": False}, got
+                                "scipy.stats": False, "IPython": False}, got
     assert got["used"] == {"an_estimator": True, "classifier": "SKLearnClassifier",
-                           "plotting": True, "one_function": True}, got
+                           "plotting": True, "one_function": True, "no_notebook": True}, got
 
 
 def test_defer_imports_0_imports_them_with_keras_as_python_does(tmp_path):
     got = _probe(tmp_path, TFRUN_DEFER_IMPORTS="0")
     assert got["at_import"] == {"sklearn": True, "matplotlib.pyplot": True,
-                                "scipy.stats": True}, got
+                                "scipy.stats": True, "IPython": True}, got
 
 
 def test_only_the_listed_modules_are_deferred_and_install_is_idempotent():

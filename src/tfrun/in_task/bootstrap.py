@@ -14,8 +14,8 @@ In order, before the user's code:
 3. install the Keras compatibility fixes (applied when Keras is first imported, so a
    script that never imports Keras pays nothing); keep Python's garbage collector from
    walking TensorFlow's heap while it imports and when the task exits
-   (``tfrun.in_task.collector``); leave Keras 3's scikit-learn wrappers and plotting
-   helpers to the script's first use of them (``tfrun.in_task.compat.deferred_imports``);
+   (``tfrun.in_task.collector``); leave Keras 3's scikit-learn wrappers, plotting helpers
+   and IPython to the script's first use of them (``tfrun.in_task.compat.deferred_imports``);
 4. with ``contract.ROLES=auto`` in a parameter-server cluster, ps and worker tasks become
    plain ``tf.distribute.Server``s and never run the script;
 5. run the script as ``__main__`` with ``sys.argv`` as if started by ``python script.py``.

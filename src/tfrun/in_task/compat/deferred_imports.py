@@ -3,9 +3,9 @@
 Why: ``import keras`` also imports its scikit-learn wrappers (``keras.wrappers``, which
 import scikit-learn and with it SciPy's statistics) and its plotting helpers
 (``keras.visualization``, which import ``matplotlib.pyplot``) whenever those packages are
-installed, as they are in most ML environments. Here that is about 1.3 of the 3.6 CPU
-seconds ``import keras`` takes, in every task and at every restart, for functions a
-training script rarely calls. ``benchmarks/bench_task_start.py`` measures a task's start
+installed, as they are in most ML environments, and ``keras.saving`` imports IPython for
+notebook display. Here that is about 1.6 of the 3.6 CPU seconds ``import keras`` takes,
+in every task and at every restart, for functions a training script rarely calls. ``benchmarks/bench_task_start.py`` measures a task's start
 with and without this module; docs/benchmarks.md has the numbers.
 
 What, in every task the bootstrap runs (unless ``contract.DEFER_IMPORTS`` is ``0``):
@@ -13,8 +13,9 @@ What, in every task the bootstrap runs (unless ``contract.DEFER_IMPORTS`` is ``0
 ``DEFERRED`` Python's own ``importlib.util.LazyLoader``. ``import keras`` binds them as
 usual; each module's code runs when the script first reads one of its attributes
 (``keras.wrappers.SKLearnClassifier``, ``from keras.visualization import
-plot_image_gallery``): the same module, made later. Nothing else is deferred, a name the
-installed Keras does not have is left to the normal import, and tf_keras has none of them.
+plot_image_gallery``, ``from IPython import display``): the same module, made later.
+Nothing else is deferred, a name the installed Keras does not have is left to the normal
+import, and tf_keras imports none of them.
 One difference remains, which Python's lazy loading documents: an error in such a module
 (a broken scikit-learn install) surfaces at that first use rather than at ``import keras``.
 
@@ -38,9 +39,10 @@ from ... import contract
 __all__ = ["DEFERRED", "install", "wanted"]
 
 #: Modules made on first use: Keras 3's public packages and the private ones behind them
-#: (``keras.src`` imports its ``visualization`` package itself).
+#: (``keras.src`` imports its ``visualization`` package itself), and IPython, which
+#: ``keras.saving``'s file editor imports for its notebook display (a third of a second).
 DEFERRED = frozenset({"keras.wrappers", "keras.src.wrappers",
-                      "keras.visualization", "keras.src.visualization"})
+                      "keras.visualization", "keras.src.visualization", "IPython"})
 
 
 def wanted() -> bool:
