@@ -16,8 +16,11 @@ usual; each module's code runs when the script first reads one of its attributes
 plot_image_gallery``, ``from IPython import display``): the same module, made later.
 Nothing else is deferred, a name the installed Keras does not have is left to the normal
 import, and tf_keras imports none of them.
-One difference remains, which Python's lazy loading documents: an error in such a module
-(a broken scikit-learn install) surfaces at that first use rather than at ``import keras``.
+Two differences remain, both of Python's lazy loading: an error in such a module (a
+broken scikit-learn install) surfaces at that first use rather than at ``import keras``;
+and Python 3.11's lazy loading takes no lock, so two threads that first touch the same
+deferred module at the same instant could see it half made (training's own threads
+never touch these modules).
 
     >>> install()                                    # doctest: +SKIP
     >>> import keras, sys                            # doctest: +SKIP
