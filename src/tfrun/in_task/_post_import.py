@@ -15,28 +15,48 @@ import warnings
 from types import ModuleType
 from typing import Callable
 
-__all__ = ["when_imported"]
+__all__ = ["SpecWrapper", "when_imported"]
 
 
-class _PostImport(importlib.abc.MetaPathFinder):
-    """Finds ``name`` through the normal finders, then calls its callbacks (in the order they
-    were registered) once it has loaded."""
+class SpecWrapper(importlib.abc.MetaPathFinder):
+    """Finds a module it ``wants`` through the other finders, then returns ``wrap(spec)``;
+    a module without a loader that can ``exec_module`` is left to the normal import."""
 
-    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
-        self.name = name
-        self.callbacks = [callback]
+    def __init__(self) -> None:
         self._busy = False
 
+    def wants(self, fullname: str) -> bool:
+        raise NotImplementedError
+
+    def wrap(self, spec):
+        raise NotImplementedError
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name or self._busy:
+        if self._busy or not self.wants(fullname):
             return None
-        self._busy = True
+        self._busy = True  # the lookup below asks every finder, this one included
         try:
             spec = importlib.util.find_spec(fullname)
         finally:
             self._busy = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
+        return self.wrap(spec)
+
+
+class _PostImport(SpecWrapper):
+    """Finds ``name`` through the normal finders, then calls its callbacks (in the order they
+    were registered) once it has loaded."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        super().__init__()
+        self.name = name
+        self.callbacks = [callback]
+
+    def wants(self, fullname: str) -> bool:
+        return fullname == self.name
+
+    def wrap(self, spec):
         original = spec.loader.exec_module
         callbacks = self.callbacks
 
@@ -46,7 +66,7 @@ class _PostImport(importlib.abc.MetaPathFinder):
                 try:
                     callback(module)
                 except Exception as exc:  # never break the user's import
-                    warnings.warn(f"tfrun: adjusting {fullname} failed: {exc!r}", stacklevel=2)
+                    warnings.warn(f"tfrun: adjusting {self.name} failed: {exc!r}", stacklevel=2)
 
         spec.loader.exec_module = exec_module  # this loader instance serves only this spec
         return spec

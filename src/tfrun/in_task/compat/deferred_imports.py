@@ -32,12 +32,12 @@ never touch these modules).
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import os
 import sys
 
 from ... import contract
+from .._post_import import SpecWrapper
 
 __all__ = ["DEFERRED", "install", "wanted"]
 
@@ -53,22 +53,13 @@ def wanted() -> bool:
     return os.environ.get(contract.DEFER_IMPORTS, "1") != "0"
 
 
-class _Deferring(importlib.abc.MetaPathFinder):
-    """Finds a name of ``DEFERRED`` through the other finders and wraps its loader."""
+class _Deferring(SpecWrapper):
+    """Gives the loader of each name of ``DEFERRED`` to Python's ``LazyLoader``."""
 
-    def __init__(self) -> None:
-        self._busy = False
+    def wants(self, fullname: str) -> bool:
+        return fullname in DEFERRED
 
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in DEFERRED or self._busy:
-            return None
-        self._busy = True  # the lookup below asks every finder, this one included
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
+    def wrap(self, spec):
         spec.loader = importlib.util.LazyLoader(spec.loader)
         return spec
 
