@@ -375,20 +375,28 @@ def ray_cluster():
 
 
 @pytest.fixture(autouse=True)
-def _no_cgroup_left_by_an_engine(request):
-    """After each Slurm or Ray test: none of the tfrun cgroups made during it remains once
-    the next tfrun on this machine has swept what ended backends left (``sweep_ended``:
-    Slurm ends a job step by SIGKILLing a node's agent together with its reaper, so nobody
-    removes their empty cgroups until then). A cgroup still holding a process, or one
-    whose owner lives on, fails the test. The fake-host tests check the same, strictly,
-    in ``host_runs.assert_nothing_left``."""
+def _nothing_left_by_an_engine(request):
+    """After each Slurm or Ray test: none of the tfrun cgroups or run temporary directories
+    made during it remains once the next tfrun on this machine has swept what ended
+    backends left (``cgroups.sweep_ended``, ``run_tmp.sweep_ended``: Slurm ends a job step
+    by SIGKILLing a node's agent together with its reaper, so nobody removes them until
+    then). A cgroup still holding a process, or one or a directory whose owner lives on,
+    fails the test. The fake-host tests check the same, strictly, in
+    ``host_runs.assert_nothing_left``."""
     if not {"slurm", "ray"} & {mark.name for mark in request.node.iter_markers()}:
         yield
         return
+    import tempfile
+
+    from tfrun.launch import run_tmp
     from tfrun.launch.cgroups import described, own_cgroup_dir, sweep_ended
 
     base, started = own_cgroup_dir(), time.time()
     yield
+    tmp = Path(tempfile.gettempdir())
+    run_tmp.sweep_ended(tmp)
+    directories = [p for p in tmp.glob("tfrun-tmp-*") if p.stat().st_ctime >= started]
+    assert not directories, f"run temporary directories left behind: {directories}"
     if base is None:
         return
     sweep_ended(base)

@@ -2,6 +2,7 @@
 flags that reach the others, and the check that nothing of a run is left on any host."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -82,8 +83,19 @@ def _new_tfrun_cgroups() -> list[Path]:
             if path.is_dir() and path.stat().st_ctime >= _LOADED]
 
 
+def _new_run_tmp_dirs() -> list[Path]:
+    """The hosts' run temporary directories (``tfrun-tmp-*``: the fake hosts share this
+    machine's /tmp) made since this module was loaded."""
+    import tempfile
+
+    return [path for path in Path(tempfile.gettempdir()).glob("tfrun-tmp-*")
+            if path.is_dir() and path.stat().st_ctime >= _LOADED]
+
+
 def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
-    """No tfrun process on any fake host, and none of their task cgroups remains."""
+    """No tfrun process on any fake host, and none of their task cgroups or run temporary
+    directories remains (a host killed with its agent's reaper included: the run's other
+    agents sweep its directory when they close)."""
     deadline = time.monotonic() + timeout
     while True:
         left = hosts.tfrun_processes()
@@ -97,9 +109,13 @@ def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
         time.sleep(0.1)
     cgroups = _new_tfrun_cgroups()
     described = [_describe_cgroup(c) for c in cgroups]
+    directories = _new_run_tmp_dirs()
+    described += [f"{d}: {sorted(p.name for p in d.iterdir())}" for d in directories]
     for cgroup in cgroups:  # the next test must not fail for this one's leftovers
         _remove_cgroup_tree(cgroup)
-    assert not cgroups, f"tfrun cgroups left behind: {described}"
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
+    assert not cgroups and not directories, f"tfrun cgroups or directories left behind: {described}"
 
 
 def _describe_cgroup(path: Path) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import FAKE_TASK, REPORT_ON, Run, assert_nothing_left
+from conftest import FAKE_TASK, REPORT_ON, Run, assert_nothing_left, processes_of_run
 
 FAST = ["--join-timeout", "20", "--stop-grace", "3"]
 
@@ -285,17 +285,20 @@ def test_a_helper_that_left_its_task_s_process_group_dies_with_the_task(fake_run
         assert not helper.is_running() or helper.status() == psutil.STATUS_ZOMBIE
 
 
-@pytest.mark.parametrize("ending", ["a task SIGKILLed", "tfrun SIGKILLed", "opted out"])
+@pytest.mark.parametrize("ending", ["a task SIGKILLed", "tfrun SIGKILLed",
+                                    "tfrun and its reaper SIGKILLed", "opted out"])
 def test_what_tasks_leave_in_their_temporary_directory_goes_with_the_run(fake_run, ending):
     """The tasks' TMPDIR is one directory of the run, inside tfrun's own temporary
     directory: a file a killed task never removed is gone when the run ends, whether tfrun
-    ends it or its reaper does. TFRUN_PRIVATE_TMP=0 leaves TMPDIR as it was."""
+    ends it or its reaper does, or the next tfrun on the host if both were killed at once.
+    TFRUN_PRIVATE_TMP=0 leaves TMPDIR as it was."""
     import tempfile
 
     outside = tempfile.gettempdir()
     spec = {"a task SIGKILLed": "worker:1=tempfile,print:ready,sleep:0.5,kill:SIGKILL;"
                                 "*=tempfile,print:ready,forever",
             "tfrun SIGKILLed": "*=tempfile,print:ready,forever",
+            "tfrun and its reaper SIGKILLed": "*=tempfile,print:ready,forever",
             "opted out": "*=tempfile,ok"}[ending]
     run = fake_run(["--workers", "2", *FAST], spec,
                    env={"TFRUN_PRIVATE_TMP": "0"} if ending == "opted out" else None).start()
@@ -313,9 +316,23 @@ def test_what_tasks_leave_in_their_temporary_directory_goes_with_the_run(fake_ru
     assert shared.parent == Path(outside) and shared.name.startswith("tfrun-tmp-"), shared
     if ending == "a task SIGKILLed":
         assert run.wait(30) == 128 + signal.SIGKILL, run.stdout
-    else:
+    elif ending == "tfrun SIGKILLed":
         run.proc.kill()
         run.proc.wait()
+    else:  # as a Slurm step's end or a vanished host does
+        (reaper,) = [p for p in processes_of_run(run.run_dir)
+                     if p.environ().get("TFRUN_REAPER_FOR") == str(run.run_dir)]
+        reaper.kill()
+        run.proc.kill()
+        run.proc.wait()
+        deadline = time.monotonic() + 10  # the tasks die with tfrun all the same
+        while processes_of_run(run.run_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shared.exists() and all(f.exists() for f in files)  # no one removed it
+        assert fake_run(["--workers", "1", *FAST], "*=ok", name="next").run(60) == 0  # next tfrun
+        assert not shared.exists(), sorted(shared.iterdir())
+        assert_nothing_left(run)  # its cgroups, too, were swept by the next tfrun
+        return
     assert_nothing_left(run, timeout=10)
     deadline = time.monotonic() + 10  # the reaper removes it once the tasks are dead
     while shared.exists() and time.monotonic() < deadline:

@@ -26,7 +26,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import IO
@@ -34,7 +33,7 @@ from typing import IO
 from ... import contract
 from ...cluster import ClusterPlan, TaskId, parse_address
 from ...errors import ConfigError
-from .. import cgroups, run
+from .. import cgroups, run, run_tmp
 from ..cgroups import TaskCgroups
 from ..config import NETWORK_MODES
 from ..devices import describe_shares, local_shares
@@ -42,6 +41,7 @@ from ..loopback import LoopbackNetwork, LoopbackUnavailable
 from ..netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from ..oom import OomWatch
 from ..ports import PortReservation
+from ..run_tmp import RunTemporaryDirectory
 from ..rundir import run_dir_for
 from ..specs import spec_factory
 from ..supervise.policy import exit_code_of
@@ -124,7 +124,7 @@ class LocalBackend(Backend):
         self._cgroups: TaskCgroups | None = None
         self._task_cgroups: dict[int, Path] = {}             # id(handle) -> its cgroup
         self._oom: dict[int, OomWatch] = {}                  # id(handle) -> OOM-kill counts
-        self._tmp: Path | None = None                        # the tasks' TMPDIR on this host
+        self._tmp: RunTemporaryDirectory | None = None       # the tasks' TMPDIR on this host
 
     def open(self, run_dir: Path) -> None:
         self._reaper = _Reaper(run_dir)
@@ -226,20 +226,22 @@ class LocalBackend(Backend):
         return path
 
     def _run_tmp(self) -> Path:
-        """The run's temporary directory on this host, made at the first task's start
-        (inside this process's own temporary directory, so a TMPDIR set for tfrun is the
-        disk it lives on) and removed by ``close``, or by the reaper if we die first."""
+        """The run's temporary directory on this host, made at the first task's start and
+        removed by ``close``, or by the reaper if we die first, or by the next tfrun here
+        if the reaper dies with us (``run_tmp``)."""
         if self._tmp is None:
-            self._tmp = Path(tempfile.mkdtemp(prefix="tfrun-tmp-"))
+            self._tmp = RunTemporaryDirectory.make()
             if self._reaper is not None:
-                self._reaper.register_directory(self._tmp)
-        return self._tmp
+                self._reaper.register_directory(self._tmp.path)
+        return self._tmp.path
 
     def _remove_tmp(self) -> None:
         if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)  # after the kill: no writer left
+            self._tmp.remove()  # after the kill: no writer left
             if self._reaper is not None:
-                self._reaper.unregister_directory(self._tmp)
+                self._reaper.unregister_directory(self._tmp.path)
+            # What runs killed with their reaper left here goes now, not at the next run.
+            run_tmp.sweep_ended(self._tmp.path.parent)
             self._tmp = None
 
     def _remove_scratch(self, key: int) -> None:

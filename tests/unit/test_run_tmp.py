@@ -1,0 +1,48 @@
+"""The run's temporary directory on a host, and the sweep of those whose owner ended."""
+
+import os
+import signal
+import subprocess
+import sys
+
+from tfrun.launch.run_tmp import RunTemporaryDirectory, sweep_ended
+
+MAKE_AND_WAIT = ("import sys, time; from pathlib import Path;"
+                 "from tfrun.launch.run_tmp import RunTemporaryDirectory as R;"
+                 "t = R.make(Path(sys.argv[1])); (t.path / 'left').write_text('x');"
+                 "print(t.path, flush=True); time.sleep(600)")
+
+
+def test_a_directory_is_swept_once_its_owner_is_killed_and_not_before(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", MAKE_AND_WAIT, str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        path = tmp_path / owner.stdout.readline().strip()
+        assert path.name.startswith(f"tfrun-tmp-{owner.pid}-") and (path / "left").exists()
+        assert sweep_ended(tmp_path) == [] and path.exists()  # its owner is alive
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    assert sweep_ended(tmp_path) == [path] and not path.exists()
+
+
+def test_the_owner_s_own_directory_and_others_are_left_alone(tmp_path):
+    mine = RunTemporaryDirectory.make(tmp_path)
+    (tmp_path / "tfrun-tmp-made-by-an-older-tfrun").mkdir()  # no .owner: not ours to judge
+    (tmp_path / "unrelated").mkdir()
+    assert sweep_ended(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [mine.path.name, "tfrun-tmp-made-by-an-older-tfrun", "unrelated"])
+    assert mine.path.stat().st_mode & 0o777 == 0o700
+    mine.remove()
+    assert not mine.path.exists()
+    mine.remove()  # twice is harmless
+
+
+def test_making_one_sweeps_what_ended_runs_left_next_to_it(tmp_path):
+    ended = RunTemporaryDirectory.make(tmp_path)
+    os.close(ended._lock)  # what the kernel does when its owner dies
+    ended._lock = -1
+    fresh = RunTemporaryDirectory.make(tmp_path)
+    assert not ended.path.exists() and fresh.path.exists()
+    fresh.remove()
