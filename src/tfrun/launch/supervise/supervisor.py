@@ -27,7 +27,6 @@ from pathlib import Path
 from ...cluster import ClusterPlan, TaskId
 from ..engines.base import Backend, TaskSpec
 from ..config import LaunchConfig
-from ...contract import TF_CONFIG_REPLACED
 from .diagnose import culprits
 from .explain import explain
 from ..output import (LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error,
@@ -35,13 +34,15 @@ from ..output import (LEAD_AUTO, ConsoleSink, TaskLogger, describe_write_error,
 from .attempts import Attempts, earlier_attempts
 from .attribution import failure_verdict, hang_verdict, join_verdict
 from .attempt_marks import AttemptMarks
+from .joining import JoinWatch
 from .membership import Membership
 from .policy import (ALLOWED_TRANSITIONS, EXCEPTION_CLASSES, Decision, FailureClass,
                      FailurePolicy, TaskExit, TaskState, classify_exit)
-from ..rendezvous import JoinProbe
 from .records import (HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus,
                       TaskRecord)
 from .summary import describe_code, describe_outcome, log_tail, write_summary
+from .status import StatusLine
+from .stopping import TaskStopper
 from .stragglers import StragglerWatch
 from .watchdogs import Watchdogs
 
@@ -51,10 +52,6 @@ __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Sup
 _POLL_SECONDS = 0.1
 #: Failure classes that are a host's fault, not the script's (elastic runs act on them).
 _HOST_FAULTS = (FailureClass.NODE_LOST, FailureClass.INFRASTRUCTURE)
-#: Between the two SIGTERMs of a stop "at once" (see ``Supervisor._stop``).
-_SECOND_SIGTERM_SECONDS = 0.2
-#: After SIGKILL, how long to wait for a (remote) backend to confirm the exit.
-_KILL_CONFIRM_SECONDS = 5.0
 
 
 class Watch(enum.Enum):
@@ -122,16 +119,19 @@ class Supervisor:
         self.marks = AttemptMarks()
         self._signal: int | None = None
         self._events = run_dir / "events.jsonl"
-        self._probe: JoinProbe | None = None
+        self._join: JoinWatch | None = None  # this attempt's
         self._start_time = time.time()
         self._storage_error: str | None = None  # the run dir could not be written
         if console.lead == LEAD_AUTO:
             console.lead = self.lead_task()
-        self._status_at = 0.0
-        self._status_epoch: dict | None = None  # the lead's epoch record last shown
         #: the hang clocks (--step-timeout, --hang-timeout) and their finding
         self.watchdogs = Watchdogs(config, lambda: self.records, self._backend, self._event)
         self.stragglers = StragglerWatch(say=console.info, event=self._event)
+        self.status = StatusLine(console, lambda: self.records,
+                                 stragglers=lambda: self.stragglers.named,
+                                 restarts=lambda: self.restarts, started=self._start_time)
+        self.stopper = TaskStopper(self._backend, self._transition, say=console.info,
+                                   event=self._event)
         #: a failed run's first failure and collateral (summary.json's ``verdict``)
         self.verdict: dict | None = None
 
@@ -180,41 +180,6 @@ class Supervisor:
         """The task whose training output speaks for the run: the chief, else worker 0."""
         names = [str(r.task) for r in self.records]
         return next((n for n in ("chief:0", "worker:0") if n in names), names[0])
-
-    def status_line(self) -> str:
-        """``tfrun: 2/2 tasks up · epoch 3/15 · 142 steps/s · 0 restarts · 0:12``."""
-        up = sum(r.state == TaskState.RUNNING for r in self.records)
-        parts = [f"{up}/{len(self.records)} tasks up"]
-        epoch = self._lead_epoch()
-        if epoch:
-            total = f"/{epoch['epochs']}" if epoch.get("epochs") else ""
-            parts.append(f"epoch {epoch.get('epoch')}{total} done")
-            rate = epoch.get("steady_steps_per_s") or epoch.get("steps_per_s")
-            if rate:
-                parts.append(f"{rate:,.1f} steps/s")
-        if self.stragglers.named:
-            parts.append(f"straggler {', '.join(self.stragglers.named)}")
-        restarts = self.restarts + sum(r.task_restarts + r.task_preemptions for r in self.records)
-        parts.append(f"{restarts} restart{'s' if restarts != 1 else ''}")
-        elapsed = int(time.time() - self._start_time)
-        parts.append(f"{elapsed // 60}:{elapsed % 60:02d}")
-        return "tfrun: " + " · ".join(parts)
-
-    def _lead_epoch(self) -> dict | None:
-        """The lead task's last epoch record (None before its first)."""
-        lead = next((r for r in self.records if str(r.task) == self.console.lead), None)
-        return lead.logger.last_epoch if lead is not None else None
-
-    def _tick_status(self) -> None:
-        """Redraw the status line about once a second, and at once when the lead task
-        reports an epoch (a short epoch would otherwise come and go between two redraws)."""
-        if not self.console.live:
-            return  # (no lookup in the poll loop when nothing is drawn)
-        now = time.monotonic()
-        epoch = self._lead_epoch()
-        if now - self._status_at >= 1.0 or epoch is not self._status_epoch:
-            self._status_at, self._status_epoch = now, epoch
-            self.console.set_status(self.status_line())
 
     def _distinct_backends(self) -> list[Backend]:
         out: list[Backend] = []
@@ -272,8 +237,8 @@ class Supervisor:
         finally:
             # Whatever happened (even an exception in tfrun itself): nothing survives.
             self._stop(self.records, grace=self.config.stop_grace)
-            if self._probe is not None:
-                self._probe.stop()
+            if self._join is not None:
+                self._join.stop()
             outcome = (1, "the launcher failed") if result is None else \
                 (result.exit_code, describe_outcome(result))
             for backend in opened:
@@ -480,22 +445,14 @@ class Supervisor:
                          restart=restart_count)
         record.logger.pump(stream)
 
-    def _needs_join(self) -> bool:
-        return len(self.plan.cluster.tasks()) > 1
-
     def _watch(self) -> _Outcome:
-        started = watched_since = time.monotonic()
-        joined = not self._needs_join()
-        if self._probe is not None:
-            self._probe.stop()
-        self._probe = None
-        if not joined:
-            # Each address is probed by its task's backend: from where the task is reachable
-            # (inside a private network, over this machine's network otherwise).
-            backend_of = {r.address: self._backend(r) for r in self.records if r.address}
-            self._probe = JoinProbe(
-                {r.task: r.address for r in self.records if r.address is not None},
-                probe=lambda address, timeout: backend_of[address].probe(address, timeout))
+        if self._join is not None:
+            self._join.stop()
+        join = self._join = JoinWatch(
+            self.records, self._backend, cluster_size=len(self.plan.cluster.tasks()),
+            join_timeout=self.config.join_timeout, say=self.console.info, event=self._event,
+            problems=lambda: [p for b in self._distinct_backends() for p in b.problems()])
+        joined, watched_since = join.formed, time.monotonic()
         while True:
             if self._signal is not None:
                 return _Outcome(Watch.SIGNAL)
@@ -543,16 +500,16 @@ class Supervisor:
             if tracked and all(r.state == TaskState.SUCCEEDED for r in tracked):
                 return _Outcome(Watch.SUCCESS)
             if not joined:
-                joined = self._check_joined(started)
+                joined = join.check()
                 watched_since = time.monotonic()  # silence counts from the cluster forming
-                if not joined and time.monotonic() - started > self.config.join_timeout:
-                    return self._join_timeout()
+                if join.timed_out():
+                    return _Outcome(Watch.JOIN_TIMEOUT, *join.failure())
             else:
                 found = self.watchdogs.check(watched_since)
                 if found is not None:
                     return _Outcome(Watch.HANG, *found)
                 self.stragglers.check(self.records)
-            self._tick_status()
+            self.status.tick()
             time.sleep(_POLL_SECONDS)
 
     def _exits(self) -> list[tuple[TaskRecord, int]]:
@@ -657,46 +614,6 @@ class Supervisor:
                 return culprit
         return None
 
-    def _check_joined(self, started: float) -> bool:
-        assert self._probe is not None
-        joined = self._probe.joined()
-        for record in self.records:
-            if record.task in joined:
-                record.joined = True
-        waiting = [r for r in self.records if r.address is not None and not r.joined]
-        if not waiting:
-            self.console.info(f"cluster formed: all {len(self.plan.cluster.tasks())} servers up "
-                              f"after {time.monotonic() - started:.1f}s")
-            self._event("joined", seconds=time.monotonic() - started)
-            return True
-        return False
-
-    def _join_timeout(self) -> _Outcome:
-        waiting = [r for r in self.records if r.address is not None and not r.joined]
-        exited = [r for r in self.records if r.state.done]
-        # A script that replaced tfrun's TF_CONFIG built another cluster: say so, not "never
-        # started a server" (it may well have, elsewhere).
-        replaced = [r for r in waiting if TF_CONFIG_REPLACED in log_tail(r.logger.path)]
-        silent = [r for r in waiting if r not in replaced]
-        parts = [f"the cluster did not form within --join-timeout {self.config.join_timeout:g}s: "]
-        if replaced:
-            parts.append(f"{', '.join(str(r.task) for r in replaced)} replaced the TF_CONFIG "
-                         "tfrun set with its own (the script assigns os.environ['TF_CONFIG']; "
-                         "see the warning in its log), so it could not join tfrun's cluster")
-        if silent:
-            parts.append(("; " if replaced else "") +
-                         f"{', '.join(str(r.task) for r in silent)} never started a TensorFlow "
-                         f"server on {', '.join(r.address or '' for r in silent)}")
-        if exited:
-            parts.append("; already exited: " + ", ".join(
-                f"{r.task} (code {r.exit_code})" for r in exited))
-        for backend in self._distinct_backends():
-            parts.extend(f"; {problem}" for problem in backend.problems())
-        parts.append(". A task that exits early or never creates its strategy/server leaves the "
-                     "others waiting; check its log, or raise --join-timeout if start-up is slow")
-        self._event("join-timeout", waiting=[str(r.task) for r in waiting])
-        return _Outcome(Watch.JOIN_TIMEOUT, waiting[0] if waiting else None, "".join(parts))
-
     def _finish_untracked(self) -> None:
         """Training is done: stop ps now, give the evaluator its grace period."""
         for backend in self._distinct_backends():
@@ -726,69 +643,13 @@ class Supervisor:
 
     def _stop(self, records: list[TaskRecord], *, grace: float, at_once: bool = False,
               saving: bool = False) -> None:
-        """SIGTERM each running task's tree, wait up to ``grace``, SIGKILL what is left;
-        then release all (nothing of them may remain, on any host).
-
-        ``at_once``: a second SIGTERM shortly after the first, for when a peer has failed:
-        a task that backs up on a preemption notice (``tfrun.backup_and_restore``) takes
-        the first as one and would wait for a step its dead peer never makes; a second
-        one ends it at once (the coordinated save needs every worker).
-
-        ``saving``: the tasks back up before they stop (a preemption, tfrun stopped): they
-        have ``--preemption-grace`` (when longer than ``grace``), and a task still running
-        when it is over is named, in the console and the attempt (summary.json), as one
-        whose backup did not finish.
-
-        Only tasks still RUNNING are signalled: a finished task was released when it
-        exited, and signalling it later could hit a reused process group.
-        """
-        if saving and not at_once:
-            grace = max(grace, self.config.preemption_grace)
-        live = [r for r in records if r.handle is not None and r.state == TaskState.RUNNING]
-        codes: dict[int, int | None] = {}
-
-        def poll_all() -> bool:
-            for record in live:
-                if codes.get(id(record)) is None:
-                    codes[id(record)] = self._backend(record).poll(record.handle)  # type: ignore[arg-type]
-            return all(codes.get(id(r)) is not None for r in live)
-
-        for record in live:
-            self._backend(record).signal(record.handle, signal.SIGTERM)  # type: ignore[arg-type]
-            # A SIGSTOPped task would keep SIGTERM pending until the SIGKILL: wake it up.
-            self._backend(record).signal(record.handle, signal.SIGCONT)  # type: ignore[arg-type]
-        if at_once:
-            # Apart, so that the two are not merged into one pending signal.
-            time.sleep(_SECOND_SIGTERM_SECONDS)
-            poll_all()
-            for record in live:
-                if codes.get(id(record)) is None:
-                    self._backend(record).signal(record.handle, signal.SIGTERM)  # type: ignore[arg-type]
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and not poll_all():
-            time.sleep(0.05)
-        late = [r for r in live if codes.get(id(r)) is None]
-        for record in late:
-            self._backend(record).signal(record.handle, signal.SIGKILL)  # type: ignore[arg-type]
-        if saving and not at_once and late:
-            names = ", ".join(str(r.task) for r in late)
-            self.console.info(f"{names}: still running {grace:g}s after the stop notice "
-                              f"(--preemption-grace): killed before its backup finished; the "
-                              "resume starts from the last complete backup")
-            if self.attempts:
-                self.attempts[-1].setdefault("backup_not_finished", []).extend(
-                    str(r.task) for r in late)
-            self._event("backup-not-finished", tasks=[str(r.task) for r in late], grace=grace)
-        deadline = time.monotonic() + _KILL_CONFIRM_SECONDS
-        while time.monotonic() < deadline and not poll_all():
-            time.sleep(0.05)
-        for record in live:
-            assert record.handle is not None
-            self._backend(record).release(record.handle)
-            record.exit_code = codes.get(id(record))
-            record.ended_at = time.time()
-            record.stopped_by_tfrun = True
-            self._transition(record, TaskState.STOPPED, exit_code=record.exit_code)
+        """Stop ``records``' running tasks (``TaskStopper.stop``); the tasks killed before
+        their backup finished are named in the attempt (summary.json)."""
+        late = self.stopper.stop(records, grace=grace, at_once=at_once, saving=saving,
+                                 preemption_grace=self.config.preemption_grace)
+        if late and self.attempts:
+            self.attempts[-1].setdefault("backup_not_finished", []).extend(
+                str(r.task) for r in late)
 
     def _hang_restarts(self, outcome: _Outcome) -> bool:
         """Whether the policy restarts the group after this hang (restarts left)."""
