@@ -333,3 +333,26 @@ def test_a_resume_waits_for_the_write_an_earlier_fit_left_in_flight(monkeypatch,
     snapshot.finish_writes_in_flight()
     assert done == [str(tmp_path / "a"), "mark"]
     snapshot.finish_writes_in_flight()  # nothing in flight: returns at once
+
+
+def test_an_agreed_preemption_stop_runs_finally_blocks_but_not_atexit_handlers():
+    """stop_preempted: exit 143 once the script unwound (its ``finally`` ran), at the first
+    exit handler, so the handlers registered before it (a tracker's) do not run -- as
+    docs/fault-tolerance.md says."""
+    program = textwrap.dedent("""
+        import atexit
+        from tfrun.in_task.preemption import stop_preempted
+        atexit.register(lambda: print("atexit ran", flush=True))
+        try:
+            stop_preempted("every worker", 30, "epoch 2, batch 10", epoch=2, batch=10)
+        finally:
+            print("finally ran", flush=True)
+        print("went on", flush=True)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFRUN_")}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 143, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == ["tfrun: preempted: every worker saved at step 30 (epoch 2, batch 10); "
+                     "stopping", "finally ran"], done.stdout
