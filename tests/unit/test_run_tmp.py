@@ -46,3 +46,20 @@ def test_making_one_sweeps_what_ended_runs_left_next_to_it(tmp_path):
     fresh = RunTemporaryDirectory.make(tmp_path)
     assert not ended.path.exists() and fresh.path.exists()
     fresh.remove()
+
+
+def test_on_a_filesystem_without_locks_the_directory_works_and_is_never_swept(tmp_path,
+                                                                            monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    made = RunTemporaryDirectory.make(tmp_path)
+    assert made.path.is_dir() and list(made.path.iterdir()) == []
+    monkeypatch.undo()
+    assert sweep_ended(tmp_path) == [] and made.path.exists()  # no .owner: left alone
+    made.remove()
+    assert not made.path.exists()

@@ -55,7 +55,14 @@ class RunTemporaryDirectory:
         # never finds the file made but not yet locked.
         making = path / f"{_OWNER}.new"
         lock = os.open(making, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:
+            # A filesystem without locks (ENOLCK: some network mounts): the directory
+            # works all the same; only a later sweep cannot tell it is ended.
+            os.close(lock)
+            os.unlink(making)
+            return cls(path, -1)
         os.rename(making, path / _OWNER)
         return cls(path, lock)
 
