@@ -4,8 +4,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
-from tfrun.launch.run_tmp import RunTemporaryDirectory, sweep_ended
+from tfrun.launch.run_tmp import RunTemporaryDirectory, remove, sweep_ended
 
 MAKE_AND_WAIT = ("import sys, time; from pathlib import Path;"
                  "from tfrun.launch.run_tmp import RunTemporaryDirectory as R;"
@@ -58,8 +59,36 @@ def test_on_a_filesystem_without_locks_the_directory_works_and_is_never_swept(tm
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
     made = RunTemporaryDirectory.make(tmp_path)
-    assert made.path.is_dir() and list(made.path.iterdir()) == []
+    assert made.path.is_dir() and [p.name for p in made.path.iterdir()] == [".unlocked"]
     monkeypatch.undo()
+    old = time.time() - 3600
+    os.utime(made.path, (old, old))
     assert sweep_ended(tmp_path) == [] and made.path.exists()  # no .owner: left alone
     made.remove()
     assert not made.path.exists()
+
+
+def test_a_removal_cut_short_is_finished_by_the_next_sweep(tmp_path):
+    """Whoever removes a directory may be killed halfway (a vanishing host kills the reaper
+    just after its owner): ``.owner`` goes last, so what is left is still sweepable; an
+    empty directory an hour old is a removal cut short at its very last step."""
+    cut_after_the_files = RunTemporaryDirectory.make(tmp_path)
+    os.close(cut_after_the_files._lock)  # its owner died
+    cut_at_the_last_step = tmp_path / "tfrun-tmp-1-emptyold"
+    cut_at_the_last_step.mkdir()
+    old = time.time() - 3600
+    os.utime(cut_at_the_last_step, (old, old))
+    being_made = tmp_path / "tfrun-tmp-2-emptynew"
+    being_made.mkdir()
+    assert sorted(sweep_ended(tmp_path)) == sorted([cut_after_the_files.path, cut_at_the_last_step])
+    assert [p.name for p in tmp_path.iterdir()] == [being_made.name]
+
+
+def test_remove_takes_everything_with_the_owner_file_last(tmp_path):
+    made = RunTemporaryDirectory.make(tmp_path)
+    (made.path / "sub").mkdir()
+    (made.path / "sub" / "f").write_text("x")
+    (made.path / "__autograph_generated_fileab.py").write_text("x")
+    remove(made.path)
+    assert not made.path.exists()
+    remove(made.path)  # gone already: nothing to do, no error

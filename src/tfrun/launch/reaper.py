@@ -51,10 +51,10 @@ def main() -> int:
             (directories.add if line[0] == "+" else directories.discard)(line[5:])
     _kill_groups(pgids)
     if directories:
-        import shutil
+        from .run_tmp import remove
 
         for path in directories:  # after the kill: nothing writes there any more
-            shutil.rmtree(path, ignore_errors=True)
+            remove(path)
     if cgroups:
         from pathlib import Path
 

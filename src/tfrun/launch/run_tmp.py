@@ -29,12 +29,16 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
-__all__ = ["RunTemporaryDirectory", "sweep_ended"]
+__all__ = ["RunTemporaryDirectory", "remove", "sweep_ended"]
 
 _PREFIX = "tfrun-tmp-"
 _OWNER = ".owner"
+#: An empty directory without ``.owner`` older than this is a removal cut short (or a
+#: make cut short between its two first steps), never one being made.
+_EMPTY_AFTER_SECONDS = 60.0
 
 
 class RunTemporaryDirectory:
@@ -61,23 +65,51 @@ class RunTemporaryDirectory:
             # A filesystem without locks (ENOLCK: some network mounts): the directory
             # works all the same; only a later sweep cannot tell it is ended.
             os.close(lock)
-            os.unlink(making)
+            os.rename(making, path / ".unlocked")  # never empty, so never swept as one
             return cls(path, -1)
         os.rename(making, path / _OWNER)
         return cls(path, lock)
 
     def remove(self) -> None:
         """Remove the directory, then give up the lock (so no sweeper races the removal)."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove(self.path)
         if self._lock >= 0:
             os.close(self._lock)
             self._lock = -1
 
 
+def remove(path: Path | str) -> None:
+    """Remove a run temporary directory, ``.owner`` last: whoever removes it (its owner, its
+    owner's reaper, a sweep) may be killed halfway -- a Slurm step's end or a vanishing
+    host kills the reaper just after the owner -- and a directory that still has its
+    ``.owner`` is one the next sweep finishes."""
+    path = Path(path)
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == _OWNER:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
+    for last in (path / _OWNER, path):
+        try:
+            (os.rmdir if last == path else os.unlink)(last)
+        except OSError:
+            pass
+
+
 def sweep_ended(base: Path) -> list[Path]:
     """Remove the run temporary directories in ``base`` that no process owns any more, and
     return them. A directory whose lock is held, or that has no ``.owner`` (being made, or
-    another user's), is left alone.
+    another user's, or a tfrun's older than this), is left alone -- unless it is empty and
+    older than a minute (a removal cut short between its last two steps).
 
         >>> sweep_ended(Path("/nonexistent"))
         []
@@ -86,6 +118,10 @@ def sweep_ended(base: Path) -> list[Path]:
     for path in sorted(Path(base).glob(f"{_PREFIX}*")):
         try:
             lock = os.open(path / _OWNER, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if _empty_and_old(path):
+                swept.append(path)
+            continue
         except OSError:
             continue
         try:
@@ -93,8 +129,19 @@ def sweep_ended(base: Path) -> list[Path]:
         except OSError:
             continue  # its owner is alive
         else:
-            shutil.rmtree(path, ignore_errors=True)
+            remove(path)
             swept.append(path)
         finally:
             os.close(lock)
     return swept
+
+
+def _empty_and_old(path: Path) -> bool:
+    """Removed it if it was: an empty directory, unchanged for ``_EMPTY_AFTER_SECONDS``."""
+    try:
+        if time.time() - path.stat().st_mtime < _EMPTY_AFTER_SECONDS:
+            return False
+        os.rmdir(path)  # fails unless empty
+    except OSError:
+        return False
+    return True
