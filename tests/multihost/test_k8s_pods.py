@@ -36,6 +36,15 @@ def generate(args: list[str]) -> dict:
     return yaml.safe_load(result.stdout)
 
 
+def _machine_tmp() -> set[str]:
+    """What a task leaves in a temporary directory (TensorFlow's autograph files, tfrun's
+    run directories there), in this machine's."""
+    import tempfile
+
+    return {name for name in os.listdir(tempfile.gettempdir())
+            if name.startswith(("__autograph_generated_file", "tfrun-"))}
+
+
 class SimulatedPods:
     """Run every pod of a JobSet manifest on its own fake host."""
 
@@ -56,6 +65,7 @@ class SimulatedPods:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def __enter__(self):
+        self.machine_tmp_before = _machine_tmp()
         for i in range(1, self.hosts.count + 1):  # the pods' DNS records, on every host
             hosts_file = Path(f"/etc/netns/{self.hosts.ns(i)}/hosts")
             hosts_file.write_text(hosts_file.read_text() + "".join(
@@ -71,6 +81,9 @@ class SimulatedPods:
             hosts_file = Path(f"/etc/netns/{self.hosts.ns(i)}/hosts")
             hosts_file.write_text("".join(line for line in hosts_file.read_text().splitlines(True)
                                           if "# tfrun-k8s-pods" not in line))
+        if exc[0] is None:  # the pods wrote to their own /tmp only (TMPDIR, env_of)
+            new = sorted(_machine_tmp() - self.machine_tmp_before)
+            assert not new, f"the pods left files in this machine's /tmp: {new}"
 
     def env_of(self, role: str, index: int, container: dict, pod: str) -> dict:
         labels = {"jobset.sigs.k8s.io/jobset-name": self.manifest["metadata"]["name"],
@@ -91,6 +104,11 @@ class SimulatedPods:
             env["TFRUN_RUN_DIR"] = str(self.tmp / "claim") + run_dir[len(mount):]
         else:
             env["TFRUN_RUN_DIR"] = str(self.tmp / pod)  # the pod's own /tmp/tfrun-run
+        # The pod's own /tmp, gone with the pod (what TensorFlow's autograph leaves there
+        # when a pod is killed, too), not this machine's.
+        tmp = self.tmp / f"{pod}-tmp"
+        tmp.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(tmp)
         return env
 
     def start(self, attempt: int = 0) -> None:
