@@ -9,6 +9,8 @@ import numpy as np
 import psutil
 import pytest
 
+import side_by_side
+
 ROOT = Path(__file__).resolve().parent.parent
 # Inside a Slurm allocation tfrun places clusters on its nodes; the tests (and the tfrun
 # processes they start) must behave the same anywhere. tests/slurm submits its own jobs.
@@ -220,22 +222,26 @@ def step_backup_reference(tmp_path_factory):
     2 local workers, never interrupted, with Keras ``flavour`` ("3" or "2"); ``dir`` holds
     its ``clean-worker-<i>.npz`` (the weights an exact resume must end with).
 
-    Made on first use and shared by the whole session (the resume tests and the elastic
-    fake-host tests compare with the same run): it only reads, so one test's failure cannot
+    Made on first use and shared by the whole session, both workers of ``-n 2`` included
+    (``side_by_side.made_once``: the resume tests and the elastic fake-host tests compare
+    with the same run): it only reads, so one test's failure cannot
     pass another's assertion; a reference that fails fails every test that asks for it.
 
         >>> want = np.load(step_backup_reference("3") / "clean-worker-0.npz")  # doctest: +SKIP
     """
     made: dict[str, Path] = {}
 
+    def make(tmp: Path, flavour: str) -> None:
+        clean = Run(tmp, ["--workers", "2", "--keras", flavour, "--quiet-tasks",
+                          str(ROOT / "tests" / "scripts" / "step_backup.py"),
+                          str(tmp / "clean"), "3", "1000"], name="clean")
+        assert clean.run(600) == 0, clean.stdout[-3000:]
+
     def reference(flavour: str = "3") -> Path:
         if flavour not in made:
-            tmp = tmp_path_factory.mktemp(f"step-backup-reference-keras{flavour}")
-            clean = Run(tmp, ["--workers", "2", "--keras", flavour, "--quiet-tasks",
-                              str(ROOT / "tests" / "scripts" / "step_backup.py"),
-                              str(tmp / "clean"), "3", "1000"], name="clean")
-            assert clean.run(600) == 0, clean.stdout[-3000:]
-            made[flavour] = tmp
+            made[flavour] = side_by_side.made_once(
+                f"step-backup-reference-keras{flavour}", tmp_path_factory,
+                lambda tmp: make(tmp, flavour))
         return made[flavour]
 
     return reference
@@ -257,12 +263,13 @@ def backup_kill_reference(tmp_path_factory) -> Path:
 
         >>> want = np.load(backup_kill_reference / "clean-worker-0-epoch6.npz")  # doctest: +SKIP
     """
-    tmp = tmp_path_factory.mktemp("backup-kill-reference")
-    clean = Run(tmp, ["--workers", "2", "--quiet-tasks",
-                      str(ROOT / "tests" / "scripts" / "backup_kill.py"), str(tmp / "clean"),
-                      str(KILL_EPOCHS), "0"], env={"EPOCH_WEIGHTS": "1"}, name="clean")
-    assert clean.run(600) == 0, clean.stdout[-3000:]
-    return tmp
+    def make(tmp: Path) -> None:
+        clean = Run(tmp, ["--workers", "2", "--quiet-tasks",
+                          str(ROOT / "tests" / "scripts" / "backup_kill.py"), str(tmp / "clean"),
+                          str(KILL_EPOCHS), "0"], env={"EPOCH_WEIGHTS": "1"}, name="clean")
+        assert clean.run(600) == 0, clean.stdout[-3000:]
+
+    return side_by_side.made_once("backup-kill-reference", tmp_path_factory, make)
 
 
 @pytest.fixture(scope="session")
@@ -280,19 +287,22 @@ def exactness_reference(tmp_path_factory):
     """
     made: dict[str, Path] = {}
 
+    def make(tmp: Path, flavour: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        if flavour == "2":
+            env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
+        done = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap",
+                               str(ROOT / "tests" / "scripts" / "exactness.py"), "reference",
+                               str(tmp / "ref")], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
     def reference(flavour: str = "3") -> dict:
         if flavour not in made:
-            out = tmp_path_factory.mktemp(f"exactness-reference-keras{flavour}") / "ref"
-            env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
-            env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-            if flavour == "2":
-                env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
-            done = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap",
-                                   str(ROOT / "tests" / "scripts" / "exactness.py"), "reference",
-                                   str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=300)
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-            made[flavour] = Path(f"{out}-worker-0.npz")
+            made[flavour] = side_by_side.made_once(
+                f"exactness-reference-keras{flavour}", tmp_path_factory,
+                lambda tmp: make(tmp, flavour)) / "ref-worker-0.npz"
         return dict(np.load(made[flavour]))
 
     return reference
@@ -386,16 +396,14 @@ def _nothing_left_by_an_engine(request):
     if not {"slurm", "ray"} & {mark.name for mark in request.node.iter_markers()}:
         yield
         return
-    import tempfile
-
     from tfrun.launch import run_tmp
     from tfrun.launch.cgroups import described, own_cgroup_dir, sweep_ended
 
     base, started = own_cgroup_dir(), time.time()
     yield
-    tmp = Path(tempfile.gettempdir())
-    run_tmp.sweep_ended(tmp)
-    directories = [p for p in tmp.glob("tfrun-tmp-*") if p.stat().st_ctime >= started]
+    for tmp in side_by_side.temporary_dirs():
+        run_tmp.sweep_ended(tmp)
+    directories = side_by_side.made_since(started, "tfrun-tmp-*")
     assert not directories, f"run temporary directories left behind: {directories}"
     if base is None:
         return
@@ -408,14 +416,57 @@ def _nothing_left_by_an_engine(request):
 #: Folders whose every test is in the quick tier (``-m quick``): pure logic, and the real
 #: supervisor with fake tasks -- no TensorFlow cluster. Elsewhere a test opts in by marker.
 QUICK_FOLDERS = ("unit", "supervisor")
+#: Folders whose tests share the session's engines (the fake hosts, Slurm, Ray) and check
+#: what is left on them: one xdist group, so they run one at a time, on one worker.
+ENGINE_FOLDERS = ("multihost", "slurm", "ray")
+#: Modules whose module-scoped fixture starts real runs (made once per worker that runs
+#: one of their tests): one group each, so it is made once.
+GROUPED_MODULES = ("test_hangs.py", "test_run_report.py", "test_shm_allreduce.py",
+                   "test_loopback.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if Path(str(item.fspath)).parent.name in QUICK_FOLDERS:
+        path = Path(str(item.fspath))
+        if path.parent.name in QUICK_FOLDERS:
             item.add_marker(pytest.mark.quick)
+        if path.parent.name in ENGINE_FOLDERS:
+            item.add_marker(pytest.mark.xdist_group("engines"))
+        elif path.name in GROUPED_MODULES:
+            item.add_marker(pytest.mark.xdist_group(path.stem))
     # Pure tests first, then the supervisor's, then real clusters (a stable sort: each keeps
     # its order): a broken module fails in seconds, not after the slow runs it also breaks.
+    # Two at a time, the engines' group comes first of all: the longest unit of work, it
+    # must not be the one the other worker waits for at the end.
     rank = {folder: i for i, folder in enumerate(QUICK_FOLDERS)}
-    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).parent.name, len(rank)))
+    engines_first = bool(config.getoption("numprocesses", None))
+
+    def order(item) -> int:
+        folder = Path(str(item.fspath)).parent.name
+        if engines_first and folder in ENGINE_FOLDERS:
+            return -1
+        return rank.get(folder, len(rank))
+
+    items.sort(key=order)
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker
+        side_by_side.isolate_worker(config.workerinput["workerid"])
+    elif config.getoption("numprocesses", None) and not config.getoption("collectonly"):
+        side_by_side.make_shared()
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "workerinput"):
+        side_by_side.release_worker()
+    else:
+        side_by_side.remove_shared()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under ``-n``: a test marked ``alone`` runs with no other test on the machine."""
+    with side_by_side.turn(alone=item.get_closest_marker("alone") is not None):
+        return (yield)

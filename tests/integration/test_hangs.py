@@ -111,6 +111,7 @@ def test_a_worker_stuck_in_its_callback_with_the_defaults_is_named_with_its_stac
 STEADY = "tests/scripts/steady_steps.py"
 
 
+@pytest.mark.alone
 def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler(tmp_path):
     """A busy loop (no tfrun in it) pinned to worker:1's CPU: worker:1 is named within 50
     steps, about 2x slower, with the cause; the same run without it names nobody."""
@@ -152,6 +153,7 @@ def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler(tmp_
     assert_nothing_left(clean)
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("fault, cause, words", [
     ("slow-input", "input-wait", ": it waits, most likely for its input (a slow disk"),
     ("busy-input", "compute", "more CPU time a step: it computes more"),

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import side_by_side
 from conftest import ROOT
 
 __all__ = ["HostRun", "assert_nothing_left", "env", "ssh_flags"]
@@ -86,10 +87,7 @@ def _new_tfrun_cgroups() -> list[Path]:
 def _new_run_tmp_dirs() -> list[Path]:
     """The hosts' run temporary directories (``tfrun-tmp-*``: the fake hosts share this
     machine's /tmp) made since this module was loaded."""
-    import tempfile
-
-    return [path for path in Path(tempfile.gettempdir()).glob("tfrun-tmp-*")
-            if path.is_dir() and path.stat().st_ctime >= _LOADED]
+    return [path for path in side_by_side.made_since(_LOADED, "tfrun-tmp-*") if path.is_dir()]
 
 
 def assert_nothing_left(hosts, timeout: float = 10.0) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
+import side_by_side
 from conftest import ROOT
 
 pytestmark = [pytest.mark.multihost, pytest.mark.tf]
@@ -36,13 +37,11 @@ def generate(args: list[str]) -> dict:
     return yaml.safe_load(result.stdout)
 
 
-def _machine_tmp() -> set[str]:
+def _machine_tmp() -> set[Path]:
     """What a task leaves in a temporary directory (TensorFlow's autograph files, tfrun's
-    run directories there), in this machine's."""
-    import tempfile
-
-    return {name for name in os.listdir(tempfile.gettempdir())
-            if name.startswith(("__autograph_generated_file", "tfrun-"))}
+    run directories there), in this machine's (and this test worker's own)."""
+    return {path for directory in side_by_side.temporary_dirs() for path in directory.iterdir()
+            if path.name.startswith(("__autograph_generated_file", "tfrun-"))}
 
 
 class SimulatedPods:

@@ -160,6 +160,7 @@ def test_ssh_network_partition_is_a_failure_not_a_hang(fake_hosts, tmp_path):
 
 
 @pytest.mark.tf
+@pytest.mark.alone
 def test_ssh_a_worker_with_a_slower_input_is_named_a_straggler_over_tcp(fake_hosts, tmp_path):
     """Issue 44.3 across hosts: worker:1 on node-2 gets each batch 50 ms later (a sleep in
     its tf.data map). The wait inside tfrun's TCP exchange shows worker:0 waiting for it in
@@ -202,6 +203,7 @@ def _run_on_a_cpu_each(hosts, tmp_path: Path, name: str, steps: int) -> tuple[Ho
 
 
 @pytest.mark.tf
+@pytest.mark.alone
 def test_ssh_a_worker_whose_cpu_another_process_takes_is_named_a_straggler_over_tcp(
         fake_hosts, tmp_path):
     """Issue 44.3's competitor across hosts, over the TCP exchange. Each worker on a CPU of

@@ -10,6 +10,9 @@ import pytest
 
 from tfrun.in_task.contention import CpuContention
 
+#: They measure what other processes take of a CPU: no other test beside them (-n 2).
+pytestmark = pytest.mark.alone
+
 CPUS = sorted(os.sched_getaffinity(0))
 
 

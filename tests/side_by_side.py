@@ -1,0 +1,204 @@
+"""Two tests at a time (pytest-xdist, ``-n 2 --dist loadgroup`` in pyproject.toml) without
+one seeing the other's processes, files or cgroups.
+
+What each worker gets to itself, set up before its first test (``isolate_worker``):
+
+- a temporary directory (TMPDIR): the run temporary directories, autograph files and
+  sockets its runs make there are its own, so a check such as "no ``tfrun-tmp-*`` was
+  left" never counts the other worker's live ones. The fake hosts' processes, started by
+  sshd with a fresh environment, use the machine's /tmp, which no local run uses then;
+- a cgroup of its own under this process's (as root, where tfrun makes task cgroups): every
+  tfrun it starts -- locally, or through the fake hosts' sshd, Slurm's daemons or Ray's
+  raylets that it starts -- makes its task cgroups in there, so a check of the tfrun
+  cgroups made since a moment sees only its own.
+
+What the two share, in one directory made by the controller (``TFRUN_TESTS_SHARED``):
+
+- the turn: a test marked ``alone`` (one that measures how CPU is shared, or needs the
+  whole machine) waits for the other worker's test to end and keeps it from starting
+  another until it is done (``turn``);
+- the session's reference runs, each made once by whichever worker needs it first
+  (``made_once``).
+
+Without ``-n`` (``-p no:xdist``, or ``-n 0``) everything here is a no-op: tests run one
+at a time as before.
+
+    >>> with turn(alone=True):  # doctest: +SKIP
+    ...     run_the_straggler_test()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+#: The pytest-xdist worker this process is ("gw0", ...), from ``isolate_worker``; None in
+#: the controller, or when tests run one at a time. (Not PYTEST_XDIST_WORKER: a pytest
+#: that a test starts inherits that, without being a worker.)
+WORKER: str | None = None
+#: The directory the controller made for the session's workers to share.
+SHARED_ENV = "TFRUN_TESTS_SHARED"
+#: The machine's temporary directory, before a worker's own replaces TMPDIR.
+MACHINE_TMP = Path(os.environ.get("TFRUN_TESTS_MACHINE_TMP") or tempfile.gettempdir())
+
+
+_made_here: Path | None = None
+
+
+def make_shared() -> Path:
+    """In the controller, before the workers start (they inherit the environment): the
+    directory they share. Short (``/tmp/pt-XXXXXXXX``): a worker's TMPDIR is inside, and
+    Unix sockets under a TMPDIR (Ray's, TensorFlow's) must fit in 107 bytes."""
+    global _made_here
+    _made_here = Path(tempfile.mkdtemp(prefix="pt-", dir=MACHINE_TMP))
+    os.environ[SHARED_ENV] = str(_made_here)
+    os.environ["TFRUN_TESTS_MACHINE_TMP"] = str(MACHINE_TMP)
+    return _made_here
+
+
+def remove_shared() -> None:
+    """In the controller that made it (not in a pytest a test starts, which inherits the
+    variable): remove the shared directory."""
+    global _made_here
+    if _made_here is not None:
+        shutil.rmtree(_made_here, ignore_errors=True)
+        _made_here = None
+
+
+def _shared() -> Path | None:
+    value = os.environ.get(SHARED_ENV)
+    return Path(value) if WORKER and value else None
+
+
+# --------------------------------------------------------------------------- a worker's own
+
+_cgroup: Path | None = None
+
+
+def isolate_worker(worker: str) -> None:
+    """Give this worker (``"gw0"``) its own TMPDIR and, where tfrun can make cgroups, its
+    own cgroup."""
+    global WORKER, _cgroup
+    WORKER = worker
+    shared = _shared()
+    if shared is None:
+        return
+    own_tmp = shared / WORKER
+    own_tmp.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(own_tmp)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    from tfrun.launch import cgroups
+
+    if not cgroups.available():
+        return
+    base = cgroups.own_cgroup_dir()
+    _sweep_ended_worker_cgroups(base)
+    mine = base / f"tests-{WORKER}-{os.getpid()}"
+    mine.mkdir()
+    (mine / "cgroup.procs").write_text(str(os.getpid()))
+    _cgroup = mine
+
+
+def release_worker() -> None:
+    """Back to the cgroup this worker started in; its own is removed when empty (a tfrun
+    cgroup left in it stays, for the next tfrun's sweep -- tests fail on those anyway)."""
+    global _cgroup
+    if _cgroup is None:
+        return
+    with contextlib.suppress(OSError):
+        (_cgroup.parent / "cgroup.procs").write_text(str(os.getpid()))
+        _cgroup.rmdir()
+    _cgroup = None
+
+
+def _sweep_ended_worker_cgroups(base: Path) -> None:
+    """Remove the empty cgroups of workers of earlier sessions that ended without
+    ``release_worker`` (killed): ``tests-<worker>-<pid>`` whose pid is gone."""
+    for path in base.glob("tests-gw*-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+def temporary_dirs() -> list[Path]:
+    """Where a test's processes make temporary files: this process's TMPDIR (a worker's
+    own) and the machine's /tmp (the fake hosts' processes', which sshd starts with a fresh
+    environment) -- one entry when they are the same."""
+    return sorted({Path(tempfile.gettempdir()), MACHINE_TMP})
+
+
+def made_since(started: float, pattern: str) -> list[Path]:
+    """Entries of ``temporary_dirs()`` matching ``pattern`` made at or after ``started``
+    (a ``time.time()``)."""
+    found = []
+    for directory in temporary_dirs():
+        for path in directory.glob(pattern):
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_ctime >= started:
+                    found.append(path)
+    return found
+
+
+# --------------------------------------------------------------------------- the turn
+
+
+@contextlib.contextmanager
+def turn(alone: bool) -> Iterator[None]:
+    """Hold the room for one test: shared (any number of workers) or ``alone``.
+
+    Two locks, so that an ``alone`` test is not starved by a worker that starts test after
+    test: it first takes the gate, which every test passes on its way in, then waits for
+    the room to empty."""
+    shared = _shared()
+    if shared is None:
+        yield
+        return
+    with open(shared / "gate.lock", "a") as gate, open(shared / "room.lock", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- made once
+
+
+def made_once(name: str, tmp_path_factory, make: Callable[[Path], None]) -> Path:
+    """The directory ``name`` that ``make(directory)`` filled, made once for the whole
+    session: by whichever worker asks first, the others waiting for it (under ``-n``), or
+    in a new directory of ``tmp_path_factory`` when tests run one at a time.
+
+    A ``make`` that fails (raises) leaves nothing marked made: the next test that asks
+    tries again, and fails the same way, as one reference failing every test that needs it
+    should."""
+    shared = _shared()
+    if shared is None:
+        directory = tmp_path_factory.mktemp(name)
+        make(directory)
+        return directory
+    directory = shared / "made" / name
+    directory.parent.mkdir(exist_ok=True)
+    with open(shared / "made" / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (directory / ".made").exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            started = time.monotonic()
+            make(directory)
+            (directory / ".made").write_text(f"{WORKER} {time.monotonic() - started:.1f}s\n")
+    return directory
