@@ -335,6 +335,51 @@ def test_a_resume_waits_for_the_write_an_earlier_fit_left_in_flight(monkeypatch,
     snapshot.finish_writes_in_flight()  # nothing in flight: returns at once
 
 
+def test_a_fit_resuming_after_one_that_raised_finds_the_backup_it_was_writing(
+        monkeypatch, tmp_path, capsys):
+    """The second fit's start must not clear the first one's write in flight as a killed
+    task's leftover: it waits for it first, then resumes from it. (Under load, the run's
+    newest ``.state.tmp`` was removed under its writer and the resume went back one backup
+    -- exact, but not from the newest: test_the_input_is_put_back_where_it_was_in_every_
+    epoch_form, two tests at a time.) Keras 3 in this process; the code is both flavours'."""
+    import numpy as np
+
+    import tfrun
+    from tfrun.in_task.backup import snapshot
+
+    real_fsync_path = snapshot.fsync_path
+
+    def slow_on_the_temporary(path):  # mid-write: the .tmp directory exists, unrenamed
+        if path.endswith(".tmp"):
+            time.sleep(0.5)
+        real_fsync_path(path)
+
+    monkeypatch.setattr(snapshot, "fsync_path", slow_on_the_temporary)
+    monkeypatch.setenv(contract.BACKUP_WRITE, "background")
+    keras = _keras(False)
+    x, y = np.ones((16, 3), "float32"), np.zeros((16, 4), "float32")
+
+    class Stop(Exception):
+        pass
+
+    class StopAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == 6:
+                raise Stop()
+
+    def fit(*extra):
+        backup = tfrun.backup_and_restore(str(tmp_path / "backups"), save_freq=2,
+                                          preemption_check=0)
+        _model(keras).fit(x, y, epochs=3, batch_size=4, verbose=0, callbacks=[backup, *extra])
+
+    with pytest.raises(Stop):
+        fit(StopAt())  # raises right after step 6's backup started its write
+    capsys.readouterr()
+    fit()
+    said = capsys.readouterr().out
+    assert "after its batch 2 (global step 6)" in said, said
+
+
 def test_an_agreed_preemption_stop_runs_finally_blocks_but_not_atexit_handlers():
     """stop_preempted: exit 143 once the script unwound (its ``finally`` ran), at the first
     exit handler, so the handlers registered before it (a tracker's) do not run -- as

@@ -71,6 +71,10 @@ def consistent_backup_class(keras):
                 _say_once(internals.exact_resume_problem(flavour) or "")
             elif not self._ps and (note := internals.untested_version(flavour)):
                 _say_once(note)
+            # A fit that raised in this process may have left a write in flight: on disk
+            # first, or its temporary would be taken for a killed task's and removed
+            # under the writer (the resume then going back one backup).
+            snapshot.finish_writes_in_flight()
             self.store.remove_temporaries()  # of a task killed mid-write; none in flight now
             with self.watch.busy("the resume"):
                 self._resume()
@@ -79,7 +83,6 @@ def consistent_backup_class(keras):
                 self.watch.listen()
 
         def _resume(self):
-            snapshot.finish_writes_in_flight()  # an earlier fit's, in this process
             visible = self.store.visible_saves()
             keys = [save["key"] for save in visible]
             if self._ps:  # the coordinator alone holds the training state's backups
