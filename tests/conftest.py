@@ -229,8 +229,6 @@ def step_backup_reference(tmp_path_factory):
 
         >>> want = np.load(step_backup_reference("3") / "clean-worker-0.npz")  # doctest: +SKIP
     """
-    made: dict[str, Path] = {}
-
     def make(tmp: Path, flavour: str) -> None:
         clean = Run(tmp, ["--workers", "2", "--keras", flavour, "--quiet-tasks",
                           str(ROOT / "tests" / "scripts" / "step_backup.py"),
@@ -238,11 +236,8 @@ def step_backup_reference(tmp_path_factory):
         assert clean.run(600) == 0, clean.stdout[-3000:]
 
     def reference(flavour: str = "3") -> Path:
-        if flavour not in made:
-            made[flavour] = side_by_side.made_once(
-                f"step-backup-reference-keras{flavour}", tmp_path_factory,
-                lambda tmp: make(tmp, flavour))
-        return made[flavour]
+        return side_by_side.made_once(f"step-backup-reference-keras{flavour}",
+                                      tmp_path_factory, lambda tmp: make(tmp, flavour))
 
     return reference
 
@@ -285,8 +280,6 @@ def exactness_reference(tmp_path_factory):
 
         >>> want = exactness_reference("3")["spe1_w0"]  # doctest: +SKIP
     """
-    made: dict[str, Path] = {}
-
     def make(tmp: Path, flavour: str) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -299,11 +292,9 @@ def exactness_reference(tmp_path_factory):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     def reference(flavour: str = "3") -> dict:
-        if flavour not in made:
-            made[flavour] = side_by_side.made_once(
-                f"exactness-reference-keras{flavour}", tmp_path_factory,
-                lambda tmp: make(tmp, flavour)) / "ref-worker-0.npz"
-        return dict(np.load(made[flavour]))
+        made = side_by_side.made_once(f"exactness-reference-keras{flavour}", tmp_path_factory,
+                                      lambda tmp: make(tmp, flavour))
+        return dict(np.load(made / "ref-worker-0.npz"))
 
     return reference
 

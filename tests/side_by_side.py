@@ -178,19 +178,33 @@ def turn(alone: bool) -> Iterator[None]:
 # --------------------------------------------------------------------------- made once
 
 
+#: What ``made_once`` made in this process, by name.
+_made: dict[str, Path] = {}
+
+
 def made_once(name: str, tmp_path_factory, make: Callable[[Path], None]) -> Path:
     """The directory ``name`` that ``make(directory)`` filled, made once for the whole
     session: by whichever worker asks first, the others waiting for it (under ``-n``), or
-    in a new directory of ``tmp_path_factory`` when tests run one at a time.
+    in a new directory of ``tmp_path_factory`` when tests run one at a time. Later calls
+    in the same process return it at once.
 
     A ``make`` that fails (raises) leaves nothing marked made: the next test that asks
     tries again, and fails the same way, as one reference failing every test that needs it
     should."""
+    if name not in _made:
+        _made[name] = _make_shared_once(name, make) if _shared() else _make_here(
+            name, tmp_path_factory, make)
+    return _made[name]
+
+
+def _make_here(name: str, tmp_path_factory, make: Callable[[Path], None]) -> Path:
+    directory = tmp_path_factory.mktemp(name)
+    make(directory)
+    return directory
+
+
+def _make_shared_once(name: str, make: Callable[[Path], None]) -> Path:
     shared = _shared()
-    if shared is None:
-        directory = tmp_path_factory.mktemp(name)
-        make(directory)
-        return directory
     directory = shared / "made" / name
     directory.parent.mkdir(exist_ok=True)
     with open(shared / "made" / f"{name}.lock", "a") as lock:
