@@ -58,6 +58,10 @@ def _saves(output: str) -> list[int]:
 
 
 @pytest.mark.timeout(1200)
+# Alone (two at a time): each worker holds about 8 GB (RSS, measured by its metrics), and
+# beside another test on this 24 GB, 2-core machine worker:1 once ended with SIGABRT in
+# its slow exit after training (CI at 9fd63e7; not understood yet, see issue 46's note).
+@pytest.mark.alone
 def test_a_201m_parameter_model_preempted_twice_redoes_no_step_and_ends_as_uninterrupted(
         tmp_path):
     # Without backups: what the preempted run must equal is training that nothing
