@@ -52,6 +52,17 @@ def test_exit_code_of_the_failing_task_is_propagated(fake_run):
     assert_nothing_left(run)
 
 
+def test_a_failed_run_never_exits_0_even_when_its_root_cause_did(fake_run):
+    """A ps that ends on its own with code 0 ends the cluster (training cannot go on
+    without it): the run failed, so tfrun exits 1, not the ps's 0."""
+    run = fake_run(["--chief", "--workers", "1", "--ps", "1", "--roles", "script", *FAST],
+                   "ps=ok;*=forever")
+    assert run.run(60) == 1, run.stdout
+    assert run.summary["status"] == "failed" and run.summary["exit_code"] == 1
+    assert run.summary["root_cause"]["task"] == "ps:0"
+    assert "ps:0 on localhost: script-error, exited with code 0 before training ended" in run.stdout
+
+
 def test_first_failure_is_the_root_cause_not_the_fallout(fake_run):
     # worker:0 fails first; worker:1 would fail later (it never gets the chance).
     run = fake_run(["--workers", "2", *FAST], "worker:0=sleep:0.2,exit:5;worker:1=sleep:3,exit:9")

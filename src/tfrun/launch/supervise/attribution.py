@@ -138,19 +138,24 @@ def evidence_of(record: TaskRecord) -> str:
     return what
 
 
+#: What a task that exited with code 0 did wrong, when that failed the run.
+EXITED_TOO_EARLY = "exited with code 0 before training ended"
+
+
 def failure_verdict(record: TaskRecord, culprit: TaskRecord | None, records: list[TaskRecord],
                     *, detected_at: float, named_at: float) -> Verdict:
     """A task's exit failed the run: it is the first failure, unless TensorFlow's
     coordination service named ``culprit`` in its log (then it failed because of that one)."""
     if culprit is None:
-        return verdict_for(record, str(record.failure or FailureClass.SCRIPT_ERROR),
-                           evidence_of(record), records, detected_at=detected_at,
-                           named_at=named_at)
+        # Code 0 fails a run only when the task had to go on (a ps): say that, not "code 0".
+        what = EXITED_TOO_EARLY if record.exit_code == 0 else evidence_of(record)
+        return verdict_for(record, str(record.failure or FailureClass.SCRIPT_ERROR), what,
+                           records, detected_at=detected_at, named_at=named_at)
     if culprit.state is TaskState.RUNNING:
         failure, what = str(FailureClass.HANG), "still running but sent no heartbeats: " \
                                                  "stopped or stuck"
     elif culprit.exit_code == 0:
-        failure, what = str(FailureClass.SCRIPT_ERROR), "exited with code 0 before training ended"
+        failure, what = str(FailureClass.SCRIPT_ERROR), EXITED_TOO_EARLY
     else:
         failure = str(culprit.failure or FailureClass.SCRIPT_ERROR)
         what = evidence_of(culprit)

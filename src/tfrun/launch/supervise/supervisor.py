@@ -714,6 +714,8 @@ class Supervisor:
 
     def _result(self, exit_code: int, status: RunStatus, root: TaskRecord | None,
                 message: str, failed_because: TaskRecord | None = None) -> RunResult:
+        if status is not RunStatus.SUCCEEDED and exit_code == 0:
+            exit_code = 1  # a run that failed never exits 0, even when its root cause did (a ps)
         for record in self.records:
             record.logger.join()
         if self.attempts and self.attempts[-1].get("earlier_launch") is not True:
