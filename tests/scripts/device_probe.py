@@ -5,7 +5,8 @@
 One JSON line per task: its CPU affinity (as the kernel reports it, including its threads),
 CUDA_VISIBLE_DEVICES and TensorFlow's intra-op thread count. In a cluster with a chief, the
 chief's exit ends the run (the others are stopped), so the chief waits until every task has
-printed its line (each leaves a file in the run dir) before it exits.
+printed its line (each leaves a file in the run dir) before it exits; a ps serves until
+then, as a ps does (one that ends on its own fails the run).
 """
 
 import json
@@ -34,3 +35,5 @@ if os.environ["TFRUN_TASK_TYPE"] == "chief":
     deadline = time.monotonic() + 120
     while not everyone <= set(os.listdir(probed)) and time.monotonic() < deadline:
         time.sleep(0.2)
+elif os.environ["TFRUN_TASK_TYPE"] == "ps":
+    time.sleep(600)  # stopped by tfrun when the chief is done
