@@ -16,6 +16,11 @@ usual; each module's code runs when the script first reads one of its attributes
 plot_image_gallery``, ``from IPython import display``): the same module, made later.
 Nothing else is deferred, a name the installed Keras does not have is left to the normal
 import, and tf_keras imports none of them.
+A deferred module answers what its import set before its code ran -- ``__file__``,
+``__name__``, ``__cached__`` -- without running that code: code that scans every module in
+``sys.modules`` for its file (``inspect.getmodule``, and AutoGraph whenever it converts a
+function, e.g. the gather a backup's resume does) would otherwise make them all, and
+pay the whole deferred import (2.8 CPU seconds here) in the middle of training.
 Two differences remain, both of Python's lazy loading: an error in such a module (a
 broken scikit-learn install) surfaces at that first use rather than at ``import keras``;
 and Python 3.11's lazy loading takes no lock, so two threads that first touch the same
@@ -32,9 +37,11 @@ never touch these modules).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
+import types
 
 from ... import contract
 from .._post_import import SpecWrapper
@@ -53,14 +60,46 @@ def wanted() -> bool:
     return os.environ.get(contract.DEFER_IMPORTS, "1") != "0"
 
 
+#: What the import machinery sets on a module before its code runs, and a scan of
+#: ``sys.modules`` reads. Not ``__path__``: reading it is how Python imports a package
+#: before its submodules, which must stay so.
+KNOWN_BEFORE_LOADING = frozenset({"__file__", "__name__", "__cached__"})
+
+
+@functools.cache
+def _answering_before_loading(lazy_class: type) -> type:
+    """``lazy_class`` (the class ``LazyLoader`` gives a module until its first attribute
+    read), except that reading a name of ``KNOWN_BEFORE_LOADING`` does not load it."""
+
+    def __getattribute__(self, attr):
+        if attr in KNOWN_BEFORE_LOADING:
+            try:
+                return types.ModuleType.__getattribute__(self, attr)
+            except AttributeError:
+                pass  # the module may set it itself: load it, as a first read would
+        return lazy_class.__getattribute__(self, attr)
+
+    return type(f"{lazy_class.__name__}AnsweringNames", (lazy_class,),
+                {"__getattribute__": __getattribute__})
+
+
+class _LazyLoader(importlib.util.LazyLoader):
+    """Python's ``LazyLoader``, whose modules answer ``KNOWN_BEFORE_LOADING`` unloaded."""
+
+    def exec_module(self, module):
+        super().exec_module(module)
+        # Assigning __class__ reads no attribute: the module stays unloaded.
+        module.__class__ = _answering_before_loading(type(module))
+
+
 class _Deferring(SpecWrapper):
-    """Gives the loader of each name of ``DEFERRED`` to Python's ``LazyLoader``."""
+    """Gives the loader of each name of ``DEFERRED`` to ``_LazyLoader``."""
 
     def wants(self, fullname: str) -> bool:
         return fullname in DEFERRED
 
     def wrap(self, spec):
-        spec.loader = importlib.util.LazyLoader(spec.loader)
+        spec.loader = _LazyLoader(spec.loader)
         return spec
 
 
