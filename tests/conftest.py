@@ -466,5 +466,6 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under ``-n``: a test marked ``alone`` runs with no other test on the machine."""
-    with side_by_side.turn(alone=item.get_closest_marker("alone") is not None):
+    with side_by_side.turn(alone=item.get_closest_marker("alone") is not None), \
+            side_by_side.cpu_recorded(item.nodeid):
         return (yield)

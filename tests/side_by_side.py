@@ -175,6 +175,41 @@ def turn(alone: bool) -> Iterator[None]:
                 fcntl.flock(gate, fcntl.LOCK_UN)
 
 
+# --------------------------------------------------------------------------- CPU per test
+
+#: Set to a file path, each worker appends one line per test to it: the CPU seconds its
+#: cgroup used during the test (the worker and every process it started, through sshd,
+#: Slurm or Ray included), the wall seconds, and the test's id. For finding where the
+#: suite's CPU goes: ``sort -rn FILE | head``.
+CPU_LOG_ENV = "TFRUN_TESTS_CPU_LOG"
+
+
+def _cpu_seconds() -> float | None:
+    if _cgroup is None:
+        return None
+    with contextlib.suppress(OSError):
+        for line in (_cgroup / "cpu.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+    return None
+
+
+@contextlib.contextmanager
+def cpu_recorded(test_id: str) -> Iterator[None]:
+    """Append the test's CPU and wall seconds to ``$TFRUN_TESTS_CPU_LOG``, if set."""
+    log = os.environ.get(CPU_LOG_ENV)
+    cpu_before, wall_before = _cpu_seconds(), time.monotonic()
+    try:
+        yield
+    finally:
+        cpu_after = _cpu_seconds()
+        if log and cpu_before is not None and cpu_after is not None:
+            with open(log, "a") as out:
+                out.write(f"{cpu_after - cpu_before:.1f} {time.monotonic() - wall_before:.1f}"
+                          f" {WORKER} {test_id}\n")
+
+
 # --------------------------------------------------------------------------- made once
 
 
