@@ -3,15 +3,18 @@ Python's garbage collector held back around TensorFlow's import and frozen at th
 exit (``tfrun.in_task.collector``), and Keras 3's scikit-learn wrappers and plotting
 helpers left to their first use (``tfrun.in_task.compat.deferred_imports``).
 
-    python benchmarks/bench_task_start.py [--rounds 8]
+    python benchmarks/bench_task_start.py [--rounds 8] [--autograph]
 
 Each round starts the same task three times through tfrun's bootstrap (``python -m
 tfrun.in_task.bootstrap``, as every task of a run starts), one after the other: with
 neither (``TFRUN_PYTHON_GC=untouched TFRUN_DEFER_IMPORTS=0``: the baseline), with the
 collector only (``TFRUN_DEFER_IMPORTS=0``), and with the default (both). The task imports
 TensorFlow and Keras, fits a small model for two epochs and exits; all are pinned to one
-CPU. Prints each sample, the medians of the CPU seconds (user + system) and of the wall
-seconds per task, and their ratios; exits 1 if a task fails.
+CPU. With ``--autograph`` the task also converts a function of its own with AutoGraph,
+which reads every loaded module's ``__file__`` (a deferred module must answer that
+without loading, or the deferral is lost). Prints each sample, the medians of the CPU
+seconds (user + system) and of the wall seconds per task, and their ratios; exits 1 if a
+task fails.
 """
 
 import argparse
@@ -26,6 +29,8 @@ from pathlib import Path
 TASK = str(Path(__file__).resolve().parent / "_keras_fit_task.py")
 parser = argparse.ArgumentParser()
 parser.add_argument("--rounds", type=int, default=8)
+parser.add_argument("--autograph", action="store_true",
+                    help="the task also converts a function of its own with AutoGraph")
 args = parser.parse_args()
 base_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("TFRUN_")}
 base_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -41,8 +46,9 @@ def one_task(extra: dict) -> tuple[float, float]:
     # warnings could fill it and stall the task.
     with tempfile.TemporaryFile("w+") as errors:
         start = time.perf_counter()
+        task = [TASK, "autograph"] if args.autograph else [TASK]
         proc = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m",
-                                 "tfrun.in_task.bootstrap", TASK], env={**base_env, **extra},
+                                 "tfrun.in_task.bootstrap", *task], env={**base_env, **extra},
                                 stdout=subprocess.DEVNULL, stderr=errors)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
@@ -60,7 +66,8 @@ for _ in range(args.rounds):
 baseline = next(iter(CONFIGS))
 cpu0 = statistics.median(c for c, _ in samples[baseline])
 wall0 = statistics.median(w for _, w in samples[baseline])
-print(f"task start + small fit + exit, {args.rounds} interleaved rounds, one CPU")
+print(f"task start + small fit{' + an AutoGraph conversion' if args.autograph else ''} + exit,"
+      f" {args.rounds} interleaved rounds, one CPU")
 print(f"  {'what tfrun does':<36} {'CPU s':>7} {'ratio':>6} {'wall s':>7} {'ratio':>6}  samples (CPU s)")
 for name, values in samples.items():
     cpu, wall = statistics.median(c for c, _ in values), statistics.median(w for _, w in values)
