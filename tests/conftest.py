@@ -436,7 +436,9 @@ def pytest_collection_modifyitems(config, items):
     # must not be the one the other worker waits for at the end.
     # The longest local tests follow the quick ones, for the same reason.
     rank = {folder: i for i, folder in enumerate(QUICK_FOLDERS)}
-    two_at_a_time = bool(config.getoption("numprocesses", None))
+    # A pytest-xdist worker, whose collection is the one that runs, sees no numprocesses
+    # (the controller's option): it knows itself by its workerinput.
+    two_at_a_time = bool(config.getoption("numprocesses", None)) or hasattr(config, "workerinput")
 
     def order(item) -> int:
         folder = Path(str(item.fspath)).parent.name
