@@ -119,7 +119,10 @@ class Run:
         return {t["task"]: t for t in self.summary["tasks"]}
 
     def events(self) -> list[dict]:
-        return [json.loads(l) for l in (self.run_dir / "events.jsonl").read_text().splitlines()]
+        """The run's events so far. A live run may be writing its last line: a line
+        without its newline yet is left for the next read."""
+        text = (self.run_dir / "events.jsonl").read_text()
+        return [json.loads(l) for l in text[:text.rfind("\n") + 1].splitlines()]
 
     def ports(self) -> list[int]:
         config = json.loads((self.run_dir / "config.json").read_text())

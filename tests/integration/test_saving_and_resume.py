@@ -77,6 +77,16 @@ def _running_pid(run, task: str) -> int:
     return starts[-1]["pid"]
 
 
+def _started_in_this_attempt(run) -> bool:
+    """Whether both workers of the run's current attempt have started: after a restart,
+    until they have, the last "running" pid of a task is the killed attempt's."""
+    events = run.events()
+    restart = max((i for i, e in enumerate(events) if e["event"] == "restart"), default=-1)
+    started = {e["task"] for e in events[restart + 1:]
+               if e["event"] == "state" and e["new"] == "running"}
+    return started >= {"worker:0", "worker:1"}
+
+
 def _restarts(run) -> int:
     return sum(1 for e in run.events() if e["event"] == "restart")
 
@@ -102,7 +112,9 @@ def test_ten_random_kills_resume_exactly_from_the_last_complete_backup(
     trials, seen = [], 0
     for trial in range(10):
         deadline = time.monotonic() + 120
-        while _latest_backup(run, "worker-0") <= seen:  # training resumed and moved on
+        # Training resumed and moved on. (The killed attempt's worker:0 can still finish a
+        # backup before tfrun stops it: progress alone does not mean the new attempt runs.)
+        while _latest_backup(run, "worker-0") <= seen or not _started_in_this_attempt(run):
             assert run.proc.poll() is None, f"seed {seed}: run ended after {trials}: " \
                                              f"{run.proc.communicate()[0][-3000:]}"
             assert time.monotonic() < deadline, f"seed {seed}: no progress after {trials}"
