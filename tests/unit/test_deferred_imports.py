@@ -99,3 +99,35 @@ def test_only_the_listed_modules_are_deferred_and_install_is_idempotent():
         assert added[0].find_spec("keras.wrappers_of_a_later_keras") is None
     finally:
         sys.meta_path[:] = before
+
+
+def test_a_deferred_module_answers_its_file_unloaded_and_loads_on_anything_else(tmp_path):
+    """In one process, on a module of its own: reading ``__file__`` or ``__name__`` runs
+    none of its code; reading another name runs it once; deleting a name it answers
+    unloaded loads it first, as Python's lazy modules do."""
+    import importlib.util
+
+    source = tmp_path / "deferred_probe_module.py"
+    source.write_text("import builtins\nbuiltins.deferred_probe_runs += 1\nvalue = 7\n")
+    import builtins
+
+    builtins.deferred_probe_runs = 0
+    try:
+        def lazily_made():
+            spec = importlib.util.spec_from_file_location("deferred_probe_module", source)
+            spec.loader = deferred_imports._LazyLoader(spec.loader)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+
+        module = lazily_made()
+        assert module.__file__ == str(source) and module.__name__ == "deferred_probe_module"
+        assert builtins.deferred_probe_runs == 0
+        assert module.value == 7 and builtins.deferred_probe_runs == 1
+        assert module.__file__ == str(source) and builtins.deferred_probe_runs == 1
+
+        module = lazily_made()
+        del module.__cached__
+        assert builtins.deferred_probe_runs == 2 and not hasattr(module, "__cached__")
+    finally:
+        del builtins.deferred_probe_runs
