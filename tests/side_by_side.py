@@ -199,12 +199,15 @@ def _cpu_seconds() -> float | None:
 def cpu_recorded(test_id: str) -> Iterator[None]:
     """Append the test's CPU and wall seconds to ``$TFRUN_TESTS_CPU_LOG``, if set."""
     log = os.environ.get(CPU_LOG_ENV)
+    if not log:  # the usual case: read no cgroup file around every test
+        yield
+        return
     cpu_before, wall_before = _cpu_seconds(), time.monotonic()
     try:
         yield
     finally:
         cpu_after = _cpu_seconds()
-        if log and cpu_before is not None and cpu_after is not None:
+        if cpu_before is not None and cpu_after is not None:
             with open(log, "a") as out:
                 out.write(f"{cpu_after - cpu_before:.1f} {time.monotonic() - wall_before:.1f}"
                           f" {WORKER} {test_id}\n")
