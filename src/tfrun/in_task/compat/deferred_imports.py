@@ -63,16 +63,16 @@ def wanted() -> bool:
 #: What the import machinery sets on a module before its code runs, and a scan of
 #: ``sys.modules`` reads. Not ``__path__``: reading it is how Python imports a package
 #: before its submodules, which must stay so.
-KNOWN_BEFORE_LOADING = frozenset({"__file__", "__name__", "__cached__"})
+_KNOWN_BEFORE_LOADING = frozenset({"__file__", "__name__", "__cached__"})
 
 
 @functools.cache
 def _answering_before_loading(lazy_class: type) -> type:
     """``lazy_class`` (the class ``LazyLoader`` gives a module until its first attribute
-    read), except that reading a name of ``KNOWN_BEFORE_LOADING`` does not load it."""
+    read), except that reading a name of ``_KNOWN_BEFORE_LOADING`` does not load it."""
 
     def __getattribute__(self, attr):
-        if attr in KNOWN_BEFORE_LOADING:
+        if attr in _KNOWN_BEFORE_LOADING:
             try:
                 return types.ModuleType.__getattribute__(self, attr)
             except AttributeError:
@@ -84,7 +84,7 @@ def _answering_before_loading(lazy_class: type) -> type:
 
 
 class _LazyLoader(importlib.util.LazyLoader):
-    """Python's ``LazyLoader``, whose modules answer ``KNOWN_BEFORE_LOADING`` unloaded."""
+    """Python's ``LazyLoader``, whose modules answer ``_KNOWN_BEFORE_LOADING`` unloaded."""
 
     def exec_module(self, module):
         super().exec_module(module)
