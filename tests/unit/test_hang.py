@@ -4,6 +4,8 @@ marks (in_task.progress) and the launcher's reading of them (TaskLogger)."""
 import io
 import json
 
+import time
+
 import pytest
 
 from tfrun.in_task import progress
@@ -110,11 +112,16 @@ def test_the_task_marks_its_steps_and_phases():
     assert progress.snapshot() == {"steps_done": 0, "doing": "setup"}
     progress.step_began()
     assert progress.snapshot()["doing"] == IN_STEP == progress.IN_STEP
+    before = time.time()
     progress.step_ended()
+    ended = progress.snapshot().pop("last_step_at")
+    assert before <= ended <= time.time()
     with progress.busy("the backup"):
-        assert progress.snapshot() == {"steps_done": 1, "doing": "the backup"}
+        assert progress.snapshot() == {"steps_done": 1, "doing": "the backup",
+                                       "last_step_at": ended}
     assert progress.snapshot()["doing"] == progress.BETWEEN_STEPS
     progress.reset()
+    assert "last_step_at" not in progress.snapshot()
 
 
 def test_a_custom_loop_s_logged_steps_are_its_progress():
@@ -124,7 +131,9 @@ def test_a_custom_loop_s_logged_steps_are_its_progress():
     for step in (100, 100, 200, 150, 300):  # a step logged twice, or going back, is no progress
         log_metrics(step=step, loss=0.5)
     log_metrics(loss=0.25)  # no step: no progress either
-    assert progress.snapshot() == {"steps_done": 3, "doing": progress.IN_STEP}
+    snapshot = progress.snapshot()
+    assert snapshot.pop("last_step_at") <= time.time()
+    assert snapshot == {"steps_done": 3, "doing": progress.IN_STEP}
     progress.reset()
 
 

@@ -76,8 +76,8 @@ def slowed(task, *per_step_inside):
     # one window is not consistent
     ([slowed("worker:0", 0.008, 0.0), slowed("worker:1", 0.0, 0.0)], []),
     # 1.8x of tiny steps (2 ms: 1.1 ms of own work against 2) is under the 1 ms that counts
-    ([TaskLoad("worker:0", "h", [0, 0], 9, work(0.0009, 0.0009, seconds=0.2)),
-      TaskLoad("worker:1", "h", [0, 0], 9, work(0.0, 0.0, seconds=0.2))], []),
+    ([TaskLoad("worker:0", "h", [0, 0], 9, work(0.0009, 0.0009, steps=1000)),
+      TaskLoad("worker:1", "h", [0, 0], 9, work(0.0, 0.0, steps=1000))], []),
     # without tfrun's exchange (no samples of it) there is nothing to compare
     ([TaskLoad("worker:0", "h", [0, 0], 9), TaskLoad("worker:1", "h", [0, 0], 9)], []),
 ])
@@ -138,3 +138,39 @@ def test_a_straggler_by_its_own_work_is_told_computing_from_waiting(slow_cpu, ca
     unknown = TaskLoad("worker:1", "h", [0, 0], 200, work(0.0, 0.0, cpu=[slow_cpu, None]))
     (found,) = find_stragglers([fast, unknown])
     assert found.cause == "own-work"
+
+
+def test_a_second_s_hiccup_is_no_straggler_longer_ones_are():
+    """Samples every 0.5 s (TFRUN_METRICS_INTERVAL=0.5), 20 steps of 25 ms each: worker:1's
+    own work 1.7x worker:0's in its last two windows only (1 s: a busy machine's hiccup,
+    the clean run of stop 67's CI) names nobody; over its last three (1.5 s), it is named."""
+    def windows(*waits):
+        return work(*waits, seconds=0.5, steps=20)
+
+    fast = [0.0] * 6
+    found = find_stragglers([
+        TaskLoad("worker:0", "h", [0, 0], 120, windows(*fast[:4], 0.010, 0.010)),
+        TaskLoad("worker:1", "h", [0, 0], 120, windows(*fast))])
+    assert found == []
+    found = find_stragglers([
+        TaskLoad("worker:0", "h", [0, 0], 120, windows(*fast[:3], *[0.010] * 3)),
+        TaskLoad("worker:1", "h", [0, 0], 120, windows(*fast))])
+    assert [(s.task, s.cause, s.slower) for s in found] == [("worker:1", "own-work", 1.7)]
+
+
+def test_the_time_after_a_task_s_last_step_is_no_step_time():
+    """Stop 67's clean run: worker:1's last sample came long after the run's last step
+    (496 ms "a step" in that window), and a hiccup had slowed the window before. Timed from
+    step end to step end (``last_step_at``), the last window is as fast as worker:0's:
+    nobody is named. Timed by the samples, worker:1 was."""
+    # (time, steps done, seconds inside the exchange, CPU %, when the last step ended)
+    worker0 = [(0.0, 0, 0.0, None, None), (2.0, 100, 0.5, None, 2.0),
+               (4.0, 200, 1.4, None, 4.0), (4.25, 210, 1.45, None, 4.2)]
+    worker1 = [(0.0, 0, 0.0, None, None), (2.0, 100, 0.5, None, 2.0),
+               (4.0, 200, 0.6, None, 4.0),   # the hiccup: own work 19 ms against 11
+               (6.0, 210, 0.65, None, 4.2)]  # ten steps of 15 ms, then 1.8 s after them
+    timed = [TaskLoad("worker:0", "h", [0, 0], 210, worker0),
+             TaskLoad("worker:1", "h", [0, 0], 210, worker1)]
+    assert find_stragglers(timed) == []
+    untimed = [TaskLoad(t.task, "h", [0, 0], 210, [w[:4] for w in t.work]) for t in timed]
+    assert [s.task for s in find_stragglers(untimed)] == ["worker:1"]

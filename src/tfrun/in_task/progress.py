@@ -6,17 +6,24 @@ evaluation; the backup marks its saves and the agreement on a stop. Each resourc
 (every ``contract.METRICS_INTERVAL`` seconds, from a daemon thread that keeps running while
 the main thread is blocked in a collective) carries the two values, so the launcher sees a
 task that stopped completing steps, and what it was doing then -- for any backend, remote
-tasks included. Marking costs a dictionary store: it is cheap enough for every step.
+tasks included. A sample also carries when the last step ended (``last_step_at``, this
+task's ``time.time()``): the straggler finder measures steps between step ends, so the time a
+sample happens to fall after a step (after the last one, the whole tail of the run) is
+nobody's step time. Marking costs a dictionary store and a clock read: cheap enough for
+every step.
 
     >>> reset()
     >>> step_began(); step_ended(); doing("the backup")
-    >>> snapshot()
-    {'steps_done': 1, 'doing': 'the backup'}
+    >>> sorted(snapshot())
+    ['doing', 'last_step_at', 'steps_done']
+    >>> snapshot()["steps_done"], snapshot()["doing"]
+    (1, 'the backup')
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 from .. import contract
 
@@ -35,6 +42,7 @@ _reported = [None]  # the newest step a custom loop reported (tfrun.log_metrics)
 def reset() -> None:
     """Back to no step and ``setup`` (tests; a process runs one task)."""
     _state.update(steps_done=0, doing=SETUP)
+    _state.pop("last_step_at", None)
     _reported[0] = None
 
 
@@ -45,6 +53,7 @@ def loop_reported(step: int) -> None:
     if _reported[0] is None or step > _reported[0]:
         _reported[0] = step
         _state["steps_done"] += 1
+        _state["last_step_at"] = time.time()
         _state["doing"] = IN_STEP  # (the loop's own code: nothing finer is known)
 
 
@@ -54,6 +63,7 @@ def step_began() -> None:
 
 def step_ended() -> None:
     _state["steps_done"] += 1
+    _state["last_step_at"] = time.time()
     _state["doing"] = BETWEEN_STEPS
 
 

@@ -2,8 +2,7 @@
 
 In synchronous training every step waits for the slowest task, so one slow task slows the
 whole run -- and nothing says which. Two kinds of evidence come with each resources sample
-(every 2 s), and a task is named a straggler when either sets it apart in its last two
-samples:
+(every 2 s), and a task is named a straggler when either sets it apart in its last samples:
 
 * **its CPUs are taken** (``cpu-taken``): ``cpu_taken``, the share of the task's own CPUs
   other processes used (``tfrun.in_task.contention``), is at least ``1 - 1/1.3`` (it runs at
@@ -17,7 +16,10 @@ samples:
   (``tfrun.in_task.arrivals``: the seconds each task spent inside all-reduces), a task's
   own work per step is its step time minus that wait. The others wait in every all-reduce
   for a task whose own work -- its compute, or its input pipeline -- takes at least 1.3x
-  theirs (and 1 ms more): more work, a slower CPU, a slower input.
+  theirs (and 1 ms more) in each of its last windows, over 1.2 s of steps at least: more
+  work, a slower CPU, a slower input -- not a second's hiccup of a busy machine. Steps are
+  timed from step end to step end (``last_step_at``), so the time a sample falls after a
+  step -- after the last one, the tail of the run -- counts for nobody.
 
 The finding says how much slower it is, why, and that the others wait for it; it is
 printed once and again when it changes, and kept for summary.json.
@@ -51,6 +53,9 @@ _SAMPLES = 2
 #: Own work per step this many times the slowest other task's, and this much longer.
 _MIN_SLOWER = 1.3
 _MIN_EXTRA_SECONDS = 0.001
+#: ... in each window of its last ones that span this many seconds of steps (two at least):
+#: more than a busy machine's hiccup (a second of it named a clean run in stop 67's CI).
+_MIN_EVIDENCE_SECONDS = 1.2
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,8 @@ class TaskLoad:
     taken: list[float]        # recent cpu_taken samples, oldest first
     steps_done: int = 0
     #: recent (task's time, steps done, seconds inside tfrun's exchange[, the CPU its
-    #: process tree used since the sample before, in % of one core]) samples, oldest first
+    #: process tree used since the sample before, in % of one core[, when its last step
+    #: ended]]) samples, oldest first
     work: list = field(default_factory=list)
 
 
@@ -98,9 +104,18 @@ def find_stragglers(tasks: list[TaskLoad]) -> list[Straggler]:
 
 
 def _clearly_longer(slow: list[float], fast: list[float]) -> bool:
-    """In each of the last ``_SAMPLES`` windows, ``slow`` is 1.3x ``fast`` and 1 ms more."""
+    """In each window, ``slow`` is 1.3x ``fast`` and 1 ms more."""
     return all(m >= _MIN_SLOWER * o and m - o >= _MIN_EXTRA_SECONDS
-               for m, o in zip(slow[-_SAMPLES:], fast[-_SAMPLES:]))
+               for m, o in zip(slow, fast))
+
+
+def _evidence(seconds: list[float]) -> int | None:
+    """How many of the last windows (``seconds`` long each) make the evidence: two at
+    least, and ``_MIN_EVIDENCE_SECONDS`` together; None while there are not that many."""
+    for count in range(_SAMPLES, len(seconds) + 1):
+        if sum(seconds[-count:]) >= _MIN_EVIDENCE_SECONDS:
+            return count
+    return None
 
 
 def _others_wait_for(task: str, windows: dict) -> bool:
@@ -144,14 +159,17 @@ def _own_work(tasks: list[TaskLoad], per_task: dict, cpu: dict) -> list[Straggle
         mine = per_task.get(task.task)
         if mine is None:
             continue
-        others = [max(w[-_SAMPLES + i] for name, w in per_task.items() if name != task.task)
-                  for i in range(_SAMPLES)]
-        recent = mine[-_SAMPLES:]
+        count = _evidence(_window_seconds(task.work))
+        if count is None or any(len(w) < count for w in per_task.values()):
+            continue
+        others = [max(w[-count + i] for name, w in per_task.items() if name != task.task)
+                  for i in range(count)]
+        recent = mine[-count:]
         if _clearly_longer(recent, others):
-            own, other = sum(recent) / _SAMPLES, sum(others) / _SAMPLES
+            own, other = sum(recent) / count, sum(others) / count
             theirs = [c for name, w in cpu.items() if name != task.task and name in per_task
-                      for c in w[-_SAMPLES:]]
-            cause, why = _why_own_work(own, other, _mean_known(cpu[task.task][-_SAMPLES:]),
+                      for c in w[-count:]]
+            cause, why = _why_own_work(own, other, _mean_known(cpu[task.task][-count:]),
                                        _mean_known(theirs))
             out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
                                  task.steps_done, cause, why))
@@ -190,9 +208,24 @@ def _windows(samples: list):
     return [(a, b) for a, b in zip(samples, samples[1:]) if b[1] > a[1] and b[0] > a[0]]
 
 
+def _step_span(a, b) -> float:
+    """The seconds between two samples' last step ends; between the samples themselves
+    when either does not say (a task of an earlier tfrun)."""
+    if len(a) > 4 and len(b) > 4 and a[4] is not None and b[4] is not None:
+        return b[4] - a[4]
+    return b[0] - a[0]
+
+
+def _window_seconds(samples: list) -> list[float]:
+    """How long the steps of each window took (see ``_step_span``)."""
+    return [_step_span(a, b) for a, b in _windows(samples)]
+
+
 def _work_per_step(samples: list) -> list[float]:
-    """Seconds of own work per step in each window between consecutive samples with steps."""
-    return [max((b[0] - a[0]) - (b[2] - a[2]), 0.0) / (b[1] - a[1])
+    """Seconds of own work per step in each window between consecutive samples with steps.
+    The wait inside the exchange is counted up to the sample: a step under way then counts
+    its wait so far, at most one step's in a window of many."""
+    return [max(_step_span(a, b) - (b[2] - a[2]), 0.0) / (b[1] - a[1])
             for a, b in _windows(samples)]
 
 
