@@ -66,6 +66,10 @@ def port_is_free(port: int) -> bool:
         sock.close()
 
 
+#: Every Run started in this process, in order (``pytest_runtest_call`` reads it).
+_STARTED: list["Run"] = []
+
+
 class Run:
     """One `tfrun` invocation in a subprocess, with its run directory."""
 
@@ -81,7 +85,9 @@ class Run:
 
     def start(self, console: Path | None = None) -> "Run":
         """Start tfrun; its output goes to a pipe, or to the file ``console`` for a run
-        that nothing reads until it ends (a pipe would fill, and stall tfrun's writes)."""
+        that nothing reads until it ends (a pipe would fill, and stall tfrun's writes).
+        A test that fails with it still running kills it (``pytest_runtest_call``)."""
+        _STARTED.append(self)
         self.console = console
         out = open(console, "w") if console is not None else subprocess.PIPE
         try:
@@ -474,3 +480,24 @@ def pytest_runtest_protocol(item, nextitem):
     with side_by_side.turn(alone=item.get_closest_marker("alone") is not None), \
             side_by_side.cpu_recorded(item.nodeid):
         return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test that fails leaves none of the runs it started going: a failed assertion
+    skips the test's own wait, and the run would go on beside the next tests (ci67: 34 s of
+    a ten-kill run). SIGKILL, which tfrun's reaper answers by killing its tasks."""
+    before = len(_STARTED)
+    try:
+        return (yield)
+    except BaseException:
+        for run in _STARTED[before:]:
+            if run.proc is not None and run.proc.poll() is None:
+                run.proc.kill()
+                try:
+                    run.proc.communicate(timeout=30)
+                except (subprocess.TimeoutExpired, ValueError):
+                    pass
+        raise
+    finally:
+        del _STARTED[before:]
