@@ -64,6 +64,10 @@ class NodeAgent:
 
     def serve(self) -> tuple[int, str]:
         threading.Thread(target=self._read, daemon=True, name="tfrun-agent-read").start()
+        # Pings from a thread of their own: a task's start may take seconds (the run's task
+        # starter imports TensorFlow before the first fork), and the controller must not
+        # take a busy agent for a lost host.
+        threading.Thread(target=self._ping, daemon=True, name="tfrun-agent-ping").start()
         previous = {s: signal.signal(s, self._on_signal)
                     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.backend.open(self.run_dir)
@@ -89,8 +93,12 @@ class NodeAgent:
             if message is None or message["t"] == "_garbage":
                 return
 
+    def _ping(self) -> None:
+        while not self.channel.broken:
+            self.channel.send("ping")
+            time.sleep(HEARTBEAT_INTERVAL)
+
     def _loop(self) -> tuple[int, str]:
-        next_ping = 0.0
         while True:
             try:
                 message = self._inbox.get(timeout=0.1)
@@ -103,10 +111,6 @@ class NodeAgent:
             self._poll_tasks()
             if self._signal is not None:
                 return 128 + self._signal, f"agent stopped by {signal.Signals(self._signal).name}"
-            now = time.monotonic()
-            if now >= next_ping:
-                self.channel.send("ping")
-                next_ping = now + HEARTBEAT_INTERVAL
             if self.channel.broken:
                 return 1, "lost the controller: the connection broke"
             if self.channel.silent_for() > self.heartbeat_timeout:
