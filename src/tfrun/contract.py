@@ -15,7 +15,7 @@ spells a ``TFRUN_*`` variable name: a script started by hand with these variable
 
 __all__ = [
     "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE", "DEFER_IMPORTS",
-    "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX",
+    "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX", "FORK_TASKS",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
     "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "PREEMPTION_GRACE", "RESUMED_EVENT",
@@ -126,6 +126,9 @@ REAPER_FOR = "TFRUN_REAPER_FOR"
 PRIVATE_TMP = "TFRUN_PRIVATE_TMP"
 
 # --------------------------------------------------------------------------- launcher only
+#: "0": every task is a Python of its own that imports TensorFlow itself, instead of a fork
+#: of the run's task starter, which imported it once (``tfrun.in_task.task_starter``).
+FORK_TASKS = "TFRUN_FORK_TASKS"
 #: "0": no report.html at the end of a run.
 REPORT = "TFRUN_REPORT"
 #: "0": skip the SSH preflight (``tfrun doctor``) before a launch.

@@ -19,7 +19,7 @@ from .. import contract
 from ..contract import TF_CONFIG_REPLACED
 from ._post_import import when_imported
 
-__all__ = ["prepare", "run_as_server_if_assigned"]
+__all__ = ["alias_keras_when_legacy", "prepare", "run_as_server_if_assigned"]
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -46,11 +46,17 @@ class _KerasToTfKeras(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(fullname, _AliasLoader(real))
 
 
+def alias_keras_when_legacy() -> None:
+    """``--keras 2`` (or TF_USE_LEGACY_KERAS=1): ``import keras`` gives tf_keras from now on
+    (once per process)."""
+    legacy = os.environ.get(contract.KERAS) == "2" or os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+    if legacy and not any(isinstance(f, _KerasToTfKeras) for f in sys.meta_path):
+        sys.meta_path.insert(0, _KerasToTfKeras())
+
+
 def prepare() -> None:
     _watch_tf_config()
-    legacy = os.environ.get(contract.KERAS) == "2" or os.environ.get("TF_USE_LEGACY_KERAS") == "1"
-    if legacy:
-        sys.meta_path.insert(0, _KerasToTfKeras())
+    alias_keras_when_legacy()
     if os.environ.get(contract.DEVICES):
         from .runtime import configure_logical_devices
 

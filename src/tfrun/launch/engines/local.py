@@ -37,6 +37,8 @@ from .. import cgroups, run, run_tmp
 from ..cgroups import TaskCgroups
 from ..config import NETWORK_MODES
 from ..devices import describe_shares, local_shares
+from .. import forked_tasks
+from ..forked_tasks import ForkedTask, TaskStarter, python_of
 from ..loopback import LoopbackNetwork, LoopbackUnavailable
 from ..netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from ..oom import OomWatch
@@ -125,6 +127,9 @@ class LocalBackend(Backend):
         self._task_cgroups: dict[int, Path] = {}             # id(handle) -> its cgroup
         self._oom: dict[int, OomWatch] = {}                  # id(handle) -> OOM-kill counts
         self._tmp: RunTemporaryDirectory | None = None       # the tasks' TMPDIR on this host
+        self._starter: TaskStarter | None = None             # forks the tasks (forked_tasks)
+        self._starter_failed = False
+        self._starter_cgroup: Path | None = None
 
     def open(self, run_dir: Path) -> None:
         self._reaper = _Reaper(run_dir)
@@ -142,6 +147,7 @@ class LocalBackend(Backend):
             if process.poll() is None:
                 self._killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        self._close_starter()  # (after its tasks: it would kill them too)
         for key in list(self._held):
             self._release_ports(key)
         for key in list(self._scratch):
@@ -183,9 +189,9 @@ class LocalBackend(Backend):
             self._task_cgroups[id(handle)] = cgroup
             env[contract.CGROUP] = str(cgroup)  # the bootstrap moves itself in first thing
         try:
-            process = subprocess.Popen(list(spec.argv), env=env, cwd=spec.cwd,
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+            process = self._forked(spec, env) or subprocess.Popen(
+                list(spec.argv), env=env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             self._release_ports(id(handle))
             self._remove_scratch(id(handle))
@@ -200,6 +206,53 @@ class LocalBackend(Backend):
         handle.pid = process.pid
         self._processes[id(handle)] = process
         return handle, process.stdout  # type: ignore[return-value]
+
+    def _forked(self, spec: TaskSpec, env: dict) -> ForkedTask | None:
+        """The task as a fork of this run's task starter here, or None: it starts on its
+        own (see ``tfrun.launch.forked_tasks`` for when)."""
+        python = python_of(spec.argv)
+        cwd = spec.cwd or os.getcwd()
+        if python is None or not forked_tasks.wanted(env) or self._starter_failed \
+                or not forked_tasks.imports_tensorflow(spec.argv, cwd):
+            return None
+        if self._starter is None:
+            self._starter = self._start_starter(python, env, cwd, spec.run_dir)
+            if self._starter is None:
+                self._starter_failed = True  # (its log says why) the tasks import themselves
+                return None
+        if not self._starter.accepts(python, env, cwd):
+            return None
+        try:
+            return self._starter.fork(spec.argv, env, cwd)
+        except OSError:
+            return None
+
+    def _start_starter(self, python: str, env: dict, cwd: str,
+                       run_dir: str | None) -> TaskStarter | None:
+        starter_env = dict(env)
+        if self._cgroups is not None:
+            self._starter_cgroup = self._cgroups.make(f"task-starter-{next(self._scratch_names)}")
+            starter_env[contract.CGROUP] = str(self._starter_cgroup)
+        else:
+            starter_env.pop(contract.CGROUP, None)
+        log = None
+        if run_dir:
+            log = Path(run_dir, ".tfrun", f"task-starter-{os.getpid()}.log")
+            log.parent.mkdir(parents=True, exist_ok=True)
+        starter = TaskStarter.start(python, starter_env, cwd, log)
+        if starter is not None and self._reaper is not None:
+            self._reaper.register(starter.process.pid)  # its own session: pgid == pid
+        return starter
+
+    def _close_starter(self) -> None:
+        if self._starter is not None:
+            if self._reaper is not None:
+                self._reaper.unregister(self._starter.process.pid)
+            self._starter.close()
+            self._starter = None
+        if self._starter_cgroup is not None and self._cgroups is not None:
+            self._cgroups.remove(self._starter_cgroup)
+        self._starter_cgroup = None
 
     def _hold(self, key: int, spec: TaskSpec) -> None:
         held: list[socket.socket] = []

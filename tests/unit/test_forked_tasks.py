@@ -1,0 +1,53 @@
+"""When the local backend forks a task from the run's task starter (launch.forked_tasks):
+pure decisions on the task's command, script and environment."""
+
+import pytest
+
+from tfrun.launch.forked_tasks import PER_TASK, imports_tensorflow, python_of, same_at_import, wanted
+
+BOOTSTRAP = ["python3", "-m", "tfrun.in_task.bootstrap"]
+
+
+@pytest.mark.parametrize("source, imports", [
+    ("import tensorflow as tf\n", True),
+    ("import numpy as np\nfrom keras import layers\n", True),
+    ("if True:\n    import tf_keras\n", True),
+    ("import tfrun\n", True),
+    ("from tensorflow.keras import layers\n", True),
+    ("import os\nprint('no tensorflow here')\n", False),   # named, not imported
+    ("import tensorflow_datasets\n", False),              # another package
+    ("# import tensorflow\nimport json\n", False),
+])
+def test_a_script_is_forked_when_it_imports_tensorflow_keras_or_tfrun(tmp_path, source, imports):
+    (tmp_path / "train.py").write_text(source)
+    assert imports_tensorflow([*BOOTSTRAP, "train.py", "--lr", "0.1"], str(tmp_path)) is imports
+
+
+def test_a_module_is_taken_to_import_it_and_a_missing_script_is_not(tmp_path):
+    assert imports_tensorflow([*BOOTSTRAP, "-m", "pkg.train"], str(tmp_path))
+    assert not imports_tensorflow([*BOOTSTRAP, "missing.py"], str(tmp_path))
+    assert not imports_tensorflow(BOOTSTRAP, str(tmp_path))
+
+
+def test_only_the_bootstrap_s_command_has_a_python_to_fork_from():
+    assert python_of([*BOOTSTRAP, "train.py"]) == "python3"
+    assert python_of(["python3", "train.py"]) is None
+    assert python_of(["python3", "-m", "other", "x"]) is None
+
+
+def test_only_the_per_task_variables_may_differ_from_the_starter_s():
+    starter = {"TF_CONFIG": '{"task": 0}', "TFRUN_TASK_INDEX": "0", "PATH": "/bin",
+               "TF_CPP_MIN_LOG_LEVEL": "2"}
+    task = {**starter, "TF_CONFIG": '{"task": 1}', "TFRUN_TASK_INDEX": "1",
+            "CUDA_VISIBLE_DEVICES": "1", "TFRUN_CPUS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
+    assert same_at_import(starter, task)
+    # read while TensorFlow imports: the task starts a Python of its own
+    assert not same_at_import(starter, {**task, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert not same_at_import(starter, {**task, "LD_PRELOAD": "/lib/x.so"})
+    assert not same_at_import(starter, {k: v for k, v in task.items() if k != "PATH"})
+    assert {"TF_CONFIG", "TFRUN_RESTART_COUNT", "TFRUN_CGROUP"} <= PER_TASK
+
+
+def test_fork_tasks_0_turns_it_off():
+    assert wanted({}) and wanted({"TFRUN_FORK_TASKS": "1"})
+    assert not wanted({"TFRUN_FORK_TASKS": "0"}) and not wanted({"TFRUN_FORK_TASKS": " 0 "})
