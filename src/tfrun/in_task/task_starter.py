@@ -7,7 +7,7 @@ times. A fork of a process that has imported it shares those pages and starts th
 at once. ``benchmarks/bench_forked_tasks.py`` measures it (docs/benchmarks.md).
 
 What (``python -m tfrun.in_task.task_starter FD PADDING``, started by the launcher's local
-backend, ``tfrun.launch.forked_tasks``): it dies with the launcher, joins its own cgroup, prepares the
+backend with ``contract.FORK_TASKS=1``, ``tfrun.launch.forked_tasks``): it dies with the launcher, joins its own cgroup, prepares the
 import as a task's bootstrap would (deferred Keras modules, the quiet collector, ``--keras 2``
 aliasing), imports TensorFlow, freezes the objects it made (so no collector pass in a task
 copies their pages), and says ``ready`` on the socket ``FD``. Then, for each request on it
