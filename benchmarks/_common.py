@@ -54,3 +54,28 @@ def compare(configs: list[tuple[str, list[str], str, list[str]]], rounds: int) -
     for name, values in samples.items():
         print(f"  {name}: " + ", ".join(f"{v:.1f}" for v in values))
     return [(name, statistics.median(values)) for name, values in samples.items()]
+
+
+def interleaved_cpu_and_wall(configs: dict, rounds: int, measure, title: str,
+                             column: str) -> None:
+    """Call ``measure(extra) -> (CPU s, wall s)`` for every configuration (name -> extra),
+    ``rounds`` times interleaved; print each CPU sample, the medians and their ratios
+    against the first configuration."""
+    import statistics
+
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in configs}
+    for _ in range(rounds):
+        for name, extra in configs.items():
+            samples[name].append(measure(extra))
+    baseline = next(iter(configs))
+    cpu0 = statistics.median(c for c, _ in samples[baseline])
+    wall0 = statistics.median(w for _, w in samples[baseline])
+    width = max(len(column), *(len(name) for name in configs))
+    print(title)
+    print(f"  {column:<{width}} {'CPU s':>7} {'ratio':>6} {'wall s':>7} {'ratio':>6}  samples (CPU s)")
+    for name, values in samples.items():
+        cpu = statistics.median(c for c, _ in values)
+        wall = statistics.median(w for _, w in values)
+        print(f"  {name:<{width}} {cpu:>7.2f} {cpu / cpu0:>6.2f} {wall:>7.2f} {wall / wall0:>6.2f}  "
+              + ", ".join(f"{c:.2f}" for c, _ in values))
+    print(f"  (ratios against {baseline!r}, measured in this invocation)")

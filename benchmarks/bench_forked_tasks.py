@@ -15,12 +15,13 @@ ratios; exits 1 if a run fails.
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import interleaved_cpu_and_wall
 
 TASK = str(Path(__file__).resolve().parent / "_restart_once_task.py")
 parser = argparse.ArgumentParser()
@@ -58,18 +59,7 @@ def one_run(extra: dict) -> tuple[float, float]:
     return usage.ru_utime + usage.ru_stime, wall
 
 
-samples = {name: [] for name in CONFIGS}
-for _ in range(args.rounds):
-    for name, extra in CONFIGS.items():
-        samples[name].append(one_run(extra))
-baseline = next(iter(CONFIGS))
-cpu0 = statistics.median(c for c, _ in samples[baseline])
-wall0 = statistics.median(w for _, w in samples[baseline])
-print(f"a {args.workers}-worker run with one restart (every task starts twice), "
-      f"{args.rounds} interleaved rounds")
-print(f"  {'how tasks start':<40} {'CPU s':>7} {'ratio':>6} {'wall s':>7} {'ratio':>6}  samples (CPU s)")
-for name, values in samples.items():
-    cpu, wall = statistics.median(c for c, _ in values), statistics.median(w for _, w in values)
-    print(f"  {name:<40} {cpu:>7.2f} {cpu / cpu0:>6.2f} {wall:>7.2f} {wall / wall0:>6.2f}  "
-          + ", ".join(f"{c:.2f}" for c, _ in values))
-print(f"  (ratios against {baseline!r}, measured in this invocation)")
+interleaved_cpu_and_wall(
+    CONFIGS, args.rounds, one_run,
+    f"a {args.workers}-worker run with one restart (every task starts twice), "
+    f"{args.rounds} interleaved rounds", "how tasks start")

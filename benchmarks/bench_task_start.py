@@ -19,12 +19,13 @@ task fails.
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import interleaved_cpu_and_wall
 
 TASK = str(Path(__file__).resolve().parent / "_keras_fit_task.py")
 parser = argparse.ArgumentParser()
@@ -59,18 +60,7 @@ def one_task(extra: dict) -> tuple[float, float]:
     return usage.ru_utime + usage.ru_stime, wall
 
 
-samples = {name: [] for name in CONFIGS}
-for _ in range(args.rounds):
-    for name, extra in CONFIGS.items():
-        samples[name].append(one_task(extra))
-baseline = next(iter(CONFIGS))
-cpu0 = statistics.median(c for c, _ in samples[baseline])
-wall0 = statistics.median(w for _, w in samples[baseline])
-print(f"task start + small fit{' + an AutoGraph conversion' if args.autograph else ''} + exit,"
-      f" {args.rounds} interleaved rounds, one CPU")
-print(f"  {'what tfrun does':<36} {'CPU s':>7} {'ratio':>6} {'wall s':>7} {'ratio':>6}  samples (CPU s)")
-for name, values in samples.items():
-    cpu, wall = statistics.median(c for c, _ in values), statistics.median(w for _, w in values)
-    print(f"  {name:<36} {cpu:>7.2f} {cpu / cpu0:>6.2f} {wall:>7.2f} {wall / wall0:>6.2f}  "
-          + ", ".join(f"{c:.2f}" for c, _ in values))
-print(f"  (ratios against {baseline!r}, measured in this invocation)")
+interleaved_cpu_and_wall(
+    CONFIGS, args.rounds, one_task,
+    f"task start + small fit{' + an AutoGraph conversion' if args.autograph else ''} + exit,"
+    f" {args.rounds} interleaved rounds, one CPU", "what tfrun does")
