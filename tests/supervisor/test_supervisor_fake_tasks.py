@@ -70,6 +70,23 @@ def test_first_failure_is_the_root_cause_not_the_fallout(fake_run):
     assert run.summary["root_cause"]["task"] == "worker:0"
 
 
+def test_a_blamed_task_still_exiting_is_judged_by_its_own_end_not_called_stuck(fake_run):
+    """worker:1's error closes its exchange sockets, so worker:0 sees it leave and exits
+    first; worker:1's own exit (a disk-full error) comes a second later. The verdict is
+    worker:1's disk-full, not a hang of a task that was only slow to finish exiting."""
+    run = fake_run(["--workers", "2", *FAST],
+                   "worker:0=sleep:0.5,print:tfrun TCP all-reduce: worker:1 left the exchange"
+                   " at exchange 3,exit:1;"
+                   "worker:1=sleep:0.3,print:OSError: [Errno 28] No space left on device,"
+                   "sleep:1.2,exit:1")
+    assert run.run() == 1, run.stdout
+    verdict = run.summary["verdict"]
+    assert (verdict["task"], verdict["class"]) == ("worker:1", "disk-full"), verdict
+    assert [c["task"] for c in verdict["collateral"]] == ["worker:0"], verdict
+    assert run.tasks()["worker:1"]["state"] == "failed"  # its own end, not stopped by tfrun
+    assert_nothing_left(run)
+
+
 def test_signal_death_becomes_128_plus_n(fake_run):
     run = fake_run(["--workers", "2", *FAST], "worker:1=kill:SIGKILL;*=forever")
     assert run.run() == 128 + signal.SIGKILL, run.stdout

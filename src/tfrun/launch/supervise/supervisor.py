@@ -50,6 +50,10 @@ __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Sup
            "TaskRecord"]
 
 _POLL_SECONDS = 0.1
+#: How long a task its peer blames may take to finish exiting before it is called stuck:
+#: Python's shutdown of a TensorFlow process (its exchange sockets already closed) takes
+#: tenths of a second here, a large model's seconds.
+_CULPRIT_EXIT_SECONDS = 3.0
 #: Failure classes that are a host's fault, not the script's (elastic runs act on them).
 _HOST_FAULTS = (FailureClass.NODE_LOST, FailureClass.INFRASTRUCTURE)
 
@@ -595,6 +599,21 @@ class Supervisor:
             time.sleep(_POLL_SECONDS)
         return None
 
+    def _exit_within(self, record: TaskRecord, seconds: float) -> None:
+        """Give a running task ``seconds`` to end on its own; handle its exit if it does.
+
+        A task whose error ends it is seen leaving by its peers (its sockets close) before
+        its process has finished exiting: the peer's exit can come first, and the task
+        must then be judged by its own end, not called stuck."""
+        deadline = time.monotonic() + seconds
+        while record.state == TaskState.RUNNING and record.handle is not None \
+                and time.monotonic() < deadline:
+            code = self._backend(record).poll(record.handle)
+            if code is not None:
+                self._on_exit(record, code)
+                return
+            time.sleep(_POLL_SECONDS)
+
     def _culprit_of(self, failed: TaskRecord) -> TaskRecord | None:
         """The task TensorFlow's coordination service blames in ``failed``'s log (it
         stopped sending heartbeats: exited early, stopped, hung), if another one."""
@@ -604,6 +623,7 @@ class Supervisor:
         for task in culprits(tail):
             culprit = by_task.get(task)
             if culprit is not None and culprit is not failed:
+                self._exit_within(culprit, _CULPRIT_EXIT_SECONDS)
                 how = ("it had exited with code 0 before training ended" if culprit.exit_code == 0
                        else "still running but unresponsive: stopped or stuck"
                        if culprit.state == TaskState.RUNNING
