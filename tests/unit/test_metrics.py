@@ -287,3 +287,21 @@ def test_sample_resources_covers_the_whole_process_tree():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_task_shorter_than_one_sample_interval_still_sends_one_sample_as_it_exits(tmp_path):
+    """A forked task can train and end within the first interval; its report still has its
+    CPU and memory: one last sample is taken at exit."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TFRUN_RUN_DIR": str(tmp_path), "TFRUN_METRICS_INTERVAL": "60"}
+    env.pop("TFRUN_METRICS", None)
+    out = subprocess.run([sys.executable, "-c", "from tfrun.in_task import metrics\n"
+                          "metrics.install()\nmetrics.note_step(7)\nprint('done', flush=True)"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    samples = [r for r in records(out) if r["event"] == "resources"]
+    assert len(samples) == 1, out
+    assert samples[0]["step"] == 7 and samples[0]["rss_mb"] > 0
+    assert out.index("done") < out.index(METRICS)  # taken at the end, not at the start

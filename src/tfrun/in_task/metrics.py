@@ -397,32 +397,47 @@ def report_step() -> None:
 
 
 def _start_resource_sampler(interval: float) -> None:
-    """A daemon thread that records ``sample_resources()`` every ``interval`` seconds."""
+    """A daemon thread that records ``sample_resources()`` every ``interval`` seconds, and
+    one last sample as the task exits: a task shorter than one interval (a forked task
+    starts without importing TensorFlow) still has its CPU and memory in the report."""
+    import atexit
     import threading
 
     import psutil
 
     process = psutil.Process()
+    sample_resources(process)  # cpu_percent's first call only starts its clock
+    contention = CpuContention()
+    lock = threading.Lock()  # the thread's sample and the last one share both clocks
+
+    def record_one() -> None:
+        with lock:
+            record = sample_resources(process)
+            if _step[0] is not None:
+                record["step"] = _step[0]
+            record.update(progress.snapshot())  # the launcher's hang clock reads it
+            record.update(arrivals.snapshot())  # ... and who never arrived
+            # what other processes take of our CPUs: the launcher's straggler finder
+            record["cpu_taken"] = contention.taken(record["cpu_percent"] / 100)
+            _emit(record)
 
     def sample() -> None:
-        sample_resources(process)  # cpu_percent's first call only starts its clock
-        contention = CpuContention()
         while True:
             time.sleep(interval)
             try:
-                record = sample_resources(process)
-                if _step[0] is not None:
-                    record["step"] = _step[0]
-                record.update(progress.snapshot())  # the launcher's hang clock reads it
-                record.update(arrivals.snapshot())  # ... and who never arrived
-                # what other processes take of our CPUs: the launcher's straggler finder
-                record["cpu_taken"] = contention.taken(record["cpu_percent"] / 100)
-                _emit(record)
+                record_one()
             except Exception:  # noqa: BLE001 - never disturb the task for a sample
                 return
 
+    def last() -> None:
+        try:
+            record_one()
+        except Exception:  # noqa: BLE001 - nor its exit
+            pass
+
     thread = threading.Thread(target=sample, daemon=True, name="tfrun-resources")
     thread.start()
+    atexit.register(last)
     _sampler.append(thread)
 
 
