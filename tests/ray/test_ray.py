@@ -114,8 +114,9 @@ def test_killed_actor_fails_its_task_and_the_gang_restarts_to_completion(ray_clu
         time.sleep(0.3)
     task = next(p for p in processes_of_run(run)
                 if p.environ().get("TFRUN_TASK_INDEX") == "1" and "bootstrap" in " ".join(p.cmdline()))
-    actor = psutil.Process(task.ppid())  # the Ray worker process that hosts worker:1's actor
-    assert "ray" in " ".join(actor.cmdline()).lower(), actor.cmdline()
+    # The Ray worker process that hosts worker:1's actor: the task's parent, or (a forked
+    # task, TFRUN_FORK_TASKS=1) its task starter's.
+    actor = next(p for p in task.parents() if "ray" in " ".join(p.cmdline()).lower())
     actor.send_signal(signal.SIGKILL)
     code, out = finish(proc)
     assert code == 0, out[-4000:]
