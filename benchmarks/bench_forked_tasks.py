@@ -1,6 +1,6 @@
 """CPU and wall time of a whole run whose tasks are forks of the run's task starter
-(``TFRUN_FORK_TASKS=1``: TensorFlow imported once per host, ``tfrun.in_task.task_starter``)
-against tasks that each start a Python of their own (the default).
+(the default: TensorFlow imported once per host, ``tfrun.in_task.task_starter``) against
+tasks that each start a Python of their own (``TFRUN_FORK_TASKS=0``).
 
     python benchmarks/bench_forked_tasks.py [--rounds 3] [--workers 2]
 
@@ -31,8 +31,8 @@ args = parser.parse_args()
 base_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("TFRUN_")}
 base_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
 base_env["TFRUN_REPORT"] = "0"
-CONFIGS = {"a Python per task (the default)": {},
-           "forked from the starter (FORK_TASKS=1)": {"TFRUN_FORK_TASKS": "1"}}
+CONFIGS = {"a Python per task (FORK_TASKS=0)": {"TFRUN_FORK_TASKS": "0"},
+           "forked from the starter (the default)": {"TFRUN_FORK_TASKS": "1"}}
 
 
 def one_run(extra: dict) -> tuple[float, float]:

@@ -126,9 +126,9 @@ REAPER_FOR = "TFRUN_REAPER_FOR"
 PRIVATE_TMP = "TFRUN_PRIVATE_TMP"
 
 # --------------------------------------------------------------------------- launcher only
-#: "1": every task is a fork of the run's task starter on its host, which imported TensorFlow
-#: once (``tfrun.in_task.task_starter``), instead of a Python of its own that imports it
-#: (the default, "0": opt-in until the cases in ``tfrun.launch.forked_tasks`` are mended).
+#: "0": every task is a Python of its own that imports TensorFlow, instead of a fork of the
+#: run's task starter on its host, which imported it once (``tfrun.in_task.task_starter``;
+#: the default, "1").
 FORK_TASKS = "TFRUN_FORK_TASKS"
 #: "0": no report.html at the end of a run.
 REPORT = "TFRUN_REPORT"

@@ -1,5 +1,5 @@
-"""Tasks forked from the run's task starter (tfrun.in_task.task_starter, TFRUN_FORK_TASKS=1),
-and tasks that start a Python of their own (the default, or a script that imports no
+"""Tasks forked from the run's task starter (tfrun.in_task.task_starter: the default), and
+tasks that start a Python of their own (TFRUN_FORK_TASKS=0, or a script that imports no
 TensorFlow): real TensorFlow tasks, a real MWMS cluster."""
 
 import json
@@ -22,8 +22,9 @@ def test_forked_tasks_are_the_tasks_they_would_have_been(tmp_path, flavour):
     session, with its own TF_CONFIG, temporary directory, working directory and NumPy seed,
     the Keras of --keras; they form the cluster, all-reduce and fit. worker:1's exit code
     3 is the run's account of it; nothing is left after the run."""
-    env = {"TFRUN_FORK_TASKS": "1", **({"TF_USE_LEGACY_KERAS": "1"} if flavour == "2" else {})}
+    env = {"TF_USE_LEGACY_KERAS": "1"} if flavour == "2" else {}
     run = Run(tmp_path, ["--workers", "2", "--keras", flavour, PROBE, "3"], env=env)
+    run.env.pop("TFRUN_FORK_TASKS", None)  # the default
     assert run.run(300) != 0, run.stdout[-3000:]
     seen = probes(run)
     assert all(p["preloaded"] for p in seen.values()), seen
@@ -48,8 +49,8 @@ def test_forked_tasks_are_the_tasks_they_would_have_been(tmp_path, flavour):
     assert_nothing_left(run)
 
 
-def test_by_default_each_task_imports_tensorflow_itself(tmp_path):
-    run = Run(tmp_path, ["--workers", "2", PROBE])
+def test_with_fork_tasks_0_each_task_imports_tensorflow_itself(tmp_path):
+    run = Run(tmp_path, ["--workers", "2", PROBE], env={"TFRUN_FORK_TASKS": "0"})
     assert run.run(300) == 0, run.stdout[-3000:]
     seen = probes(run)
     assert not any(p["preloaded"] for p in seen.values()), seen
@@ -65,7 +66,8 @@ def test_a_script_that_imports_no_tensorflow_starts_on_its_own(tmp_path):
     script.write_text("import os, sys\n"
                       "print('tensorflow loaded:', 'tensorflow' in sys.modules,"
                       " 'parent:', os.getppid(), flush=True)\n")
-    run = Run(tmp_path, ["--workers", "2", str(script)], env={"TFRUN_FORK_TASKS": "1"})
+    run = Run(tmp_path, ["--workers", "2", str(script)])
+    run.env.pop("TFRUN_FORK_TASKS", None)  # the default
     assert run.run(120) == 0, run.stdout[-3000:]
     assert run.stdout.count(f"tensorflow loaded: False parent: {run.proc.pid}") == 2, \
         run.stdout[-3000:]

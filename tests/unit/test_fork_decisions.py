@@ -48,6 +48,6 @@ def test_only_the_per_task_variables_may_differ_from_the_starter_s():
     assert {"TF_CONFIG", "TFRUN_RESTART_COUNT", "TFRUN_CGROUP"} <= PER_TASK
 
 
-def test_forking_is_opt_in_with_fork_tasks_1():
-    assert wanted({"TFRUN_FORK_TASKS": "1"}) and wanted({"TFRUN_FORK_TASKS": " 1 "})
-    assert not wanted({}) and not wanted({"TFRUN_FORK_TASKS": "0"})
+def test_forking_is_the_default_and_fork_tasks_0_turns_it_off():
+    assert wanted({}) and wanted({"TFRUN_FORK_TASKS": "1"}) and wanted({"TFRUN_FORK_TASKS": " 1 "})
+    assert not wanted({"TFRUN_FORK_TASKS": "0"}) and not wanted({"TFRUN_FORK_TASKS": " 0"})

@@ -7,9 +7,9 @@ times. A fork of a process that has imported it shares those pages and starts th
 at once. ``benchmarks/bench_forked_tasks.py`` measures it (docs/benchmarks.md).
 
 What (``python -m tfrun.in_task.task_starter FD PADDING``, started by the launcher's local
-backend with ``contract.FORK_TASKS=1``, ``tfrun.launch.forked_tasks``): it dies with the launcher, joins its own cgroup, prepares the
-import as a task's bootstrap would (deferred Keras modules, the quiet collector, ``--keras 2``
-aliasing), imports TensorFlow, freezes the objects it made (so no collector pass in a task
+backend unless ``contract.FORK_TASKS`` is ``0``, ``tfrun.launch.forked_tasks``): it dies
+with the launcher, joins its own cgroup, prepares the import as a task's bootstrap would
+(deferred Keras modules, the quiet collector, ``--keras 2`` aliasing), imports TensorFlow, freezes the objects it made (so no collector pass in a task
 copies their pages), and says ``ready`` on the socket ``FD``. Then, for each request on it
 (the task's bootstrap arguments, environment and working directory, and its output pipe as
 a passed descriptor), it forks. The fork becomes the task: a session of its own, the pipe as
