@@ -116,3 +116,20 @@ def test_the_same_tfrun_error_after_a_restart_fails_the_run():
                  task_preemptions=0, failure=FailureClass.OWN_ERROR, preemptions=0)
     assert policy.decide(TaskExit(**event, repeated=False)) is Decision.RESTART
     assert policy.decide(TaskExit(**event, repeated=True)) is Decision.FAIL
+
+
+def test_the_log_tail_leaves_out_metrics_records_written_after_the_traceback(tmp_path):
+    """A task's last resources sample is written as it exits, after its traceback: the
+    error's evidence is still the traceback's last line."""
+    from tfrun.launch.supervise.summary import log_tail
+
+    log = tmp_path / "worker-0.log"
+    log.write_text('Traceback (most recent call last):\n  File "t.py", line 1, in <module>\n'
+                   'RuntimeError: boom\n'
+                   'tfrun:metrics {"event":"resources","cpu_percent":9.0}\n')
+    tail = log_tail(log)
+    assert tail.endswith("RuntimeError: boom\n") and "tfrun:metrics" not in tail
+    from tfrun.launch.output.tracebacks import last_traceback
+
+    assert last_traceback(log.read_text().splitlines()).endswith("RuntimeError: boom")
+    assert log_tail(tmp_path / "missing.log") == ""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-
+from ...contract import METRICS_LINE
 from .noise import is_tf_noise
 
 __all__ = ['fatal_error_stack', 'last_traceback']
@@ -49,7 +49,8 @@ def last_traceback(lines: Iterable[str], max_lines: int = 80) -> str | None:
     out: list[str] = []
     in_message = False  # past the last frame: the exception line and what explains it
     for line in lines[start:]:
-        if _ABSL_LINE.match(line) or is_tf_noise(line):
+        # (tfrun's metrics records: the task's last sample is written at its exit)
+        if _ABSL_LINE.match(line) or is_tf_noise(line) or line.startswith(METRICS_LINE):
             if in_message:
                 break
             continue  # a log line interleaved with the frames

@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+from ...contract import METRICS_LINE
 from ..output import ConsoleSink, describe_write_error
 from .diagnose import TAIL_BYTES
 from .records import RunResult, RunStatus
@@ -120,13 +121,17 @@ def has_stack_dump(lines: list[str]) -> bool:
 
 
 def log_tail(path: Path) -> str:
-    """The last ``TAIL_BYTES`` of a task's log ("" when unreadable)."""
+    """The last ``TAIL_BYTES`` of a task's log ("" when unreadable), without tfrun's metrics
+    records: the task's last resources sample comes after its traceback, at its exit, and
+    is no evidence of anything."""
     try:
         with open(path, "rb") as log:
             log.seek(max(log.seek(0, os.SEEK_END) - TAIL_BYTES, 0))
-            return log.read().decode("utf-8", errors="replace")
+            text = log.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not line.startswith(METRICS_LINE))
 
 
 def _root_cause_line(result: RunResult) -> str:
