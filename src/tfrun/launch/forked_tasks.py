@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Mapping, Sequence
 
 from .. import contract
+from .process_end import wait_or_kill
 
 __all__ = ["PER_TASK", "ForkedTask", "TaskStarter", "imports_tensorflow", "python_of",
            "same_at_import", "wanted"]
@@ -159,7 +160,7 @@ class TaskStarter:
         ours.settimeout(None)
         if "ready" not in ready:
             ours.close()
-            _end(process)
+            wait_or_kill(process, group=True)
             return None
         return cls(process, ours, python, cwd, env)
 
@@ -219,19 +220,8 @@ class TaskStarter:
         except OSError:
             pass
         self._channel.close()
-        _end(self.process)
+        wait_or_kill(self.process, group=True)
         self._reader.join(timeout=5)
-
-
-def _end(process: subprocess.Popen) -> None:
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        process.wait()
 
 
 def python_of(argv: Sequence[str]) -> str | None:

@@ -35,6 +35,7 @@ import sys
 import threading
 
 from .. import contract
+from .process_end import wait_or_kill
 
 __all__ = [
     "HOST_LOOPBACK",
@@ -112,7 +113,7 @@ class PrivateNetwork:
 
     def close(self) -> None:
         os.close(self._exit_fd)  # slirp4netns exits when this closes
-        _wait_or_kill(self._slirp)
+        wait_or_kill(self._slirp)
         _end(self._holder)
 
 
@@ -146,7 +147,7 @@ def _start_slirp(path: str, pid: int, userns: bool, env: dict[str, str]
         os.close(ready_r)
     if signal_byte != b"1":
         os.close(exit_w)
-        _wait_or_kill(slirp)
+        wait_or_kill(slirp)
         said = (slirp.stdout.read() or b"").decode(errors="replace").strip()  # type: ignore[union-attr]
         raise NetworkUnavailable("slirp4netns did not come up"
                                  + (f": {'; '.join(said.splitlines()[-3:])}" if said else ""))
@@ -161,14 +162,4 @@ def _end(process: subprocess.Popen) -> None:
         process.stdin.close()  # type: ignore[union-attr]
     except (OSError, AttributeError):
         pass
-    _wait_or_kill(process)
-
-
-def _wait_or_kill(process: subprocess.Popen, timeout: float = 5.0) -> None:
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
+    wait_or_kill(process)

@@ -42,6 +42,7 @@ from ..forked_tasks import ForkedTask, TaskStarter, python_of
 from ..loopback import LoopbackNetwork, LoopbackUnavailable
 from ..netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
 from ..oom import OomWatch
+from ..process_end import wait_or_kill
 from ..ports import PortReservation
 from ..run_tmp import RunTemporaryDirectory
 from ..rundir import run_dir_for
@@ -97,11 +98,7 @@ class _Reaper:
             self.process.stdin.close()  # type: ignore[union-attr]
         except (BrokenPipeError, OSError):
             pass
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        wait_or_kill(self.process)
 
 
 class LocalBackend(Backend):

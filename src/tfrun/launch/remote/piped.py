@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..output import ConsoleSink
+from ..process_end import wait_or_kill
 from .protocol import Channel
 from .links import NodeLink, RemoteBackend
 from ..engines.base import TaskSpec
@@ -115,8 +116,4 @@ class PipedAgentBackend(RemoteBackend):
             except OSError:
                 pass
         for process in self._processes:
-            try:
-                process.wait(timeout=self.stop_grace + 5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            wait_or_kill(process, self.stop_grace + 5)
