@@ -46,6 +46,7 @@ def test_forked_tasks_are_the_tasks_they_would_have_been(tmp_path, flavour):
     assert "worker:1" in run.stdout and "exit code 3" in run.stdout
     starter_logs = list((run.run_dir / ".tfrun").glob("task-starter-*.log"))
     assert len(starter_logs) == 1, starter_logs
+    assert "tfrun task starter: TensorFlow imported; " in starter_logs[0].read_text()
     assert_nothing_left(run)
 
 

@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as exc:  # noqa: BLE001 - the launcher starts tasks on their own then
         _send(channel, {"unavailable": f"{type(exc).__name__}: {exc}"})
         raise SystemExit(1) from None
-    _send(channel, {"ready": os.getpid(), "threads": len(os.listdir("/proc/self/task"))})
+    # In its log: forking is safe while the only threads are OpenBLAS's (see above).
+    print(f"tfrun task starter: TensorFlow imported; {len(os.listdir('/proc/self/task'))} "
+          "threads", flush=True)
+    _send(channel, {"ready": os.getpid()})
     task = _serve(channel)
     if task is not None:  # in a fork: run the bootstrap as `python -m` would have
         bootstrap.main(task)
