@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .policy import TaskState
 
@@ -93,14 +94,14 @@ class Straggler:
 
 def find_stragglers(tasks: list[TaskLoad]) -> list[Straggler]:
     """The tasks that stand out (see the module docstring); none with fewer than two."""
-    windows = {t.task: _work_per_step(t.work) for t in tasks}
+    measured = {t.task: _measure(t.work) for t in tasks}
+    windows = {name: m.work for name, m in measured.items()}
     per_task = {name: w for name, w in windows.items() if len(w) >= _SAMPLES}
     recorded = {t.task for t in tasks if t.work}
     found = [s for s in _cpu_taken(tasks)
              if s.task not in recorded or _others_wait_for(s.task, windows)]
     named = {s.task for s in found}
-    cpu = {t.task: _cpu_per_step(t.work) for t in tasks}
-    return found + [s for s in _own_work(tasks, per_task, cpu) if s.task not in named]
+    return found + [s for s in _own_work(tasks, per_task, measured) if s.task not in named]
 
 
 def _clearly_longer(slow: list[float], fast: list[float]) -> bool:
@@ -148,10 +149,11 @@ def _cpu_taken(tasks: list[TaskLoad]) -> list[Straggler]:
     return out
 
 
-def _own_work(tasks: list[TaskLoad], per_task: dict, cpu: dict) -> list[Straggler]:
+def _own_work(tasks: list[TaskLoad], per_task: dict, measured: dict) -> list[Straggler]:
     """Own work per step (step time minus the wait inside tfrun's exchange, ``per_task``)
-    in each task's last ``_SAMPLES`` sample windows; a task slower than every other in each
-    window. Its CPU time per step (``cpu``) tells computing from waiting."""
+    in each task's last sample windows that make the evidence; a task slower than every
+    other in each window. Its CPU time per step (``measured``) tells computing from
+    waiting."""
     if len(per_task) < 2:
         return []
     out = []
@@ -159,7 +161,7 @@ def _own_work(tasks: list[TaskLoad], per_task: dict, cpu: dict) -> list[Straggle
         mine = per_task.get(task.task)
         if mine is None:
             continue
-        count = _evidence(_window_seconds(task.work))
+        count = _evidence(measured[task.task].seconds)
         if count is None or any(len(w) < count for w in per_task.values()):
             continue
         others = [max(w[-count + i] for name, w in per_task.items() if name != task.task)
@@ -167,9 +169,9 @@ def _own_work(tasks: list[TaskLoad], per_task: dict, cpu: dict) -> list[Straggle
         recent = mine[-count:]
         if _clearly_longer(recent, others):
             own, other = sum(recent) / count, sum(others) / count
-            theirs = [c for name, w in cpu.items() if name != task.task and name in per_task
-                      for c in w[-count:]]
-            cause, why = _why_own_work(own, other, _mean_known(cpu[task.task][-count:]),
+            theirs = [c for name, m in measured.items() if name != task.task and name in per_task
+                      for c in m.cpu[-count:]]
+            cause, why = _why_own_work(own, other, _mean_known(measured[task.task].cpu[-count:]),
                                        _mean_known(theirs))
             out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
                                  task.steps_done, cause, why))
@@ -216,24 +218,24 @@ def _step_span(a, b) -> float:
     return b[0] - a[0]
 
 
-def _window_seconds(samples: list) -> list[float]:
-    """How long the steps of each window took (see ``_step_span``)."""
-    return [_step_span(a, b) for a, b in _windows(samples)]
+class _Measured(NamedTuple):
+    """A task's windows between consecutive samples with steps, each measured three ways."""
+    seconds: list[float]  # how long its steps took (see ``_step_span``)
+    work: list[float]  # seconds of own work per step
+    cpu: list[float | None]  # CPU seconds per step; None where the sample has no CPU share
 
 
-def _work_per_step(samples: list) -> list[float]:
-    """Seconds of own work per step in each window between consecutive samples with steps.
-    The wait inside the exchange is counted up to the sample: a step under way then counts
-    its wait so far, at most one step's in a window of many."""
-    return [max(_step_span(a, b) - (b[2] - a[2]), 0.0) / (b[1] - a[1])
-            for a, b in _windows(samples)]
-
-
-def _cpu_per_step(samples: list) -> list[float | None]:
-    """CPU seconds per step in each window (the later sample's CPU share over it); None
-    for a window whose sample has no CPU share."""
-    return [None if len(b) < 4 or b[3] is None else b[3] / 100 * (b[0] - a[0]) / (b[1] - a[1])
-            for a, b in _windows(samples)]
+def _measure(samples: list) -> _Measured:
+    """The windows of ``samples``, measured. The wait inside the exchange is counted up to
+    the sample: a step under way then counts its wait so far, at most one step's in a
+    window of many. The CPU per step is the later sample's CPU share over the window."""
+    windows = _windows(samples)
+    seconds = [_step_span(a, b) for a, b in windows]
+    work = [max(span - (b[2] - a[2]), 0.0) / (b[1] - a[1])
+            for span, (a, b) in zip(seconds, windows)]
+    cpu = [None if len(b) < 4 or b[3] is None else b[3] / 100 * (b[0] - a[0]) / (b[1] - a[1])
+           for a, b in windows]
+    return _Measured(seconds, work, cpu)
 
 
 class StragglerWatch:
