@@ -30,7 +30,11 @@ import sys
 import threading
 from pathlib import Path
 
-__all__ = ["Forked", "start"]
+__all__ = ["OFF", "Forked", "start"]
+
+#: ``TFRUN_TESTS_FORK_ALONE=0``: every alone run is a Python of its own, as before (to
+#: compare, or to rule this out).
+OFF = "TFRUN_TESTS_FORK_ALONE"
 
 #: Variables read when TensorFlow or Keras is imported: a request whose value differs from
 #: the server's is not forked (its import would have seen another value).
@@ -116,7 +120,7 @@ _server_lock = threading.Lock()
 def start(argv: list[str], env: dict, cwd: Path | str, stdout, stderr) -> Forked | None:
     """``argv`` forked from this worker's server, or None: start it yourself (see above)."""
     global _server
-    if argv[0] != sys.executable or len(argv) < 2 or os.environ.get("TFRUN_TESTS_FORK_ALONE") == "0":
+    if argv[0] != sys.executable or len(argv) < 2 or os.environ.get(OFF) == "0":
         return None
     with _server_lock:
         if _server is None or _server.process.poll() is not None:
