@@ -334,9 +334,11 @@ def fake_hosts(tmp_path_factory):
             pytest.fail(f"CI must run the multi-host tests, but: {reason}")
         pytest.skip(reason)
     hosts = fh.FakeHosts(3, tmp_path_factory.mktemp("fake-hosts")).up()
+    side_by_side.hosts_tmp = hosts.tmp
     try:
         yield hosts
     finally:
+        side_by_side.hosts_tmp = None
         hosts.down()
 
 
@@ -427,9 +429,11 @@ def _nothing_left_by_an_engine(request):
 #: Folders whose every test is in the quick tier (``-m quick``): pure logic, and the real
 #: supervisor with fake tasks -- no TensorFlow cluster. Elsewhere a test opts in by marker.
 QUICK_FOLDERS = ("unit", "supervisor")
-#: Folders whose tests share the session's engines (the fake hosts, Slurm, Ray) and check
-#: what is left on them: one xdist group, so they run one at a time, on one worker.
-ENGINE_FOLDERS = ("multihost", "slurm", "ray")
+#: Folders whose tests share an engine (the fake hosts; Slurm and Ray) and check what is
+#: left on it, by xdist group: a group's tests run one at a time, on one worker. The two
+#: groups do not see each other's leftovers: each worker has its own TMPDIR and cgroup,
+#: and the fake hosts' processes a TMPDIR of their own (``FakeHosts.tmp``).
+ENGINE_FOLDERS = {"multihost": "fake-hosts", "slurm": "engines", "ray": "engines"}
 #: Modules whose module-scoped fixture starts real runs (made once per worker that runs
 #: one of their tests): one group each, so it is made once.
 GROUPED_MODULES = ("test_hangs.py", "test_run_report.py", "test_shm_allreduce.py",
@@ -447,24 +451,24 @@ def pytest_collection_modifyitems(config, items):
         if path.parent.name in QUICK_FOLDERS:
             item.add_marker(pytest.mark.quick)
         if path.parent.name in ENGINE_FOLDERS:
-            item.add_marker(pytest.mark.xdist_group("engines"))
+            item.add_marker(pytest.mark.xdist_group(ENGINE_FOLDERS[path.parent.name]))
         elif path.name in GROUPED_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
     # Pure tests first, then the supervisor's, then real clusters (a stable sort: each keeps
     # its order): a broken module fails in seconds, not after the slow runs it also breaks.
-    # Two at a time, the engines' group comes first of all: the longest unit of work, it
-    # must not be the one the other worker waits for at the end.
+    # Several at a time, the engines' groups come first of all: the longest units of work,
+    # they must not be what the other workers wait for at the end.
     # The longest local tests follow the quick ones, for the same reason.
     rank = {folder: i for i, folder in enumerate(QUICK_FOLDERS)}
     # A pytest-xdist worker, whose collection is the one that runs, sees no numprocesses
     # (the controller's option): it knows itself by its workerinput.
-    two_at_a_time = bool(config.getoption("numprocesses", None)) or hasattr(config, "workerinput")
+    several_at_a_time = bool(config.getoption("numprocesses", None)) or hasattr(config, "workerinput")
 
     def order(item) -> int:
         folder = Path(str(item.fspath)).parent.name
-        if two_at_a_time and folder in ENGINE_FOLDERS:
+        if several_at_a_time and folder in ENGINE_FOLDERS:
             return -1
-        if two_at_a_time and item.originalname in LONGEST:
+        if several_at_a_time and item.originalname in LONGEST:
             return len(rank)
         return rank.get(folder, len(rank) + 1)
 

@@ -127,18 +127,23 @@ def _sweep_ended_worker_cgroups(base: Path) -> None:
                 path.rmdir()
 
 
+#: The fake hosts' TMPDIR (``FakeHosts.tmp``), in the worker that made them.
+hosts_tmp: Path | None = None
+
+
 def temporary_dirs() -> list[Path]:
     """Where a test's processes make temporary files: this process's TMPDIR (a worker's
-    own) and the machine's /tmp (the fake hosts' processes', which sshd starts with a fresh
-    environment) -- one entry when they are the same."""
-    return sorted({Path(tempfile.gettempdir()), MACHINE_TMP})
+    own), the machine's /tmp (for what ignores TMPDIR, and Slurm's or Ray's daemons, started
+    with their own environment) and, in the worker that made them, the fake hosts' TMPDIR
+    (``hosts_tmp``) -- each once."""
+    return sorted({Path(tempfile.gettempdir()), MACHINE_TMP, *([hosts_tmp] if hosts_tmp else [])})
 
 
-def made_since(started: float, pattern: str) -> list[Path]:
-    """Entries of ``temporary_dirs()`` matching ``pattern`` made at or after ``started``
-    (a ``time.time()``)."""
+def made_since(started: float, pattern: str, directories: list[Path] | None = None) -> list[Path]:
+    """Entries of ``directories`` (default: ``temporary_dirs()``) matching ``pattern`` made
+    at or after ``started`` (a ``time.time()``)."""
     found = []
-    for directory in temporary_dirs():
+    for directory in temporary_dirs() if directories is None else directories:
         for path in directory.glob(pattern):
             with contextlib.suppress(FileNotFoundError):
                 if path.stat().st_ctime >= started:

@@ -17,6 +17,10 @@ Every host also has a disk of its own at ``PRIVATE`` (a tmpfs mounted in its ssh
 namespace): the same path on every host, different files on each, as on an SSH cluster
 without a shared filesystem. Everything else (the repo, /tmp) is one filesystem they share.
 Read a host's private files with ``FakeHosts.read(i, path)``.
+
+What sshd starts has ``TMPDIR`` set to ``FakeHosts.tmp`` (a directory of the machine's
+/tmp made by ``up``, removed by ``down``), not the machine's /tmp: what the hosts' runs
+leave there is told apart from what runs started elsewhere on this machine leave in /tmp.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,6 +63,9 @@ class FakeHosts:
         self.count = count
         self.workdir = Path(workdir)
         self.sshd: dict[int, subprocess.Popen] = {}
+        #: The hosts' TMPDIR (see the module's docstring); short, as Unix sockets under it
+        #: must fit in 107 bytes.
+        self.tmp: Path | None = None
 
     # ------------------------------------------------------------------ names
 
@@ -81,6 +89,7 @@ class FakeHosts:
     def up(self) -> "FakeHosts":
         down()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix="fake-hosts-tmp-", dir="/tmp"))
         switch = f"{PREFIX}-sw"
         _ip("netns", "add", switch)
         _ip("-n", switch, "link", "add", "br0", "type", "bridge")
@@ -115,7 +124,8 @@ class FakeHosts:
             f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\n"
-            "MaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n")
+            "MaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n"
+            f"SetEnv TMPDIR={self.tmp}\n")
         self.ssh_config.write_text(
             "Host node-*\n  User root\n"
             f"  IdentityFile {self.workdir / 'client_key'}\n"
@@ -149,6 +159,7 @@ class FakeHosts:
             process.wait()
         self.sshd.clear()
         down()
+        self.tmp = None
 
     # ------------------------------------------------------------------ using a host
 
@@ -199,7 +210,8 @@ class FakeHosts:
 
 
 def down() -> None:
-    """Remove every namespace and /etc/netns entry of this module (killing what runs there)."""
+    """Remove every namespace, /etc/netns entry and hosts' TMPDIR of this module (killing
+    what runs there)."""
     listed = _ip("netns", "list", check=False).stdout.split("\n")
     for line in listed:
         ns = line.split(" ")[0]
@@ -216,6 +228,8 @@ def down() -> None:
         Path("/etc/netns").rmdir()
     except OSError:
         pass
+    for tmp in Path("/tmp").glob("fake-hosts-tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -84,10 +85,14 @@ def _new_tfrun_cgroups() -> list[Path]:
             if path.is_dir() and path.stat().st_ctime >= _LOADED]
 
 
-def _new_run_tmp_dirs() -> list[Path]:
-    """The hosts' run temporary directories (``tfrun-tmp-*``: the fake hosts share this
-    machine's /tmp) made since this module was loaded."""
-    return [path for path in side_by_side.made_since(_LOADED, "tfrun-tmp-*") if path.is_dir()]
+def _new_run_tmp_dirs(hosts) -> list[Path]:
+    """The run temporary directories (``tfrun-tmp-*``) made since this module was loaded,
+    in the hosts' TMPDIR (one for all of them, as they share this machine's disk) and in
+    this worker's (the launcher's, started here). Not the machine's /tmp: a Slurm or Ray
+    test on another worker may be using it."""
+    mine = [Path(tempfile.gettempdir()), hosts.tmp]
+    return [path for path in side_by_side.made_since(_LOADED, "tfrun-tmp-*", mine)
+            if path.is_dir()]
 
 
 def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
@@ -107,7 +112,7 @@ def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
         time.sleep(0.1)
     cgroups = _new_tfrun_cgroups()
     described = [_describe_cgroup(c) for c in cgroups]
-    directories = _new_run_tmp_dirs()
+    directories = _new_run_tmp_dirs(hosts)
     described += [f"{d}: {sorted(p.name for p in d.iterdir())}" for d in directories]
     for cgroup in cgroups:  # the next test must not fail for this one's leftovers
         _remove_cgroup_tree(cgroup)
