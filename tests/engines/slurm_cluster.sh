@@ -32,6 +32,18 @@ install() {
   if [ "$made" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 }
 
+# /etc/hosts without this script's block, then (add) with it. Rewritten in place, never
+# replaced (not sed -i): a file renamed over /etc/hosts detaches every mount on it in every
+# mount namespace, and the fake hosts' (tests/multihost) bind their own hosts file there.
+hosts_block() {
+  local kept
+  kept=$(grep -v "$MARK\$" /etc/hosts || true)
+  {
+    printf '%s\n' "$kept"
+    if [ "$1" = add ]; then for i in 1 2; do echo "127.0.10.$i tfrun-node$i $MARK"; done; fi
+  } >/etc/hosts
+}
+
 up() {
   install
   mkdir -p "$RUN" /etc/munge /run/munge /var/log/munge /var/lib/munge
@@ -42,8 +54,7 @@ up() {
     log "starting munged"; runuser -u munge -- /usr/sbin/munged; touch "$RUN/started-munged"
     for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
   fi
-  sed -i "/$MARK\$/d" /etc/hosts
-  for i in 1 2; do echo "127.0.10.$i tfrun-node$i $MARK" >>/etc/hosts; done
+  hosts_block add
   mkdir -p /etc/slurm /var/spool/slurm/tfrun-tests-ctld /var/log/slurm /run/slurm
   local conf
   conf=$(cat <<CONF
@@ -117,7 +128,7 @@ down() {
   for pf in /run/slurm/slurmd-*.pid; do stop_pid "$pf"; done
   stop_pid /run/slurm/slurmctld.pid
   if [ -e "$RUN/started-munged" ]; then stop_pid /run/munge/munged.pid; rm -f "$RUN/started-munged"; fi
-  sed -i "/$MARK\$/d" /etc/hosts
+  hosts_block drop
   log "stopped"
 }
 
