@@ -237,7 +237,7 @@ def step_backup_reference(tmp_path_factory):
     2 local workers, never interrupted, with Keras ``flavour`` ("3" or "2"); ``dir`` holds
     its ``clean-worker-<i>.npz`` (the weights an exact resume must end with).
 
-    Made on first use and shared by the whole session, both workers of ``-n 2`` included
+    Made on first use and shared by the whole session, every worker of ``-n 3`` included
     (``side_by_side.made_once``: the resume tests and the elastic fake-host tests compare
     with the same run): it only reads, so one test's failure cannot
     pass another's assertion; a reference that fails fails every test that asks for it.

@@ -1,21 +1,21 @@
-"""Two tests at a time (pytest-xdist, ``-n 2 --dist loadgroup`` in pyproject.toml) without
-one seeing the other's processes, files or cgroups.
+"""Several tests at a time (pytest-xdist, ``-n 3 --dist loadgroup`` in pyproject.toml)
+without one seeing another's processes, files or cgroups.
 
 What each worker gets to itself, set up before its first test (``isolate_worker``):
 
 - a temporary directory (TMPDIR): the run temporary directories, autograph files and
   sockets its runs make there are its own, so a check such as "no ``tfrun-tmp-*`` was
-  left" never counts the other worker's live ones. The fake hosts' processes, started by
-  sshd with a fresh environment, use the machine's /tmp, which no local run uses then;
+  left" never counts another worker's live ones. The fake hosts' processes, started by
+  sshd, use a TMPDIR of their own (``hosts_tmp``, set by the worker that made them);
 - a cgroup of its own under this process's (as root, where tfrun makes task cgroups): every
   tfrun it starts -- locally, or through the fake hosts' sshd, Slurm's daemons or Ray's
   raylets that it starts -- makes its task cgroups in there, so a check of the tfrun
   cgroups made since a moment sees only its own.
 
-What the two share, in one directory made by the controller (``TFRUN_TESTS_SHARED``):
+What the workers share, in one directory made by the controller (``TFRUN_TESTS_SHARED``):
 
 - the turn: a test marked ``alone`` (one that measures how CPU is shared, or needs the
-  whole machine) waits for the other worker's test to end and keeps it from starting
+  whole machine) waits for the other workers' tests to end and keeps them from starting
   another until it is done (``turn``);
 - the session's reference runs, each made once by whichever worker needs it first
   (``made_once``).

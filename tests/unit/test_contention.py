@@ -10,7 +10,7 @@ import pytest
 
 from tfrun.in_task.contention import CpuContention
 
-#: They measure what other processes take of a CPU: no other test beside them (-n 2).
+#: They measure what other processes take of a CPU: no other test beside them (-n 3).
 pytestmark = pytest.mark.alone
 
 CPUS = sorted(os.sched_getaffinity(0))
