@@ -342,6 +342,17 @@ def fake_hosts(tmp_path_factory):
         hosts.down()
 
 
+@pytest.fixture(autouse=True)
+def _fake_hosts_cleared_after(request):
+    """After each fake-host test, pass or fail: its runs stopped and their leftovers removed
+    (``host_runs.stop_what_a_test_left``), so each test's outcome stays its own."""
+    yield
+    if "fake_hosts" in request.fixturenames:
+        import host_runs
+
+        host_runs.stop_what_a_test_left()
+
+
 # --------------------------------------------------------------------------- Slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))

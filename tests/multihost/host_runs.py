@@ -12,13 +12,18 @@ from pathlib import Path
 import side_by_side
 from conftest import ROOT
 
-__all__ = ["HostRun", "assert_nothing_left", "env", "ssh_flags"]
+__all__ = ["HostRun", "assert_nothing_left", "env", "ssh_flags", "stop_what_a_test_left"]
 
 
 def env() -> dict:
     out = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
     out["TF_CPP_MIN_LOG_LEVEL"] = "2"  # a TF_* variable: forwarded to every host's tasks
     return out
+
+
+#: Every HostRun of the session, so that a test which fails midway does not leave its run
+#: going into the next tests (``stop_what_a_test_left``).
+_STARTED: list["HostRun"] = []
 
 
 class HostRun:
@@ -37,6 +42,7 @@ class HostRun:
 
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        _STARTED.append(self)
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -75,7 +81,8 @@ _LOADED = time.time()
 
 def _new_tfrun_cgroups() -> list[Path]:
     """tfrun's task cgroups (``tfrun-<pid>-...``, made by a launcher or a host's agent:
-    the fake hosts share this machine's cgroup tree) made since this module was loaded."""
+    the fake hosts share this machine's cgroup tree, and their processes are in this
+    worker's cgroup, started from here) made since this module was loaded."""
     from tfrun.launch.cgroups import own_cgroup_dir
 
     base = own_cgroup_dir()
@@ -98,27 +105,58 @@ def _new_run_tmp_dirs(hosts) -> list[Path]:
 def assert_nothing_left(hosts, timeout: float = 10.0) -> None:
     """No tfrun process on any fake host, and none of their task cgroups or run temporary
     directories remains (a host killed with its agent's reaper included: the run's other
-    agents sweep its directory when they close)."""
+    agents sweep its directory when they close). Whatever is left is removed, so that the
+    next test does not fail for this one's leftovers."""
+    processes = _processes_left(hosts, timeout)
+    assert not processes, f"tfrun processes left on the fake hosts: {processes}"
+    described = _cgroups_and_directories_left(hosts)
+    assert not described, f"tfrun cgroups or directories left behind: {described}"
+
+
+def stop_what_a_test_left() -> None:
+    """After a fake-host test, whatever its outcome: its tfrun launchers still running are
+    killed, and then anything of theirs left on the hosts. Asserts nothing (a test that
+    passed has said ``assert_nothing_left`` itself); it keeps one test's failure midway
+    -- its run still going, holding the hosts' ports -- from failing the tests after it
+    (CI at fc6550b: a failed straggler test's run made the next three fail)."""
+    hosts = _STARTED[0].hosts if _STARTED else None
+    while _STARTED:
+        run = _STARTED.pop()
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+    if hosts is not None:
+        _processes_left(hosts, timeout=15.0)  # the agents stop their tasks once cut off
+        _cgroups_and_directories_left(hosts)
+
+
+def _processes_left(hosts, timeout: float) -> list[tuple[int, str]]:
+    """tfrun processes still on the fake hosts after ``timeout`` s, described; killed."""
     deadline = time.monotonic() + timeout
     while True:
         left = hosts.tfrun_processes()
         if not left:
-            break
+            return []
         if time.monotonic() > deadline:
             described = [(p.pid, " ".join(p.cmdline())[:120]) for p in left]
             for p in left:
                 p.kill()
-            raise AssertionError(f"tfrun processes left on the fake hosts: {described}")
+            return described
         time.sleep(0.1)
+
+
+def _cgroups_and_directories_left(hosts) -> list[str]:
+    """This session's tfrun cgroups and the fake hosts' run temporary directories still
+    there, described; removed."""
     cgroups = _new_tfrun_cgroups()
     described = [_describe_cgroup(c) for c in cgroups]
     directories = _new_run_tmp_dirs(hosts)
     described += [f"{d}: {sorted(p.name for p in d.iterdir())}" for d in directories]
-    for cgroup in cgroups:  # the next test must not fail for this one's leftovers
+    for cgroup in cgroups:
         _remove_cgroup_tree(cgroup)
     for directory in directories:
         shutil.rmtree(directory, ignore_errors=True)
-    assert not cgroups and not directories, f"tfrun cgroups or directories left behind: {described}"
+    return described
 
 
 def _describe_cgroup(path: Path) -> str:

@@ -199,9 +199,25 @@ def _run_on_a_cpu_each(hosts, tmp_path: Path, name: str, steps: int,
     for host, cpu in ((1, cpus[0]), (2, cpus[1])) if pinned else ():
         (task,) = [p for p in hosts.tfrun_processes(host)
                    if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())]
-        subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(task.pid)], check=True,
-                       capture_output=True)
+        _pin_every_thread(task.pid, cpu)
     return run, cpus
+
+
+def _pin_every_thread(pid: int, cpu: int) -> None:
+    """Every thread of process ``pid`` onto ``cpu``. Not ``taskset -a``: it fails when a
+    thread ends between its listing and its move (CI at fc6550b, a TensorFlow worker's
+    short-lived thread). A thread that ended needs no move, and one started meanwhile takes
+    its starter's CPUs, so the threads are listed again until none needed a move."""
+    moved = True
+    while moved:
+        moved = False
+        for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+            try:
+                if os.sched_getaffinity(tid) != {cpu}:
+                    os.sched_setaffinity(tid, {cpu})
+                    moved = True
+            except ProcessLookupError:
+                pass
 
 
 @pytest.mark.tf
