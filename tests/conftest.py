@@ -473,7 +473,8 @@ def pytest_collection_modifyitems(config, items):
     rank = {folder: i for i, folder in enumerate(QUICK_FOLDERS)}
     # A pytest-xdist worker, whose collection is the one that runs, sees no numprocesses
     # (the controller's option): it knows itself by its workerinput.
-    several_at_a_time = bool(config.getoption("numprocesses", None)) or hasattr(config, "workerinput")
+    several_at_a_time = bool(config.getoption("numprocesses", None)) \
+        or hasattr(config, "workerinput")
 
     def order(item) -> int:
         folder = Path(str(item.fspath)).parent.name

@@ -13,8 +13,9 @@ What: ``start(argv, env, cwd, stdout, stderr)`` returns a ``Forked`` (``pid``, `
 files, exit code as ``subprocess`` reports it. The server (``python tests/forked_alone.py``,
 started at the first request, one per worker) imports TensorFlow and forks per request.
 ``start`` returns None where a fork would not be the same as a new Python -- another
-interpreter, or a variable TensorFlow or Keras reads at import that differs from the
-server's -- and the caller starts the command itself.
+interpreter, or an environment other than the server's but for what the product's task
+starter also lets differ (``forked_tasks.same_at_import``) -- and the caller starts the
+command itself.
 
     >>> p = start([sys.executable, "prog.py"], env, cwd, out, err)  # doctest: +SKIP
     >>> p.wait(300) if p else subprocess.run(...)                    # doctest: +SKIP
@@ -30,43 +31,32 @@ import sys
 import threading
 from pathlib import Path
 
+from tfrun.launch.forked_tasks import ForkedTask, same_at_import
+
 __all__ = ["OFF", "Forked", "start"]
 
 #: ``TFRUN_TESTS_FORK_ALONE=0``: every alone run is a Python of its own, as before (to
 #: compare, or to rule this out).
 OFF = "TFRUN_TESTS_FORK_ALONE"
 
-#: Variables read when TensorFlow or Keras is imported: a request whose value differs from
-#: the server's is not forked (its import would have seen another value).
-_READ_AT_IMPORT = ("TF_", "KERAS_", "XLA_", "CUDA_", "OMP_", "MKL_", "OPENBLAS_", "PYTHON")
 
-
-class Forked:
-    """One forked program: its pid and, once the server reports it, its exit code."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-        self._ended = threading.Event()
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._ended.wait(timeout):
-            raise subprocess.TimeoutExpired(f"forked program {self.pid}", timeout)
-        return self.returncode
+class Forked(ForkedTask):
+    """One forked program, seen as ``subprocess.Popen`` shows a child (the product's
+    forked task), that a test may also kill: its pid and, once the server reports it, its
+    exit code."""
 
     def kill(self) -> None:
-        if self.returncode is None:
+        if self.returncode is not None:
+            return
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            # Not yet its own session (killed right after the fork): nothing of its own
+            # has started yet either.
             try:
-                os.killpg(self.pid, signal.SIGKILL)
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-    def _end(self, code: int) -> None:
-        self.returncode = code
-        self._ended.set()
 
 
 class _Server:
@@ -97,7 +87,7 @@ class _Server:
             with self._replied:
                 self._started[pid] = forked
                 if pid in self._ends:
-                    forked._end(self._ends.pop(pid))
+                    forked._exited(self._ends.pop(pid))
             return forked
 
     def _read(self) -> None:
@@ -108,7 +98,7 @@ class _Server:
                     self._pid_replies.append(int(pid))
                     self._replied.notify_all()
                 elif int(pid) in self._started:
-                    self._started.pop(int(pid))._end(int(code[0]))
+                    self._started.pop(int(pid))._exited(int(code[0]))
                 else:
                     self._ends[int(pid)] = int(code[0])
 
@@ -126,12 +116,16 @@ def start(argv: list[str], env: dict, cwd: Path | str, stdout, stderr) -> Forked
         if _server is None or _server.process.poll() is not None:
             _server = _Server(env)  # imports with the first request's environment
         server = _server
-    keys = {k for k in (*env, *server.env) if k.startswith(_READ_AT_IMPORT)}
-    if any(env.get(k) != server.env.get(k) for k in keys):
+    # pytest names the running test in the environment: a variable nothing reads at import.
+    if not same_at_import(_but_the_test(server.env), _but_the_test(env)):
         return None
     return server.start({"argv": argv[1:], "env": env, "cwd": str(cwd),
                          "stdout": stdout.fileno(), "stderr": stderr.fileno(),
                          "client": os.getpid()})
+
+
+def _but_the_test(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
 
 
 # --------------------------------------------------------------------------- the server
