@@ -427,7 +427,8 @@ def _nothing_left_by_an_engine(request):
     yield
     for tmp in side_by_side.temporary_dirs():
         run_tmp.sweep_ended(tmp)
-    directories = side_by_side.made_since(started, "tfrun-tmp-*")
+    directories = [d for d in side_by_side.made_since(started, "tfrun-tmp-*")
+                   if side_by_side.started_here(d)]
     assert not directories, f"run temporary directories left behind: {directories}"
     if base is None:
         return

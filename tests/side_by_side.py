@@ -151,6 +151,28 @@ def made_since(started: float, pattern: str, directories: list[Path] | None = No
     return found
 
 
+def started_here(directory: Path) -> bool:
+    """Whether a run temporary directory (``tfrun-tmp-<pid>-...``) whose owner still lives
+    was made by a process this worker started: one in this worker's cgroup or below it
+    (True without a cgroup of its own, or when the owner is gone). A check that looks in
+    the machine's /tmp would otherwise count the live run of a test on another worker
+    whose processes do not use that worker's TMPDIR (CI at d7cb4e9: a Ray test's teardown
+    named a /tmp directory whose owner no Ray test had started)."""
+    if _cgroup is None:
+        return True
+    pid = directory.name.removeprefix("tfrun-tmp-").split("-", 1)[0]
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        mine = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return True
+    theirs = next((line[3:] for line in lines if line.startswith("0::")), None)
+    ours = next((line[3:] for line in mine if line.startswith("0::")), None)
+    if theirs is None or ours is None:
+        return True
+    return theirs == ours or theirs.startswith(ours.rstrip("/") + "/")
+
+
 # --------------------------------------------------------------------------- the turn
 
 
