@@ -425,6 +425,8 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
     assert "node-3 answered again: the restart takes it back: 3 tasks (was 2)" in run.stdout, \
         run.stdout[-4000:]
     summary = json.loads(fake_hosts.read(1, f"{run_dir}/summary.json"))
+    # Two changes, the loss and the return (CI at 2ec1523 saw more, unprinted: now printed).
+    assert len(summary["membership"]) == 2, (summary["membership"], run.stdout[-4000:])
     lost, back = summary["membership"]
     assert lost["left"] == ["node-3"] and back["joined"] == ["node-3"] and back["how"] == "back"
     assert back["tasks_after"] == ["worker:0@node-1", "worker:1@node-2", "worker:2@node-3"]
