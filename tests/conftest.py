@@ -450,10 +450,11 @@ ENGINE_FOLDERS = {"multihost": "fake-hosts", "slurm": "engines", "ray": "engines
 #: one of their tests): one group each, so it is made once.
 GROUPED_MODULES = ("test_hangs.py", "test_run_report.py", "test_shm_allreduce.py",
                    "test_loopback.py")
-#: The local tests of several minutes (two at a time: 485 s and 119 s at d9403e9), started
-#: early so that neither is what the other worker waits for at the end.
-LONGEST = ("test_a_201m_parameter_model_preempted_twice_redoes_no_step_and_ends_as_uninterrupted",
-           "test_ten_random_kills_resume_exactly_from_the_last_complete_backup")
+#: The longest local tests (171 s, niced beside a full CI, and 72 s), started early so
+#: that neither is what the other workers wait for at the end.
+LONGEST = (
+    "test_50m_parameters_on_a_slow_disk_preempted_twice_redo_no_step_and_end_as_uninterrupted",
+    "test_ten_random_kills_resume_exactly_from_the_last_complete_backup")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
