@@ -415,7 +415,10 @@ def _nothing_left_by_an_engine(request):
     backends left (``cgroups.sweep_ended``, ``run_tmp.sweep_ended``: Slurm ends a job step
     by SIGKILLing a node's agent together with its reaper, so nobody removes them until
     then). A cgroup still holding a process, or one or a directory whose owner lives on,
-    fails the test. The fake-host tests check the same, strictly, in
+    fails the test. The directories are looked for in this worker's TMPDIR and the
+    machine's /tmp (what Slurm's and Ray's daemons start may use the latter); a live one
+    there counts only if its owner is this worker's (``side_by_side.started_here``), not a
+    test's on another worker. The fake-host tests check the same, strictly, in
     ``host_runs.assert_nothing_left``."""
     if not {"slurm", "ray"} & {mark.name for mark in request.node.iter_markers()}:
         yield

@@ -156,7 +156,7 @@ def started_here(directory: Path) -> bool:
     was made by a process this worker started: one in this worker's cgroup or below it
     (True without a cgroup of its own, or when the owner is gone). A check that looks in
     the machine's /tmp would otherwise count the live run of a test on another worker
-    whose processes do not use that worker's TMPDIR (CI at d7cb4e9: a Ray test's teardown
+    whose processes do not use that worker's TMPDIR (ci77 at c2eafaa: a Ray test's teardown
     named a /tmp directory whose owner no Ray test had started)."""
     if _cgroup is None:
         return True
