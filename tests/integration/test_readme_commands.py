@@ -64,10 +64,10 @@ RUN_HERE = {
 }
 # README line -> the test file whose test runs it as written.
 ELSEWHERE = {
-    "tfrun --hosts node-1,node-2 examples/multiworker_mobilenet.py": "tests/multihost/test_multihost.py",
-    "tfrun --hosts node-1,node-2 --node-rank auto examples/multiworker_mobilenet.py":
+    "tfrun --hosts node-1,node-2 examples/mnist_mlp.py": "tests/multihost/test_multihost.py",
+    "tfrun --hosts node-1,node-2 --node-rank auto examples/mnist_mlp.py":
         "tests/multihost/test_multihost.py",
-    "tfrun doctor --hosts node-1,node-2 examples/multiworker_mobilenet.py":
+    "tfrun doctor --hosts node-1,node-2 examples/mnist_mlp.py":
         "tests/multihost/test_multihost.py",
     "tfrun bench --hosts node-1,node-2 --workers 1,2 --model mlp": "tests/multihost/test_multihost.py",
     # docs/elastic.md: the elastic tests run these with their own train.py (the step log)

@@ -564,9 +564,9 @@ def test_pernode_node_with_other_flags_is_refused(fake_hosts, tmp_path):
 
 
 README_COMMANDS = [
-    "tfrun doctor --hosts node-1,node-2 examples/multiworker_mobilenet.py",
-    "tfrun --hosts node-1,node-2 examples/multiworker_mobilenet.py",
-    "tfrun --hosts node-1,node-2 --node-rank auto examples/multiworker_mobilenet.py",
+    "tfrun doctor --hosts node-1,node-2 examples/mnist_mlp.py",
+    "tfrun --hosts node-1,node-2 examples/mnist_mlp.py",
+    "tfrun --hosts node-1,node-2 --node-rank auto examples/mnist_mlp.py",
 ]
 
 
@@ -586,11 +586,15 @@ def test_readme_several_machines_commands_run_as_written(fake_hosts, tmp_path):
     assert doctor.wait(60) == 0, doctor.stdout
     ssh = run_on(1, README_COMMANDS[1], "ssh")
     assert ssh.wait() == 0, ssh.stdout[-4000:]
-    assert len(re.findall(r"\[worker:[01]\] final loss: [0-9.]+", ssh.stdout)) == 2
+    # both workers in one 2-replica cluster, the chief's evaluation at the end
+    assert len(re.findall(r"\[worker:[01]\] \w+Strategy: 2 replicas",
+                          ssh.stdout)) == 2, ssh.stdout[-4000:]
+    assert re.search(r"\[worker:0\] test accuracy: [0-9.]+", ssh.stdout), ssh.stdout[-4000:]
     nodes = [run_on(i, README_COMMANDS[2], "pernode") for i in (1, 2)]
     assert [n.wait() for n in nodes] == [0, 0], nodes[0].stdout[-3000:] + nodes[1].stdout[-3000:]
-    assert re.search(r"\[worker:0\] final loss: [0-9.]+", nodes[0].stdout)
-    assert re.search(r"\[worker:1\] final loss: [0-9.]+", nodes[1].stdout)
+    assert re.search(r"\[worker:0\] test accuracy: [0-9.]+", nodes[0].stdout), nodes[0].stdout
+    assert re.search(r"\[worker:1\] \w+Strategy: 2 replicas", nodes[1].stdout), \
+        nodes[1].stdout
     assert_nothing_left(fake_hosts)
 
 
