@@ -448,6 +448,18 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
 LARGE_MODEL = str(ROOT / "tests" / "scripts" / "large_model.py")
 #: large_model.py's Dense width here: 28.6M parameters, 343 MB of weights and Adam state
 WIDTH = "3072"
+#: Steps per epoch (12 until 2026-11-29): epoch 2 must outlast the writing of the epoch-1
+#: backup (its mark was there when step 8, epoch 1's last, was logged: `-s` prints it).
+STEPS = "8"
+
+
+def _wait_for_mark(hosts, i: int, run, mark: str) -> None:
+    """Until ``mark`` (a backup's mark, written last) is on host i's disk, 240 s at most."""
+    deadline = time.monotonic() + 240
+    while hosts.run(i, ["test", "-f", mark]).returncode != 0:
+        assert run.proc.poll() is None, run.stdout[-4000:]
+        assert time.monotonic() < deadline, f"no {mark} on node-{i}"
+        time.sleep(0.2)
 
 
 @pytest.mark.tf
@@ -457,24 +469,26 @@ def test_elastic_a_spare_gets_hundreds_of_mb_of_state_from_its_peer_across_hosts
     """Issue 43 at a realistic size between hosts: large_model.py with Dense(3072) layers
     (28.6M parameters: 343 MB of weights and Adam state per worker), the backup defaults
     (one at each epoch's end), `--workers 2` with node-3 as a spare, every host's run
-    directory on a disk of its own. node-2 vanishes mid-epoch 2: the cluster re-forms on
+    directory on a disk of its own. node-2 vanishes in epoch 2, once worker:0's epoch-1
+    backup is complete on node-1's disk (its mark written): the cluster re-forms on
     node-1 and node-3, whose disk is empty; node-3 gets the whole state from worker:0 over
     the cluster, between the fake hosts. Only the steps since the epoch-1 backup are
     redone, and the final weights equal an uninterrupted 2-worker run's within 1e-6."""
     from conftest import Run
 
     clean = Run(tmp_path, ["--workers", "2", "--quiet-tasks", LARGE_MODEL,
-                           str(tmp_path / "clean"), "3", "12", WIDTH], name="clean",
+                           str(tmp_path / "clean"), "3", STEPS, WIDTH], name="clean",
                 env={"NO_BACKUPS": "1"})  # training nothing saved: what the run must equal
     assert clean.run(600) == 0, clean.stdout[-3000:]
     assert int((tmp_path / "clean-params.txt").read_text()) >= 28_000_000
     out = tmp_path / "out"
     run_dir = _private_run_dir(tmp_path)
     run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[1], tmp_path,
-                       [str(out), "3", "12", WIDTH], run_dir=run_dir, script=LARGE_MODEL,
+                       [str(out), "3", STEPS, WIDTH], run_dir=run_dir, script=LARGE_MODEL,
                        max_restarts="0")
     log = Path(f"{out}-steps-worker-0.log")
-    _wait_for_step(run, log, 0, 20)  # mid-epoch 2, the epoch-1 backup long written
+    _wait_for_mark(fake_hosts, 1, run, f"{run_dir}/backup/worker-0/epoch-1.json")
+    print(f"epoch-1 backup complete at step {max(s for _, s in _logged_steps(log))}")  # -s
     try:
         _vanish(fake_hosts, 2)
         assert run.wait(600) == 0, run.stdout[-4000:]
@@ -487,8 +501,9 @@ def test_elastic_a_spare_gets_hundreds_of_mb_of_state_from_its_peer_across_hosts
     steps = _logged_steps(log)
     before = max(s for r, s in steps if r == 0)
     resumed_at = min(s for r, s in steps if r == 1)
-    assert resumed_at == 13 and before <= 24, steps  # epoch 2 again, from its start
-    assert max(s for _, s in steps) == 36
+    # epoch 2 again, from its start (the vanish came before epoch 2's end)
+    assert resumed_at == int(STEPS) + 1 and before <= 2 * int(STEPS), steps
+    assert max(s for _, s in steps) == 3 * int(STEPS)
     joined = fake_hosts.read(1, f"{run_dir}/logs/worker-1.log")
     assert "this worker has no backup of the end of epoch 1 (its own newest: none): its " \
         "state came from replica 0 over the cluster" in joined, \
