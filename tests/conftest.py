@@ -430,8 +430,7 @@ def _nothing_left_by_an_engine(request):
     yield
     for tmp in side_by_side.temporary_dirs():
         run_tmp.sweep_ended(tmp)
-    directories = [d for d in side_by_side.made_since(started, "tfrun-tmp-*")
-                   if side_by_side.started_here(d)]
+    directories = side_by_side.made_since(started, "tfrun-tmp-*", ours=True)
     assert not directories, f"run temporary directories left behind: {directories}"
     if base is None:
         return
@@ -453,8 +452,8 @@ ENGINE_FOLDERS = {"multihost": "fake-hosts", "slurm": "engines", "ray": "engines
 #: one of their tests): one group each, so it is made once.
 GROUPED_MODULES = ("test_hangs.py", "test_run_report.py", "test_shm_allreduce.py",
                    "test_loopback.py")
-#: The longest local tests (171 s, niced beside a full CI, and 72 s), started early so
-#: that neither is what the other workers wait for at the end.
+#: The longest local tests (193-204 s and 73-94 s in the CIs at 20a1b2e and 8cae52a),
+#: started early so that neither is what the other workers wait for at the end.
 LONGEST = (
     "test_50m_parameters_on_a_slow_disk_preempted_twice_redo_no_step_and_end_as_uninterrupted",
     "test_ten_random_kills_resume_exactly_from_the_last_complete_backup")

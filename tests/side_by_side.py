@@ -139,26 +139,36 @@ def temporary_dirs() -> list[Path]:
     return sorted({Path(tempfile.gettempdir()), MACHINE_TMP, *([hosts_tmp] if hosts_tmp else [])})
 
 
-def made_since(started: float, pattern: str, directories: list[Path] | None = None) -> list[Path]:
+def made_since(started: float, pattern: str, directories: list[Path] | None = None,
+               ours: bool = False) -> list[Path]:
     """Entries of ``directories`` (default: ``temporary_dirs()``) matching ``pattern`` made
-    at or after ``started`` (a ``time.time()``)."""
+    at or after ``started`` (a ``time.time()``); with ``ours``, of the run temporary
+    directories among them only those this worker started (``started_here``)."""
     found = []
     for directory in temporary_dirs() if directories is None else directories:
         for path in directory.glob(pattern):
             with contextlib.suppress(FileNotFoundError):
-                if path.stat().st_ctime >= started:
+                if path.stat().st_ctime >= started and (not ours or started_here(path)):
                     found.append(path)
     return found
 
 
+def temporary_entries(prefixes: tuple[str, ...]) -> set[Path]:
+    """The entries of ``temporary_dirs()`` whose names start with one of ``prefixes``; of
+    the run temporary directories (``tfrun-tmp-*``) only those this worker started
+    (``started_here``): compare two of these sets to see what a test left."""
+    return {path for directory in temporary_dirs() for path in directory.iterdir()
+            if path.name.startswith(prefixes) and started_here(path)}
+
+
 def started_here(directory: Path) -> bool:
-    """Whether a run temporary directory (``tfrun-tmp-<pid>-...``) whose owner still lives
-    was made by a process this worker started: one in this worker's cgroup or below it
+    """Whether a run temporary directory (``tfrun-tmp-<pid>-...``; True for any other name)
+    whose owner still lives was made by a process this worker started: one in this worker's cgroup or below it
     (True without a cgroup of its own, or when the owner is gone). A check that looks in
     the machine's /tmp would otherwise count the live run of a test on another worker
     whose processes do not use that worker's TMPDIR (ci77 at c2eafaa: a Ray test's teardown
     named a /tmp directory whose owner no Ray test had started)."""
-    if _cgroup is None:
+    if _cgroup is None or not directory.name.startswith("tfrun-tmp-"):
         return True
     pid = directory.name.removeprefix("tfrun-tmp-").split("-", 1)[0]
     try:

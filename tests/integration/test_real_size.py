@@ -46,21 +46,24 @@ def _steps(path) -> list[tuple[int, int]]:
     return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
 
 
-def _wait_for(run, log, restart: int, step: int) -> None:
-    deadline = time.monotonic() + 400
-    while not any(r == restart and s >= step for r, s in _steps(log)):
+def _until(run, condition, what: str, deadline: float) -> None:
+    """Poll ``condition()`` until true; fail with the run's output if the run ends first,
+    and with ``what`` at ``deadline`` (a monotonic time)."""
+    while not condition():
         assert run.proc.poll() is None, run.proc.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, f"never reached step {step} at restart {restart}"
+        assert time.monotonic() < deadline, what
         time.sleep(0.05)
+
+
+def _wait_for(run, log, restart: int, step: int) -> None:
+    _until(run, lambda: any(r == restart and s >= step for r, s in _steps(log)),
+           f"never reached step {step} at restart {restart}", time.monotonic() + 400)
 
 
 def _seconds_to_text(run, path, text: str, since: float) -> float:
     """Seconds from ``since`` (a monotonic time) until ``text`` is in the file ``path``."""
-    deadline = since + 120
-    while not (path.exists() and text in path.read_text()):
-        assert run.proc.poll() is None, run.proc.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, f"{text!r} never in {path}"
-        time.sleep(0.05)
+    _until(run, lambda: path.exists() and text in path.read_text(),
+           f"{text!r} never in {path}", since + 120)
     return time.monotonic() - since
 
 

@@ -40,13 +40,10 @@ def generate(args: list[str]) -> dict:
 def _machine_tmp() -> set[Path]:
     """What a task leaves in a temporary directory (TensorFlow's autograph files, tfrun's
     run directories there), in this machine's (and this test worker's own). A live run
-    directory counts only if this worker started its owner (``side_by_side.started_here``):
+    directory counts only if this worker started its owner (``side_by_side.temporary_entries``):
     a tfrun that someone ran by hand beside the suite made one in /tmp during this test
     (CI at 20361b7, its launcher's pid in the name)."""
-    return {path for directory in side_by_side.temporary_dirs() for path in directory.iterdir()
-            if path.name.startswith("__autograph_generated_file")
-            or (path.name.startswith("tfrun-")
-                and (not path.name.startswith("tfrun-tmp-") or side_by_side.started_here(path)))}
+    return side_by_side.temporary_entries(("__autograph_generated_file", "tfrun-"))
 
 
 class SimulatedPods:
