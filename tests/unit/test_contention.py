@@ -1,5 +1,6 @@
-"""What other processes take of a task's CPUs (in_task/contention.py), on this machine's
-real /proc/stat; a busy loop pinned to a CPU is the competitor."""
+"""What other processes take of a task's CPUs, and how long a task waits for one
+(in_task/contention.py), on this machine's real /proc; a busy loop pinned to a CPU is the
+competitor."""
 
 import os
 import subprocess
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from tfrun.in_task.contention import CpuContention
+from tfrun.in_task.contention import CpuContention, RunQueueWait
 
 #: They measure what other processes take of a CPU: no other test beside them (-n 3).
 pytestmark = pytest.mark.alone
@@ -45,3 +46,33 @@ def test_a_meter_of_given_cpus_keeps_them():
         assert meter.cpus == {CPUS[0]} and (share is None or 0.0 <= share <= 1.0)
     finally:
         os.sched_setaffinity(0, set(CPUS))
+
+
+def test_two_busy_processes_on_one_cpu_each_wait_about_half_the_time_for_it():
+    """Two busy loops pinned to one CPU: each is ready to run all the time and gets the
+    CPU about half of it, so its run delay grows by about half of the wall time; alone on
+    a CPU, hardly at all; gone, there is nothing to read (None)."""
+    loop = [sys.executable, "-c", "while True: pass"]
+    first = subprocess.Popen(["taskset", "-c", str(CPUS[0]), *loop])
+    second = subprocess.Popen(["taskset", "-c", str(CPUS[0]), *loop])
+    try:
+        time.sleep(0.3)  # both running their loop
+        wait = RunQueueWait()
+        start = wait.seconds([first.pid])
+        time.sleep(1.0)
+        shared = wait.seconds([first.pid]) - start
+        assert 0.25 <= shared <= 0.8, shared  # about half of the second
+        second.kill()
+        second.wait()
+        time.sleep(0.2)
+        before = wait.seconds([first.pid])
+        time.sleep(1.0)
+        alone = wait.seconds([first.pid]) - before
+        assert alone < 0.15, alone
+        first.kill()
+        first.wait()
+        assert wait.seconds([first.pid]) is None  # nobody's threads left to read
+    finally:
+        for proc in (first, second):
+            proc.kill()
+            proc.wait()

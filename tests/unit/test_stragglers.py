@@ -51,15 +51,21 @@ def test_before_the_first_step_nobody_is_a_straggler():
                             load("worker:1", 0.8, 0.8, steps=0)]) == []
 
 
-def work(*per_step_inside, seconds=2.0, steps=100, cpu=None):
+def work(*per_step_inside, seconds=2.0, steps=100, cpu=None, run_wait=None):
     """Samples every ``seconds`` with ``steps`` steps between them, each step spending
     the given seconds inside tfrun's exchange (one value per window); ``cpu``: the CPU
-    share (% of one core) each window's sample carries."""
-    samples, inside = [(0.0, 0, 0.0)], 0.0
+    share (% of one core) each window's sample carries; ``run_wait``: the seconds a step
+    of each window waited for a CPU (the samples carry their running total)."""
+    samples, inside, ready = [(0.0, 0, 0.0)], 0.0, 0.0
+    if run_wait is not None:
+        samples = [(0.0, 0, 0.0, None, None, 0.0)]
     for n, wait in enumerate(per_step_inside, start=1):
         inside += steps * wait
-        samples.append((n * seconds, n * steps, inside)
-                       + (() if cpu is None else (cpu[n - 1],)))
+        sample = (n * seconds, n * steps, inside) + (() if cpu is None else (cpu[n - 1],))
+        if run_wait is not None:
+            ready += steps * run_wait[n - 1]
+            sample += (None, ready)
+        samples.append(sample)
     return samples
 
 
@@ -138,6 +144,30 @@ def test_a_straggler_by_its_own_work_is_told_computing_from_waiting(slow_cpu, ca
     unknown = TaskLoad("worker:1", "h", [0, 0], 200, work(0.0, 0.0, cpu=[slow_cpu, None]))
     (found,) = find_stragglers([fast, unknown])
     assert found.cause == "own-work"
+
+
+@pytest.mark.parametrize("slow_wait, cause, words", [
+    # 20 ms a step against 12, no more CPU time (60% of a core: 12 ms), and its threads
+    # wait 10 ms a step for a CPU against the others' 1 ms: short of CPU, not of input
+    (0.010, "cpu-wait", "its threads wait 10 ms a step for a CPU (the others' 1 ms)"),
+    # ... waiting 2 ms a step for a CPU: that is not where its 8 ms go
+    (0.002, "input-wait", "it waits, most likely for its input"),
+])
+def test_a_straggler_waiting_for_a_cpu_is_told_from_one_waiting_for_its_input(
+        slow_wait, cause, words):
+    """The -n 4 run at 8cae52a: an unpinned worker on an oversubscribed machine was named
+    input-wait, its extra time neither CPU time nor exchange wait. Its threads' run delay
+    (``run_wait_seconds``) tells that wait apart."""
+    fast = TaskLoad("worker:0", "h", [0, 0], 200,
+                    work(0.008, 0.008, cpu=[60.0, 60.0], run_wait=[0.001, 0.001]))
+    slow = TaskLoad("worker:1", "h", [0, 0], 200,
+                    work(0.0, 0.0, cpu=[60.0, 60.0], run_wait=[slow_wait, slow_wait]))
+    (found,) = find_stragglers([fast, slow])
+    assert (found.task, found.cause, found.slower) == ("worker:1", cause, 1.7)
+    assert words in found.why, found.why
+    # samples of a tfrun that sends no run wait: the cause is read from the CPU alone
+    old = [TaskLoad(t.task, "h", [0, 0], 200, [w[:4] for w in t.work]) for t in (fast, slow)]
+    assert find_stragglers(old)[0].cause == "input-wait"
 
 
 def test_a_second_s_hiccup_is_no_straggler_longer_ones_are():

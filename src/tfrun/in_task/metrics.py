@@ -36,7 +36,7 @@ from typing import Any
 
 from .. import contract
 from . import arrivals, breakdown, progress
-from .contention import CpuContention
+from .contention import CpuContention, RunQueueWait
 from ..contract import METRICS_LINE
 from ._post_import import when_imported
 
@@ -379,6 +379,16 @@ def sample_resources(process=None) -> dict:
             "threads": threads}
 
 
+def _tree_pids(process) -> list[int]:
+    """The pids of ``process`` (psutil) and of every child it started, as they are now."""
+    import psutil
+
+    try:
+        return [process.pid, *(child.pid for child in process.children(recursive=True))]
+    except psutil.Error:
+        return [process.pid]
+
+
 _sampler: list = []
 #: the newest global training step (``note_step``), sent with each resources sample
 _step: list = [None]
@@ -408,6 +418,7 @@ def _start_resource_sampler(interval: float) -> None:
     process = psutil.Process()
     sample_resources(process)  # cpu_percent's first call only starts its clock
     contention = CpuContention()
+    run_wait = RunQueueWait()
     lock = threading.Lock()  # the thread's sample and the last one share both clocks
 
     def record_one() -> None:
@@ -419,6 +430,8 @@ def _start_resource_sampler(interval: float) -> None:
             record.update(arrivals.snapshot())  # ... and who never arrived
             # what other processes take of our CPUs: the launcher's straggler finder
             record["cpu_taken"] = contention.taken(record["cpu_percent"] / 100)
+            # ... and, where CPUs are shared by all, which task waits for one
+            record["run_wait_seconds"] = run_wait.seconds(_tree_pids(process))
             _emit(record)
 
     def sample() -> None:

@@ -80,8 +80,9 @@ class TaskLogger:
     cpu_taken: deque = field(default_factory=lambda: deque(maxlen=4))
     #: (collectives of tfrun's exchange entered, left) at the newest sample; None: none yet
     exchanges: tuple[int, int] | None = None
-    #: recent (task's time, steps done, seconds inside tfrun's exchange), oldest first: the
-    #: straggler finder's own work per step
+    #: recent (task's time, steps done, seconds inside tfrun's exchange, CPU %, when its
+    #: last step ended, seconds its threads waited for a CPU), oldest first: the straggler
+    #: finder's own work per step
     work: deque = field(default_factory=lambda: deque(maxlen=16))
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -158,10 +159,12 @@ class TaskLogger:
                     isinstance(record.get("time"), (int, float)):
                 cpu = record.get("cpu_percent")  # tells a task computing from waiting
                 ended = record.get("last_step_at")  # steps are timed from step end to end
+                ready = record.get("run_wait_seconds")  # ... and waiting for a CPU
                 self.work.append((float(record["time"]), record["steps_done"],
                                   float(record["exchange_seconds"]),
                                   float(cpu) if isinstance(cpu, (int, float)) else None,
-                                  float(ended) if isinstance(ended, (int, float)) else None))
+                                  float(ended) if isinstance(ended, (int, float)) else None,
+                                  float(ready) if isinstance(ready, (int, float)) else None))
         if record.get("event") == "resources" and isinstance(record.get("cpu_taken"),
                                                               (int, float)):
             self.cpu_taken.append(float(record["cpu_taken"]))

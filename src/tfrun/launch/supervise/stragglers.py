@@ -19,7 +19,10 @@ whole run -- and nothing says which. Two kinds of evidence come with each resour
   theirs (and 1 ms more) in each of its last windows, over 1.2 s of steps at least: more
   work, a slower CPU, a slower input -- not a second's hiccup of a busy machine. Steps are
   timed from step end to step end (``last_step_at``), so the time a sample falls after a
-  step -- after the last one, the tail of the run -- counts for nobody.
+  step -- after the last one, the tail of the run -- counts for nobody. What the extra
+  time is tells the cause: CPU time (``compute``), time its threads were ready to run
+  but waited for a CPU (``cpu-wait``: the host's CPUs, shared by all, oversubscribed;
+  the kernel's schedstat run delay) or neither (``input-wait``).
 
 The finding says how much slower it is, why, and that the others wait for it; it is
 printed once and again when it changes, and kept for summary.json.
@@ -67,7 +70,8 @@ class TaskLoad:
     steps_done: int = 0
     #: recent (task's time, steps done, seconds inside tfrun's exchange[, the CPU its
     #: process tree used since the sample before, in % of one core[, when its last step
-    #: ended]]) samples, oldest first
+    #: ended[, the seconds its threads have waited for a CPU, in all]]]) samples, oldest
+    #: first
     work: list = field(default_factory=list)
 
 
@@ -77,7 +81,7 @@ class Straggler:
     host: str | None
     slower: float             # about how much slower than the others (or than on its own)
     steps_done: int
-    cause: str                # "cpu-taken", "compute", "input-wait" or "own-work"
+    cause: str                # "cpu-taken", "compute", "cpu-wait", "input-wait", "own-work"
     why: str
     taken: float | None = None  # cpu-taken: mean share of its CPUs others took
 
@@ -169,20 +173,26 @@ def _own_work(tasks: list[TaskLoad], per_task: dict, measured: dict) -> list[Str
         recent = mine[-count:]
         if _clearly_longer(recent, others):
             own, other = sum(recent) / count, sum(others) / count
-            theirs = [c for name, m in measured.items() if name != task.task and name in per_task
-                      for c in m.cpu[-count:]]
-            cause, why = _why_own_work(own, other, _mean_known(measured[task.task].cpu[-count:]),
-                                       _mean_known(theirs))
+            mine_measured = measured[task.task]
+            theirs = [m for name, m in measured.items() if name != task.task and name in per_task]
+            cause, why = _why_own_work(
+                own, other, _mean_known(mine_measured.cpu[-count:]),
+                _mean_known([c for m in theirs for c in m.cpu[-count:]]),
+                _mean_known(mine_measured.run_wait[-count:]),
+                _mean_known([w for m in theirs for w in m.run_wait[-count:]]))
             out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
                                  task.steps_done, cause, why))
     return out
 
 
-def _why_own_work(own: float, other: float, my_cpu: float | None,
-                  others_cpu: float | None) -> tuple[str, str]:
+def _why_own_work(own: float, other: float, my_cpu: float | None, others_cpu: float | None,
+                  my_wait: float | None = None,
+                  others_wait: float | None = None) -> tuple[str, str]:
     """The cause: ``compute`` when at least half of its extra time per step is CPU time
-    (it computes more, or on a slower CPU), ``input-wait`` when it is not (it waits outside
-    the exchange: for its input, mostly), ``own-work`` when the CPU time is unknown."""
+    (it computes more, or on a slower CPU); else ``cpu-wait`` when at least half of it is
+    its threads' wait for a CPU (its host's CPUs oversubscribed); else ``input-wait`` (it
+    waits outside the exchange: for its input, mostly); ``own-work`` when the CPU time is
+    unknown. The waits are per step, summed over the task's threads."""
     took = f"its own work per step takes {own * 1000:.0f} ms, the others' {other * 1000:.0f} ms"
     if my_cpu is None or others_cpu is None:
         return "own-work", (f"{took} (its compute or its input pipeline; not its CPUs taken "
@@ -192,6 +202,13 @@ def _why_own_work(own: float, other: float, my_cpu: float | None,
         return "compute", (f"{took}, and {extra_cpu * 1000:.0f} ms more CPU time a step: it "
                            "computes more (a larger share of the work, a heavier input "
                            "decode) or on a slower CPU")
+    if my_wait is not None and others_wait is not None and \
+            my_wait - others_wait >= 0.5 * (own - other):
+        return "cpu-wait", (f"{took}, and its threads wait {my_wait * 1000:.0f} ms a step for "
+                            f"a CPU (the others' {others_wait * 1000:.0f} ms): ready to run, "
+                            "its CPUs busy with other processes -- the host's CPUs are "
+                            "oversubscribed (run fewer processes there, or pin the tasks: "
+                            "--cpus-per-task)")
     return "input-wait", (f"{took}, but little or no more CPU time a step ({my_cpu * 1000:.0f}"
                           f" ms against the others' {others_cpu * 1000:.0f} ms): it waits, most "
                           "likely for its input (a slow disk or remote file system; or a lock, "
@@ -219,10 +236,11 @@ def _step_span(a, b) -> float:
 
 
 class _Measured(NamedTuple):
-    """A task's windows between consecutive samples with steps, each measured three ways."""
+    """A task's windows between consecutive samples with steps, each measured four ways."""
     seconds: list[float]  # how long its steps took (see ``_step_span``)
     work: list[float]  # seconds of own work per step
     cpu: list[float | None]  # CPU seconds per step; None where the sample has no CPU share
+    run_wait: list[float | None]  # seconds waiting for a CPU per step; None: not known
 
 
 def _measure(samples: list) -> _Measured:
@@ -235,7 +253,9 @@ def _measure(samples: list) -> _Measured:
             for span, (a, b) in zip(seconds, windows)]
     cpu = [None if len(b) < 4 or b[3] is None else b[3] / 100 * (b[0] - a[0]) / (b[1] - a[1])
            for a, b in windows]
-    return _Measured(seconds, work, cpu)
+    run_wait = [None if len(a) < 6 or len(b) < 6 or a[5] is None or b[5] is None
+                else max(b[5] - a[5], 0.0) / (b[1] - a[1]) for a, b in windows]
+    return _Measured(seconds, work, cpu, run_wait)
 
 
 class StragglerWatch:
