@@ -508,8 +508,9 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under ``-n``: a test marked ``alone`` runs with no other test on the machine."""
+    asked_at = time.time()
     with side_by_side.turn(alone=item.get_closest_marker("alone") is not None), \
-            side_by_side.cpu_recorded(item.nodeid):
+            side_by_side.cpu_recorded(item.nodeid, asked_at):
         return (yield)
 
 

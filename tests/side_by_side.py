@@ -233,13 +233,17 @@ def _cpu_seconds() -> float | None:
 
 
 @contextlib.contextmanager
-def cpu_recorded(test_id: str) -> Iterator[None]:
-    """Append the test's CPU and wall seconds to ``$TFRUN_TESTS_CPU_LOG``, if set."""
+def cpu_recorded(test_id: str, asked_at: float) -> Iterator[None]:
+    """Append the test's CPU and wall seconds to ``$TFRUN_TESTS_CPU_LOG``, if set, with
+    its worker, when it started (``time.time()``), how long it waited for its turn before
+    that (since ``asked_at``: an ``alone`` test waits for the room to empty, a shared one
+    for an ``alone`` test to end) and its id: ``CPU WALL WORKER STARTED WAITED ID``. The
+    start times give the run's timeline (who idled when)."""
     log = os.environ.get(CPU_LOG_ENV)
     if not log:  # the usual case: read no cgroup file around every test
         yield
         return
-    cpu_before, wall_before = _cpu_seconds(), time.monotonic()
+    cpu_before, wall_before, started = _cpu_seconds(), time.monotonic(), time.time()
     try:
         yield
     finally:
@@ -247,7 +251,7 @@ def cpu_recorded(test_id: str) -> Iterator[None]:
         if cpu_before is not None and cpu_after is not None:
             with open(log, "a") as out:
                 out.write(f"{cpu_after - cpu_before:.1f} {time.monotonic() - wall_before:.1f}"
-                          f" {WORKER} {test_id}\n")
+                          f" {WORKER} {started:.1f} {started - asked_at:.1f} {test_id}\n")
 
 
 # --------------------------------------------------------------------------- made once
