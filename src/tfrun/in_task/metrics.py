@@ -359,15 +359,16 @@ def _install_tf_keras(tf_keras) -> None:
     _wrap_fit(model, lambda self: original.__get__(self), tf_keras.callbacks.Callback)
 
 
-def sample_resources(process=None) -> dict:
+def sample_resources(process=None, members=None) -> dict:
     """CPU (percent of one core, since the last call) and memory of this task's whole
-    process tree: the task and every child it started (a data loader, a compiler...)."""
+    process tree: the task and every child it started (a data loader, a compiler...);
+    ``members``: that tree, when the caller listed it already (``_tree``)."""
     import psutil
 
     process = process or psutil.Process()
     cpu = rss = 0.0
     threads = 0
-    for member in [process, *process.children(recursive=True)]:
+    for member in members if members is not None else _tree(process):
         try:
             with member.oneshot():
                 cpu += member.cpu_percent(None)
@@ -379,14 +380,14 @@ def sample_resources(process=None) -> dict:
             "threads": threads}
 
 
-def _tree_pids(process) -> list[int]:
-    """The pids of ``process`` (psutil) and of every child it started, as they are now."""
+def _tree(process) -> list:
+    """``process`` (psutil) and every child it started, as they are now."""
     import psutil
 
     try:
-        return [process.pid, *(child.pid for child in process.children(recursive=True))]
+        return [process, *process.children(recursive=True)]
     except psutil.Error:
-        return [process.pid]
+        return [process]
 
 
 _sampler: list = []
@@ -423,7 +424,8 @@ def _start_resource_sampler(interval: float) -> None:
 
     def record_one() -> None:
         with lock:
-            record = sample_resources(process)
+            members = _tree(process)
+            record = sample_resources(process, members)
             if _step[0] is not None:
                 record["step"] = _step[0]
             record.update(progress.snapshot())  # the launcher's hang clock reads it
@@ -431,7 +433,7 @@ def _start_resource_sampler(interval: float) -> None:
             # what other processes take of our CPUs: the launcher's straggler finder
             record["cpu_taken"] = contention.taken(record["cpu_percent"] / 100)
             # ... and, where CPUs are shared by all, which task waits for one
-            record["run_wait_seconds"] = run_wait.seconds(_tree_pids(process))
+            record["run_wait_seconds"] = run_wait.seconds([m.pid for m in members])
             _emit(record)
 
     def sample() -> None:
