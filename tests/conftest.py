@@ -452,6 +452,11 @@ ENGINE_FOLDERS = {"multihost": "fake-hosts", "slurm": "engines", "ray": "engines
 #: one of their tests): one group each, so it is made once.
 GROUPED_MODULES = ("test_hangs.py", "test_run_report.py", "test_shm_allreduce.py",
                    "test_loopback.py")
+#: Modules of ``alone`` tests (they measure how CPU is shared) that run in one group, in
+#: this order, after the quick tier's other tests: their ``alone`` tests follow each other
+#: on one worker, which empties the room once for all of them (``side_by_side.turn``'s
+#: ``keep``). In ci83, apart, each waited 49-79 s for the room to empty.
+CPU_SHARE_MODULES = ("test_hangs.py", "test_contention.py")
 #: The longest local tests (193-204 s and 73-94 s in the CIs at 20a1b2e and 8cae52a),
 #: started early so that neither is what the other workers wait for at the end.
 LONGEST = (
@@ -467,6 +472,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.quick)
         if path.parent.name in ENGINE_FOLDERS:
             item.add_marker(pytest.mark.xdist_group(ENGINE_FOLDERS[path.parent.name]))
+        elif path.name in CPU_SHARE_MODULES:
+            item.add_marker(pytest.mark.xdist_group("cpu-shares"))
         elif path.name in GROUPED_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
     # Pure tests first, then the supervisor's, then real clusters (a stable sort: each keeps
@@ -480,13 +487,15 @@ def pytest_collection_modifyitems(config, items):
     several_at_a_time = bool(config.getoption("numprocesses", None)) \
         or hasattr(config, "workerinput")
 
-    def order(item) -> int:
-        folder = Path(str(item.fspath)).parent.name
-        if several_at_a_time and folder in ENGINE_FOLDERS:
-            return -1
+    def order(item) -> tuple[int, int]:
+        path = Path(str(item.fspath))
+        if several_at_a_time and path.parent.name in ENGINE_FOLDERS:
+            return -1, 0
         if several_at_a_time and item.originalname in LONGEST:
-            return len(rank)
-        return rank.get(folder, len(rank) + 1)
+            return len(rank), 0
+        if several_at_a_time and path.name in CPU_SHARE_MODULES:
+            return len(rank) + 1, CPU_SHARE_MODULES.index(path.name)
+        return rank.get(path.parent.name, len(rank) + 1), 0
 
     items.sort(key=order)
 
@@ -509,7 +518,9 @@ def pytest_unconfigure(config):
 def pytest_runtest_protocol(item, nextitem):
     """Under ``-n``: a test marked ``alone`` runs with no other test on the machine."""
     asked_at = time.time()
-    with side_by_side.turn(alone=item.get_closest_marker("alone") is not None), \
+    alone = item.get_closest_marker("alone") is not None
+    keep = alone and nextitem is not None and nextitem.get_closest_marker("alone") is not None
+    with side_by_side.turn(alone=alone, keep=keep), \
             side_by_side.cpu_recorded(item.nodeid, asked_at):
         return (yield)
 
