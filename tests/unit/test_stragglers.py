@@ -188,6 +188,23 @@ def test_a_second_s_hiccup_is_no_straggler_longer_ones_are():
     assert [(s.task, s.cause, s.slower) for s in found] == [("worker:1", "own-work", 1.7)]
 
 
+def test_a_slower_trace_over_a_step_or_two_is_no_straggler_eight_slow_steps_are():
+    """ci84's clean two-host run: worker:0 traced a new function more slowly than worker:1
+    on a busy machine, one step in each of two 2 s windows -- 1738 ms of own work a step
+    against 170 -- and was named at its 14th step. Fewer than 8 steps are no evidence;
+    8 slow steps in a row are (samples every 2 s, one step each, nothing inside the
+    exchange for it, 1.8 s a step inside it for the other)."""
+    def one_step_windows(count, inside):
+        return [(2.0 * n, 12 + n, inside * n) for n in range(count + 1)]
+
+    def tasks(count):
+        return [TaskLoad("worker:0", "h", [0, 0], 12 + count, one_step_windows(count, 0.0)),
+                TaskLoad("worker:1", "h", [0, 0], 12 + count, one_step_windows(count, 1.8))]
+
+    assert find_stragglers(tasks(2)) == [] and find_stragglers(tasks(7)) == []
+    assert [(s.task, s.cause) for s in find_stragglers(tasks(8))] == [("worker:0", "own-work")]
+
+
 def test_the_time_after_a_task_s_last_step_is_no_step_time():
     """Stop 67's clean run: worker:1's last sample came long after the run's last step
     (496 ms "a step" in that window), and a hiccup had slowed the window before. Timed from

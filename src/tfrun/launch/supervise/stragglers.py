@@ -16,8 +16,9 @@ whole run -- and nothing says which. Two kinds of evidence come with each resour
   (``tfrun.in_task.arrivals``: the seconds each task spent inside all-reduces), a task's
   own work per step is its step time minus that wait. The others wait in every all-reduce
   for a task whose own work -- its compute, or its input pipeline -- takes at least 1.3x
-  theirs (and 1 ms more) in each of its last windows, over 1.2 s of steps at least: more
-  work, a slower CPU, a slower input -- not a second's hiccup of a busy machine. Steps are
+  theirs (and 1 ms more) in each of its last windows, over 1.2 s and 8 steps at least:
+  more work, a slower CPU, a slower input -- not a second's hiccup of a busy machine, nor
+  one slower trace of a new function. Steps are
   timed from step end to step end (``last_step_at``), so the time a sample falls after a
   step -- after the last one, the tail of the run -- counts for nobody. What the extra
   time is tells the cause: CPU time (``compute``), time its threads were ready to run
@@ -60,6 +61,10 @@ _MIN_EXTRA_SECONDS = 0.001
 #: ... in each window of its last ones that span this many seconds of steps (two at least):
 #: more than a busy machine's hiccup (a second of it named a clean run in stop 67's CI).
 _MIN_EVIDENCE_SECONDS = 1.2
+#: ... and this many steps: a window of one or two steps that spans the tracing of a new
+#: function (a second fit, an evaluation) is no straggler's evidence (ci84: a clean
+#: two-host run named its chief 10.2x slower at its 14th step).
+_MIN_EVIDENCE_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -114,11 +119,13 @@ def _clearly_longer(slow: list[float], fast: list[float]) -> bool:
                for m, o in zip(slow, fast))
 
 
-def _evidence(seconds: list[float]) -> int | None:
-    """How many of the last windows (``seconds`` long each) make the evidence: two at
-    least, and ``_MIN_EVIDENCE_SECONDS`` together; None while there are not that many."""
+def _evidence(seconds: list[float], steps: list[int]) -> int | None:
+    """How many of the last windows (``seconds`` long each, with ``steps`` steps each)
+    make the evidence: two at least, with ``_MIN_EVIDENCE_SECONDS`` and
+    ``_MIN_EVIDENCE_STEPS`` together; None while there are not that many."""
     for count in range(_SAMPLES, len(seconds) + 1):
-        if sum(seconds[-count:]) >= _MIN_EVIDENCE_SECONDS:
+        if sum(seconds[-count:]) >= _MIN_EVIDENCE_SECONDS and \
+                sum(steps[-count:]) >= _MIN_EVIDENCE_STEPS:
             return count
     return None
 
@@ -165,7 +172,7 @@ def _own_work(tasks: list[TaskLoad], per_task: dict, measured: dict) -> list[Str
         mine = per_task.get(task.task)
         if mine is None:
             continue
-        count = _evidence(measured[task.task].seconds)
+        count = _evidence(measured[task.task].seconds, measured[task.task].steps)
         if count is None or any(len(w) < count for w in per_task.values()):
             continue
         others = [max(w[-count + i] for name, w in per_task.items() if name != task.task)
@@ -241,6 +248,7 @@ class _Measured(NamedTuple):
     work: list[float]  # seconds of own work per step
     cpu: list[float | None]  # CPU seconds per step; None where the sample has no CPU share
     run_wait: list[float | None]  # seconds waiting for a CPU per step; None: not known
+    steps: list[int]  # how many steps
 
 
 def _measure(samples: list) -> _Measured:
@@ -255,7 +263,7 @@ def _measure(samples: list) -> _Measured:
            for a, b in windows]
     run_wait = [None if len(a) < 6 or len(b) < 6 or a[5] is None or b[5] is None
                 else max(b[5] - a[5], 0.0) / (b[1] - a[1]) for a, b in windows]
-    return _Measured(seconds, work, cpu, run_wait)
+    return _Measured(seconds, work, cpu, run_wait, [b[1] - a[1] for a, b in windows])
 
 
 class StragglerWatch:
