@@ -62,7 +62,9 @@ def _elastic_run(hosts, i: int, command: str, tmp_path: Path, script_args: list[
     args[at:at + 1] = [script, *script_args]
     env = {"TFRUN_SSH_OPT": f"-F {hosts.ssh_config}",
            "TFRUN_RUN_DIR": run_dir or str(tmp_path / "run"),
-           "TFRUN_STOP_GRACE": "3", "TFRUN_HEARTBEAT_TIMEOUT": "3"}
+           # 6 s, not 3: in ci85 (the machine slow, 2356 s) a spare's fresh agent on
+           # node-3 sent no heartbeat for 3 s before its task started, and the re-form failed
+           "TFRUN_STOP_GRACE": "3", "TFRUN_HEARTBEAT_TIMEOUT": "6"}
     env.update({f"TFRUN_{k.upper()}": v for k, v in settings.items()})
     return HostRun(hosts, i, args, extra_env=env)
 
