@@ -450,10 +450,9 @@ QUICK_FOLDERS = ("unit", "supervisor")
 ENGINE_FOLDERS = {"multihost": "fake-hosts", "slurm": "engines", "ray": "engines"}
 #: Modules whose module-scoped fixture starts real runs (made once per worker that runs
 #: one of their tests): one group each, so it is made once.
-GROUPED_MODULES = ("test_hangs.py", "test_run_report.py", "test_shm_allreduce.py",
-                   "test_loopback.py")
-#: Modules of ``alone`` tests (they measure how CPU is shared) that run in one group, in
-#: this order, after the quick tier's other tests: their ``alone`` tests follow each other
+GROUPED_MODULES = ("test_run_report.py", "test_shm_allreduce.py", "test_loopback.py")
+#: Modules of ``alone`` tests (they measure how CPU is shared; test_hangs.py's fixture
+#: also starts a real run) that run in one group, in this order, after the quick tier's other tests: their ``alone`` tests follow each other
 #: on one worker, which empties the room once for all of them (``side_by_side.turn``'s
 #: ``keep``). In ci83, apart, each waited 49-79 s for the room to empty.
 CPU_SHARE_MODULES = ("test_hangs.py", "test_contention.py")

@@ -163,8 +163,9 @@ def temporary_entries(prefixes: tuple[str, ...]) -> set[Path]:
 
 def started_here(directory: Path) -> bool:
     """Whether a run temporary directory (``tfrun-tmp-<pid>-...``; True for any other name)
-    whose owner still lives was made by a process this worker started: one in this worker's cgroup or below it
-    (True without a cgroup of its own, or when the owner is gone). A check that looks in
+    whose owner still lives was made by a process this worker started: one in this
+    worker's cgroup or below it (True without a cgroup of its own, or when the owner is
+    gone). A check that looks in
     the machine's /tmp would otherwise count the live run of a test on another worker
     whose processes do not use that worker's TMPDIR (ci77 at c2eafaa: a Ray test's teardown
     named a /tmp directory whose owner no Ray test had started)."""

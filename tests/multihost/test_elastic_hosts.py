@@ -168,12 +168,19 @@ def _kill_task_on(hosts, i: int) -> None:
     tasks[0].kill()
 
 
-def _wait_for_step(run, log: Path, restart: int, step: int) -> None:
+def _until(run, condition, what: str, poll: float = 0.05) -> None:
+    """Poll ``condition()`` until true, 240 s at most; fail with the run's output if the
+    run ends first, and with ``what`` at the deadline."""
     deadline = time.monotonic() + 240
-    while max((s for r, s in _logged_steps(log) if r == restart), default=0) < step:
+    while not condition():
         assert run.proc.poll() is None, run.stdout[-4000:]
-        assert time.monotonic() < deadline, f"no step {step} in attempt {restart}"
-        time.sleep(0.05)
+        assert time.monotonic() < deadline, what
+        time.sleep(poll)
+
+
+def _wait_for_step(run, log: Path, restart: int, step: int) -> None:
+    _until(run, lambda: max((s for r, s in _logged_steps(log) if r == restart), default=0)
+           >= step, f"no step {step} in attempt {restart}")
 
 
 @pytest.mark.tf
@@ -457,11 +464,8 @@ STEPS = "8"
 
 def _wait_for_mark(hosts, i: int, run, mark: str) -> None:
     """Until ``mark`` (a backup's mark, written last) is on host i's disk, 240 s at most."""
-    deadline = time.monotonic() + 240
-    while hosts.run(i, ["test", "-f", mark]).returncode != 0:
-        assert run.proc.poll() is None, run.stdout[-4000:]
-        assert time.monotonic() < deadline, f"no {mark} on node-{i}"
-        time.sleep(0.2)
+    _until(run, lambda: hosts.run(i, ["test", "-f", mark]).returncode == 0,
+           f"no {mark} on node-{i}", poll=0.2)
 
 
 @pytest.mark.tf
