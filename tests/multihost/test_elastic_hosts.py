@@ -162,6 +162,42 @@ def test_elastic_a_host_that_vanishes_mid_epoch_leaves_two_that_finish(fake_host
     assert_nothing_left(fake_hosts)
 
 
+def test_elastic_too_few_hosts_left_names_the_lost_host_that_does_not_answer_and_why(
+        fake_hosts, tmp_path):
+    """3 hosts, --min-nodes 2, tasks without TensorFlow (ticking): node-3 vanishes and the
+    cluster re-forms on node-1 and node-2; then node-2 vanishes too, node-3's link still
+    cut. One host is too few: the run fails, and the console says so, with node-3 asked
+    back and what ssh said -- the message that was missing when a re-form failed in CI."""
+    from conftest import FAKE_TASK
+
+    run = _elastic_run(fake_hosts, 1, README_COMMANDS_ELASTIC[0], tmp_path, ["*=tick"],
+                       script=str(FAKE_TASK))
+    try:
+        _until(run, lambda: all(f"[worker:{i}]" in run.stdout for i in range(3)),
+               "not every task ticked")
+        _vanish(fake_hosts, 3)
+        reform = "re-forming the cluster on node-1, node-2: 2 tasks (was 3; --min-nodes 2)"
+        _until(run, lambda: reform in run.stdout, "no re-form on node-1, node-2")
+        _until(run, lambda: "[worker:1]" in run.stdout.split(reform)[1],
+               "worker:1 did not tick after the re-form")
+        _vanish(fake_hosts, 2)
+        assert run.wait(120) != 0, run.stdout[-4000:]
+    finally:
+        fake_hosts.link(2, up=True)
+        fake_hosts.link(3, up=True)
+    line = next((line for line in run.stdout.splitlines() if "too few" in line), "")
+    assert line.startswith("tfrun: node-2 lost: 1 host left, --min-nodes 2: too few to "
+                           "re-form the cluster; lost earlier and not answering: node-3 "
+                           "(ssh: connect to host "), run.stdout[-4000:]
+    assert line.endswith("(twice, 12s allowed))") or "(once, 12s allowed))" in line, line
+    events = [json.loads(e) for e in (tmp_path / "run" / "events.jsonl").read_text()
+              .splitlines()]
+    (too_few,) = [e for e in events if e.get("event") == "too-few-hosts"]
+    assert too_few["host"] == "node-2" and too_few["hosts_left"] == 1 and \
+        list(too_few["not_answering"]) == ["node-3"], too_few
+    assert_nothing_left(fake_hosts)
+
+
 def _kill_task_on(hosts, i: int) -> None:
     tasks = [p for p in hosts.tfrun_processes(i) if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())]
     assert len(tasks) == 1, tasks

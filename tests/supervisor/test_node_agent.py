@@ -122,3 +122,33 @@ def test_join_probe_sees_a_listener_and_not_a_held_port():
         assert probe.joined() == {TaskId("worker", 0)}
         probe.stop()
     listener.close()
+
+
+def test_an_agent_still_starting_has_its_start_timeout_then_the_heartbeat_applies(
+        tmp_path, monkeypatch):
+    """A piped agent (ssh, srun) counts as started once it says hello: until then the
+    link allows the agent start timeout, not the heartbeat's (a busy spare's Python start
+    and imports took longer than a 3 s heartbeat, and a re-form failed for it)."""
+    from tfrun.launch.remote import links
+
+    monkeypatch.setattr(links, "AGENT_START_TIMEOUT", 3.0)
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        link = NodeLink("here", heartbeat_timeout=1.0, encode_start=lambda i, s: {})
+        link.attach(Channel(silent.stdout, silent.stdin), greeted=False)
+        time.sleep(2.0)  # twice the heartbeat timeout, within the start timeout
+        assert link.lost_reason is None and not link.greeted
+        wait_until(lambda: link.lost_reason is not None, timeout=5)
+        assert link.lost_reason.startswith("its agent did not start: no hello within 3s") \
+            or link.lost_reason.startswith("its agent did not start: no hello within 4s"), \
+            link.lost_reason
+    finally:
+        silent.kill()
+        silent.wait()
+    proc, channel = start_agent(tmp_path)  # a real agent says hello, then pings
+    link = NodeLink("here", heartbeat_timeout=5.0, encode_start=lambda i, s: {})
+    link.attach(channel, greeted=False)
+    wait_until(lambda: link.greeted)
+    link.end(0, "done")
+    assert proc.wait(10) == 0 and link.lost_reason is None

@@ -45,6 +45,7 @@ import tfrun.launch.report_progress
 import tfrun.launch.supervise.attempt_marks
 import tfrun.launch.supervise.membership
 import tfrun.launch.run_tmp
+import tfrun.launch.engines.host_answer
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.collector, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
@@ -63,7 +64,8 @@ import tfrun.launch.run_tmp
                                     tfrun.in_task.tcp_allreduce, tfrun.in_task.tcp_handshake,
                                     tfrun.launch.plan_text, tfrun.launch.report_progress,
                                     tfrun.launch.supervise.attempt_marks,
-                                    tfrun.launch.supervise.membership, tfrun.launch.run_tmp])
+                                    tfrun.launch.supervise.membership, tfrun.launch.run_tmp,
+                                    tfrun.launch.engines.host_answer])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

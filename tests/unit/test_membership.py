@@ -2,6 +2,7 @@
 
 import pytest
 
+from tfrun.launch.engines.host_answer import HostAnswer
 from tfrun.launch.supervise.membership import Membership
 
 
@@ -59,15 +60,28 @@ def test_only_hosts_lost_earlier_and_not_excluded_are_asked_whether_they_answer_
     members = Membership(min_nodes=1, keep_global_batch=False)
     asked = []
 
-    def reachable(host):
+    def ask(host):
         asked.append(host)
-        return host in {"node-2", "node-4"}
+        return HostAnswer(host in {"node-2", "node-4"}, f"{host}: connection refused")
 
-    assert members.answering(reachable) == [] and asked == []  # nobody lost yet
+    assert members.answering(ask) == [] and asked == []  # nobody lost yet
     members.away = {"node-2", "node-3", "node-4"}
     members.exclude("node-4")
-    assert members.answering(reachable) == ["node-2"]
+    assert members.answering(ask) == ["node-2"]
     assert sorted(asked) == ["node-2", "node-3"] and members.excluded == ["node-4"]
+    assert members.silent == {"node-3": "node-3: connection refused"}
     members.depart(["worker:1@node-2"])
     members.depart(iter(["worker:2@node-3"]))
     assert members.departed == ["worker:1@node-2", "worker:2@node-3"]
+
+
+def test_too_few_hosts_names_each_lost_host_that_did_not_answer_and_why():
+    members = Membership(min_nodes=3, keep_global_batch=False)
+    members.silent = {"node-4": "no answer within 12s (once, 12s allowed)",
+                      "node-2": "ssh: connect to host node-2 port 22: No route to host"}
+    line = members.too_few("node-3", 2)
+    assert line.startswith("node-3 lost: 2 hosts left, --min-nodes 3: too few")
+    assert line.endswith("not answering: node-2 (ssh: connect to host node-2 port 22: No "
+                         "route to host), node-4 (no answer within 12s (once, 12s allowed))")
+    members.silent = {}
+    assert members.too_few("node-3", 1).endswith("too few to re-form the cluster")

@@ -34,6 +34,7 @@ from ... import contract
 from ...cluster import TaskId
 from ..config import LaunchConfig
 from ..rendezvous import probe_address
+from .host_answer import HostAnswer
 
 __all__ = ["CONTROLLED_ENV", "Backend", "Engine", "LaunchParser", "Subcommand", "TaskHandle", "TaskSpec"]
 
@@ -128,10 +129,10 @@ class Backend(abc.ABC):
         """Why tasks may not have started (e.g. a node that never connected), for messages."""
         return []
 
-    def reachable(self, host: str) -> bool:
+    def ask_back(self, host: str) -> HostAnswer:
         """Whether a host this backend lost answers again (an elastic run takes it back at
-        the next restart). Default: never asked back."""
-        return False
+        the next re-form or restart), and if not, why. Default: never asked back."""
+        return HostAnswer(False, f"the {self.name} engine does not take lost hosts back")
 
 
 #: How a subcommand turns tfrun's launch flags into a LaunchConfig (the CLI passes its own

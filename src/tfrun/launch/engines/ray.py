@@ -37,6 +37,7 @@ from ..rendezvous import distinct_hosts, probe_address
 from ..rundir import run_dir_for
 from ..specs import spec_factory
 from .base import Backend, Engine, TaskHandle, TaskSpec
+from .host_answer import HostAnswer
 
 __all__ = ["RAY_PLACEMENTS", "RayBackend", "RayEngine", "import_ray"]
 
@@ -282,8 +283,10 @@ class RayBackend(Backend):
         return any(probe_address(f"{ip}:{n['NodeManagerPort']}", 2.0) for n in nodes
                    if n.get("NodeManagerPort"))
 
-    def reachable(self, host: str) -> bool:
-        return self.node_alive(host)
+    def ask_back(self, host: str) -> HostAnswer:
+        if self.node_alive(host):
+            return HostAnswer(True)
+        return HostAnswer(False, f"Ray lists no live node at {host} whose raylet answers")
 
     def poll(self, handle: TaskHandle) -> int | None:
         running = self._running.get(id(handle))

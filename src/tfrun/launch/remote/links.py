@@ -21,7 +21,13 @@ from typing import IO, Callable
 from .protocol import HEARTBEAT_INTERVAL, LOST_EXIT_CODE, Channel, ProtocolError
 from ..engines.base import Backend, TaskHandle, TaskSpec
 
-__all__ = ["NodeLink", "RemoteBackend"]
+__all__ = ["AGENT_START_TIMEOUT", "NodeLink", "RemoteBackend"]
+
+#: Seconds an agent started over a pipe (ssh, srun) has to say hello: the connection, a
+#: Python start and tfrun's imports on a host that may be busy or cold -- a separate,
+#: longer limit than the heartbeat's, which then applies (a lost connection still shows
+#: at once: ssh exits and the pipe closes).
+AGENT_START_TIMEOUT = 30.0
 
 
 @dataclass
@@ -42,6 +48,8 @@ class NodeLink:
         self.encode_start = encode_start
         self.channel: Channel | None = None
         self.lost_reason: str | None = None
+        #: the agent said hello (until then its start counts, not the heartbeat)
+        self.greeted = False
         self._tasks: dict[int, _RemoteTask] = {}   # message id -> task
         self._ids: dict[int, int] = {}               # id(handle) -> message id
         self._queued: list[dict] = []
@@ -54,10 +62,13 @@ class NodeLink:
 
     # ------------------------------------------------------------------ connection
 
-    def attach(self, channel: Channel) -> None:
-        """The agent is there: flush queued messages, start reading and pinging."""
+    def attach(self, channel: Channel, *, greeted: bool = True) -> None:
+        """The agent is there: flush queued messages, start reading and pinging.
+        ``greeted=False``: the agent is still starting (a pipe to a process that will say
+        hello); it has ``AGENT_START_TIMEOUT`` for that, then the heartbeat timeout."""
         with self._lock:
             self.channel = channel
+            self.greeted = greeted
             channel.last_heard = time.monotonic()
             for message in self._queued:
                 channel.send(message.pop("t"), **message)
@@ -106,7 +117,12 @@ class NodeLink:
                 return
             channel.send("ping")
             silent = channel.silent_for()
-            if silent > self.heartbeat_timeout:
+            if not self.greeted:
+                if silent > max(AGENT_START_TIMEOUT, self.heartbeat_timeout):
+                    self.lose(f"its agent did not start: no hello within {silent:.0f}s of "
+                              f"connecting (agent start timeout {AGENT_START_TIMEOUT:g}s)")
+                    return
+            elif silent > self.heartbeat_timeout:
                 self.lose(f"no heartbeat for {silent:.0f}s (heartbeat timeout "
                           f"{self.heartbeat_timeout:g}s)")
                 return
@@ -116,6 +132,8 @@ class NodeLink:
 
     def _on_message(self, message: dict) -> None:
         kind = message["t"]
+        if kind == "hello":
+            self.greeted = True
         with self._lock:
             entry = self._tasks.get(message.get("id", -1))
             if entry is None:

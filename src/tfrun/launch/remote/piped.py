@@ -76,7 +76,7 @@ class PipedAgentBackend(RemoteBackend):
                         encode_start=lambda task_id, spec: {"id": task_id, "task": str(spec.task),
                                                             "spec": spec.to_dict()})
         link.describe_loss = lambda: self._loss_details(process, errors)
-        link.attach(channel)
+        link.attach(channel, greeted=False)  # its agent says hello once it has started
         return link
 
     def _loss_details(self, process: subprocess.Popen, errors: collections.deque) -> str:

@@ -18,8 +18,10 @@ with where they resumed and how many steps were redone.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from ...contract import RESUMED_EVENT
+from ..engines.host_answer import HostAnswer
 
 __all__ = ["Membership"]
 
@@ -35,6 +37,8 @@ class Membership:
         self.departed: list = []  # the TaskRecords of lost hosts' tasks, for the summary
         self.away: set[str] = set()  # lost or excluded: not used again unless they answer
         self.excluded: list[str] = []  # excluded after failures in a row: never again
+        #: the hosts asked last that did not answer, each with why (for the messages)
+        self.silent: dict[str, str] = {}
 
     def exclude(self, host: str) -> None:
         """``host`` failed --exclude-after times in a row: never used again."""
@@ -44,17 +48,44 @@ class Membership:
         """The tasks of hosts that left (kept for the summary's ``departed_tasks``)."""
         self.departed.extend(records)
 
-    def answering(self, reachable: Callable[[str], bool]) -> list[str]:
+    def answering(self, ask: Callable[[str], HostAnswer]) -> list[str]:
         """The hosts lost earlier (excluded ones never) that answer again, sorted:
-        ``reachable(host)`` asks one.
+        ``ask(host)`` asks one, all at once (each may take seconds: an ssh connect). Those
+        that did not answer are kept in ``silent`` with why.
 
         >>> members = Membership(min_nodes=1, keep_global_batch=False)
         >>> members.away = {"node-2", "node-3", "node-4"}
         >>> members.exclude("node-4")
-        >>> members.answering(lambda host: host != "node-3")
+        >>> members.answering(lambda host: HostAnswer(host != "node-3", "timed out"))
         ['node-2']
+        >>> members.silent
+        {'node-3': 'timed out'}
         """
-        return sorted(h for h in self.away - set(self.excluded) if reachable(h))
+        asked = sorted(self.away - set(self.excluded))
+        if not asked:
+            self.silent = {}
+            return []
+        with ThreadPoolExecutor(max_workers=min(len(asked), 16),
+                                thread_name_prefix="tfrun-ask-back") as pool:
+            answers = dict(zip(asked, pool.map(ask, asked)))
+        self.silent = {h: a.why for h, a in answers.items() if not a.answered}
+        return [h for h, a in answers.items() if a.answered]
+
+    def too_few(self, host: str, hosts_left: int) -> str:
+        """Why losing ``host`` ends the run: fewer hosts left than ``--min-nodes``, and
+        which hosts lost earlier did not answer when asked back.
+
+        >>> members = Membership(min_nodes=2, keep_global_batch=False)
+        >>> members.silent = {"node-2": "ssh: connect to host node-2 port 22: Connection refused"}
+        >>> print(members.too_few("node-3", 1))
+        node-3 lost: 1 host left, --min-nodes 2: too few to re-form the cluster; lost earlier and not answering: node-2 (ssh: connect to host node-2 port 22: Connection refused)
+        """
+        line = (f"{host} lost: {hosts_left} host{'' if hosts_left == 1 else 's'} left, "
+                f"--min-nodes {self.min_nodes}: too few to re-form the cluster")
+        if self.silent:
+            line += "; lost earlier and not answering: " + ", ".join(
+                f"{h} ({why})" for h, why in sorted(self.silent.items()))
+        return line
 
     def change(self, when: float, left: list[str], joined: list[str], how: str, reason: str,
                tasks_before: list[str], tasks_after: list[str], *, restart: int,

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ...cluster import ClusterPlan, TaskId
 from ..engines.base import Backend, TaskSpec
+from ..engines.host_answer import HostAnswer
 from ..config import LaunchConfig
 from .diagnose import culprits
 from .explain import explain
@@ -399,11 +400,15 @@ class Supervisor:
                           f"tasks (was {len(before)})")
 
     def _answering_again(self) -> list[str]:
-        """The hosts lost earlier (not excluded) that answer again (ssh, srun, Ray)."""
-        if not self.members.away:
-            return []
+        """The hosts lost earlier (not excluded) that answer again (ssh, srun, Ray); why
+        the others did not is in ``members.silent``."""
         backends = self._distinct_backends()
-        return self.members.answering(lambda host: any(b.reachable(host) for b in backends))
+
+        def ask(host: str) -> HostAnswer:
+            answers = [b.ask_back(host) for b in backends]
+            return next((a for a in answers if a.answered),
+                        HostAnswer(False, "; ".join(dict.fromkeys(a.why for a in answers))))
+        return self.members.answering(ask)
 
     def _replan(self, away: set[str]) -> tuple[list[TaskRecord], list[str]]:
         """Run the cluster without the hosts ``away`` from now on (every task has ended);
@@ -573,6 +578,12 @@ class Supervisor:
                                                host_failures=streak))
         self._event("decision", task=str(record.task), exit_code=code, decision=decision.value,
                     **({"failure_class": str(record.failure)} if record.failure else {}))
+        if decision is Decision.FAIL and record.failure is FailureClass.NODE_LOST \
+                and nodes_left is not None and nodes_left < self.config.min_nodes:
+            # say why no re-form: the FAILED line names the lost host, not the others
+            self.console.info(self.members.too_few(record.host, nodes_left))
+            self._event("too-few-hosts", host=record.host, hosts_left=nodes_left,
+                        not_answering=self.members.silent)
         if repeated and decision is Decision.FAIL:
             record.note = ((record.note + "; ") if record.note else "") + (
                 f"the same error as the attempt before ({error[1]}): not retried")

@@ -27,6 +27,7 @@ from ....errors import ConfigError
 from ...output import ConsoleSink
 from ...remote.protocol import Channel, ProtocolError
 from ...remote.links import NodeLink, RemoteBackend
+from ..host_answer import HostAnswer
 
 __all__ = ["HubBackend", "HELLO_TIMEOUT"]
 
@@ -62,11 +63,14 @@ class HubBackend(RemoteBackend):
                             # an elastic re-form: the node plans the smaller cluster itself
                             "away": spec.env.get(contract.HOSTS_AWAY, "")})
 
-    def reachable(self, host: str) -> bool:
+    def ask_back(self, host: str) -> HostAnswer:
         """Whether ``host``'s tfrun is connected (again, after the host was lost: its
         tfrun started once more with the same flags), for an elastic run to take it back."""
         link = self.links.get(host)
-        return link is not None and link.channel is not None and link.lost_reason is None
+        if link is not None and link.channel is not None and link.lost_reason is None:
+            return HostAnswer(True)
+        return HostAnswer(False, f"its tfrun has not connected again (start it on {host} "
+                                 "with the same flags)")
 
     def open(self, run_dir: Path) -> None:
         host, port = self.listen_address

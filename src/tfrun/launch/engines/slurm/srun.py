@@ -17,11 +17,11 @@ SIGTERM Slurm sends first, and Slurm's SIGKILL after ``KillWait`` does the rest.
 
 from __future__ import annotations
 
-import subprocess
 from typing import Sequence
 
 from ...output import ConsoleSink
 from ...remote.piped import PipedAgentBackend
+from ..host_answer import HostAnswer, ask_by_command
 
 __all__ = ["SrunBackend", "srun_agent_command"]
 
@@ -50,13 +50,9 @@ class SrunBackend(PipedAgentBackend):
     def agent_argv(self, host: str) -> list[str]:
         return srun_agent_command(host, python=self.python, workdir=self.workdir)
 
-    def reachable(self, host: str) -> bool:
+    def ask_back(self, host: str) -> HostAnswer:
         """Whether Slurm runs a step on ``host`` again (a node of the allocation an
         elastic run lost): ``srun --immediate`` gives up at once when it cannot."""
-        command = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap",
-                   "--immediate=5", "--quiet", "--job-name=tfrun-probe", "true"]
-        try:
-            return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=20).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            return False
+        return ask_by_command(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                               "--overlap", "--immediate=5", "--quiet",
+                               "--job-name=tfrun-probe", "true"], budget=20.0)

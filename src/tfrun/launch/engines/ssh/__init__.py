@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 from typing import Sequence
 
 from ....cluster import parse_address
@@ -26,6 +25,7 @@ from ...output import ConsoleSink
 from ...rendezvous import LOOPBACK_NAMES, distinct_hosts
 from ...specs import task_hosts
 from ..base import Engine, Subcommand
+from ..host_answer import HostAnswer, ask_by_command
 from .command import DEFAULT_SSH_OPTIONS, agent_command, ssh_command
 from ...remote.piped import PipedAgentBackend
 
@@ -45,14 +45,12 @@ class SshBackend(PipedAgentBackend):
     def agent_argv(self, host: str) -> list[str]:
         return ssh_command(host, agent_command(self.python, self.remote_dir), self.ssh_opts)
 
-    def reachable(self, host: str) -> bool:
-        """``ssh host true`` within a few seconds (ours first: a probe must not wait 10 s)."""
-        argv = ssh_command(host, "true", ["-o", "ConnectTimeout=3", *self.ssh_opts])
-        try:
-            return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, timeout=8).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            return False
+    def ask_back(self, host: str) -> HostAnswer:
+        """``ssh host true``, tried twice within 12 s (our connect timeout first: a host
+        that is down must not hold a re-form for ssh's 10 s twice)."""
+        return ask_by_command(
+            ssh_command(host, "true", ["-o", "ConnectTimeout=5", *self.ssh_opts]),
+            budget=12.0)
 
 
 class SshEngine(Engine):
