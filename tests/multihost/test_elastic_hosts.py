@@ -186,6 +186,7 @@ def test_elastic_too_few_hosts_left_names_the_lost_host_that_does_not_answer_and
         fake_hosts.link(2, up=True)
         fake_hosts.link(3, up=True)
     line = next((line for line in run.stdout.splitlines() if "too few" in line), "")
+    print(line)
     assert line.startswith("tfrun: node-2 lost: 1 host left, --min-nodes 2: too few to "
                            "re-form the cluster; lost earlier and not answering: node-3 "
                            "(ssh: connect to host "), run.stdout[-4000:]
