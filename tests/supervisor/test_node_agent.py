@@ -152,3 +152,28 @@ def test_an_agent_still_starting_has_its_start_timeout_then_the_heartbeat_applie
     wait_until(lambda: link.greeted)
     link.end(0, "done")
     assert proc.wait(10) == 0 and link.lost_reason is None
+
+
+def test_a_task_output_backlog_is_no_lost_host(tmp_path):
+    """A task printing faster than its log is written blocks the link's reader in the
+    hand-over; the agent's pings wait behind that output, unread. That is no silence of
+    the agent: the link must not declare the host lost (it once did, after the heartbeat
+    timeout, on a busy machine)."""
+    proc, channel = start_agent(tmp_path, heartbeat=30.0)
+    link = NodeLink("here", heartbeat_timeout=2.0,
+                    encode_start=lambda i, s: {"id": i, "task": str(s.task), "spec": s.to_dict()})
+    link.attach(channel)
+    handle, stream = link.start(spec(tmp_path, "spam"))
+    assert stream.read(4096)              # output flows; now nobody reads it for a while
+    time.sleep(6.0)                       # three heartbeat timeouts with the pipe full
+    assert link.lost_reason is None, link.lost_reason
+    drained = 0
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:    # the pump catches up: the link reads again
+        drained += len(stream.read1(1 << 16))
+    assert drained > 64 * 1024 and link.lost_reason is None, (drained, link.lost_reason)
+    stream.close()                        # the rest of the output is dropped, not waited on
+    link.signal(handle, 9)
+    wait_until(lambda: link.poll(handle) is not None)
+    link.end(0, "done")
+    assert proc.wait(10) == 0

@@ -57,6 +57,11 @@ class NodeLink:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._reader_done = threading.Event()
+        # While the reader is blocked handing a task's output to the log pump, it reads no
+        # pings: that silence is ours, not the agent's (a task printing faster than the
+        # pump writes its log was once taken for a lost host).
+        self._handing_over = False
+        self._handover_ended = 0.0
         #: extra words for the lost-contact note (e.g. the ssh client's last error line)
         self.describe_loss: Callable[[], str] = lambda: ""
 
@@ -116,7 +121,7 @@ class NodeLink:
             if channel is None or self.lost_reason is not None:
                 return
             channel.send("ping")
-            silent = channel.silent_for()
+            silent = self._silence(channel)
             if not self.greeted:
                 if silent > max(AGENT_START_TIMEOUT, self.heartbeat_timeout):
                     self.lose(f"its agent did not start: no hello within {silent:.0f}s of "
@@ -129,6 +134,13 @@ class NodeLink:
             if channel.broken:
                 self.lose("the connection broke")
                 return
+
+    def _silence(self, channel: Channel) -> float:
+        """Seconds the agent has been silent, not counting time the reader itself spent
+        blocked handing output over (the agent's messages wait in the pipe meanwhile)."""
+        if self._handing_over:
+            return 0.0
+        return min(channel.silent_for(), time.monotonic() - self._handover_ended)
 
     def _on_message(self, message: dict) -> None:
         kind = message["t"]
@@ -155,10 +167,14 @@ class NodeLink:
                     entry.mid_line = False
         if pipe is not None:
             data = text.encode("utf-8", errors="replace")
+            self._handing_over = True
             try:
                 os.write(pipe, data)  # may block while the log pump catches up: fine
             except OSError:
                 pass
+            finally:
+                self._handover_ended = time.monotonic()
+                self._handing_over = False
 
     def lose(self, reason: str) -> None:
         """The agent is gone: every task still running on it ended with LOST_EXIT_CODE."""
