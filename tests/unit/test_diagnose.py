@@ -107,6 +107,25 @@ def test_an_error_raised_inside_tfrun_is_told_apart_from_the_script_s(log, where
         assert where in hints[0] and "TFRUN_COMPAT_DISABLE=all" in hints[0]
 
 
+def test_a_graph_error_naming_tfrun_s_op_in_its_message_is_no_tfrun_bug():
+    """A TensorFlow graph error lists, after its first line, where the failing op was
+    defined -- tfrun's all-reduce for a collective aborted by a lost peer. That is the
+    error's message; it was raised in TensorFlow, and it is the infrastructure's failure
+    (a survivor of another task's loss), not "a tfrun bug"."""
+    from tfrun.launch.supervise.diagnose import raised_inside_tfrun
+    from tfrun.launch.supervise.policy import FailureClass, classify_exit
+
+    log = _traceback(
+        "train.py|<module>", "/s/tensorflow/python/eager/execute.py|quick_execute",
+        error="tensorflow.python.framework.errors_impl.UnavailableError: Graph error:\n"
+              "Detected at node CollectiveReduceV2 defined at (most recent call last):\n"
+              '  File "/s/tfrun/in_task/allreduce.py", line 60, in all_reduce\n'
+              "Collective ops is aborted by: task 1 stopped sending heartbeats")
+    assert raised_inside_tfrun(log) is None
+    assert classify_exit(1, log_tail=log) is FailureClass.INFRASTRUCTURE
+    assert not any("raised inside tfrun" in h for h in explain(log))
+
+
 def test_the_same_tfrun_error_after_a_restart_fails_the_run():
     from tfrun.launch.supervise.policy import (Decision, FailureClass, FailurePolicy,
                                                TaskExit)

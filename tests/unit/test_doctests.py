@@ -46,6 +46,7 @@ import tfrun.launch.supervise.attempt_marks
 import tfrun.launch.supervise.membership
 import tfrun.launch.run_tmp
 import tfrun.launch.engines.host_answer
+import tfrun.launch.supervise.diagnose
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.collector, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
@@ -65,7 +66,8 @@ import tfrun.launch.engines.host_answer
                                     tfrun.launch.plan_text, tfrun.launch.report_progress,
                                     tfrun.launch.supervise.attempt_marks,
                                     tfrun.launch.supervise.membership, tfrun.launch.run_tmp,
-                                    tfrun.launch.engines.host_answer])
+                                    tfrun.launch.engines.host_answer,
+                                    tfrun.launch.supervise.diagnose])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

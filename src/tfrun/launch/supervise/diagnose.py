@@ -82,12 +82,27 @@ def raised_inside_tfrun(log_text: str) -> str | None:
     ...     '  File "/x/keras/src/utils/traceback_utils.py", line 122, in error_handler\\n'
     ...     'ValueError: bad shape') is None
     True
+
+    Frames after the exception's first line belong to its message (a TensorFlow graph
+    error lists where the failing op was defined), not to where it was raised:
+
+    >>> raised_inside_tfrun('Traceback (most recent call last):\\n'
+    ...     '  File "train.py", line 9, in <module>\\n'
+    ...     '  File "/x/tensorflow/python/eager/execute.py", line 53, in quick_execute\\n'
+    ...     'tensorflow.python.framework.errors_impl.UnavailableError: Graph execution error:\\n'
+    ...     'Detected at node CollectiveReduceV2 defined at (most recent call last):\\n'
+    ...     '  File "/x/tfrun/in_task/allreduce.py", line 60, in all_reduce\\n'
+    ...     'Collective ops is aborted by: ...') is None
+    True
     """
     traceback = last_traceback(log_text.splitlines())
     if traceback is None:
         return None
     lines = traceback.splitlines()
-    frames = [(i, m) for i, line in enumerate(lines) if (m := _FRAME.match(line))]
+    # The frames end at the exception's first line, the first unindented one after the header.
+    end = next((i for i, line in enumerate(lines) if i and line and not line.startswith(" ")),
+               len(lines))
+    frames = [(i, m) for i, line in enumerate(lines[:end]) if (m := _FRAME.match(line))]
     if not frames:
         return None
     index, frame = frames[-1]
