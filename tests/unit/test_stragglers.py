@@ -45,6 +45,45 @@ def test_the_finding_is_said_once_and_again_when_it_changes():
     assert watch.findings[0]["slower"] == 2.0
 
 
+def test_a_new_sample_is_looked_at_as_it_arrives_not_up_to_a_second_later(monkeypatch):
+    """The supervisor calls ``check`` ten times a second; the samples come every few
+    seconds. A sample that brings the evidence is looked at on arrival (at most every
+    0.2 s); with no new sample, once a second."""
+    from types import SimpleNamespace
+
+    from tfrun.cluster import TaskId
+    from tfrun.launch.supervise import stragglers
+    from tfrun.launch.supervise.policy import TaskState
+
+    clock = [100.0]
+    monkeypatch.setattr(stragglers.time, "monotonic", lambda: clock[0])
+
+    def record(index, taken, sampled_at):
+        logger = SimpleNamespace(cpu_taken=list(taken), progress=(sampled_at, 40, "training"),
+                                 work=[])
+        return SimpleNamespace(task=TaskId("worker", index), tracked=True, host="h",
+                               handle=None, state=TaskState.RUNNING, logger=logger)
+
+    said = []
+    watch = StragglerWatch(say=said.append)
+    watch.check([record(0, [0.0], 99.0), record(1, [0.5], 99.0)])  # one sample: no finding
+    assert watch.named == () and not said
+    clock[0] += 0.1                # too soon after the last look, though a sample came
+    watch.check([record(0, [0.0, 0.0], 100.1), record(1, [0.5, 0.5], 100.1)])
+    assert watch.named == ()
+    clock[0] += 0.15               # 0.25 s after the last look: the new sample is read now
+    watch.check([record(0, [0.0, 0.0], 100.1), record(1, [0.5, 0.5], 100.1)])
+    assert watch.named == ("worker:1",) and len(said) == 1, said
+    # no new sample: nothing is looked at again within a second, then it is
+    fine = [record(0, [0.0, 0.0], 100.1), record(1, [0.0, 0.0], 100.1)]
+    clock[0] += 0.5
+    watch.check(fine)
+    assert watch.named == ("worker:1",)
+    clock[0] += 0.6
+    watch.check(fine)
+    assert watch.named == () and said[-1].startswith("no straggler any more")
+
+
 def test_before_the_first_step_nobody_is_a_straggler():
     # (a task building tfrun's native exchange keeps its CPU busy with the compiler)
     assert find_stragglers([load("worker:0", 0.0, 0.0, steps=0),
