@@ -102,15 +102,15 @@ def raised_inside_tfrun(log_text: str) -> str | None:
     # The frames end at the exception's first line, the first unindented one after the header.
     end = next((i for i, line in enumerate(lines) if i and line and not line.startswith(" ")),
                len(lines))
-    frames = [(i, m) for i, line in enumerate(lines[:end]) if (m := _FRAME.match(line))]
+    frames = [m for line in lines[:end] if (m := _FRAME.match(line))]
     if not frames:
         return None
-    index, frame = frames[-1]
+    frame = frames[-1]
     path = frame.group(1)
     module = _OWN_MODULE.search(path)
     if module is None or (module.group(1) is not None and module.group(1) not in _TOP_LEVEL):
         return None
-    exception = next((l for l in lines[index + 1:] if l and not l.startswith(" ")), "")
+    exception = lines[end] if end < len(lines) else ""
     if _OWN_ERRORS.match(exception):
         return None
     return f"{path}:{frame.group(2)}" + (f" in {frame.group(3)}" if frame.group(3) else "")

@@ -287,11 +287,13 @@ class StragglerWatch:
         (Once a second alone named a straggler up to a second after its evidence came:
         20 steps more of a 50 ms step, ci88.)"""
         now = time.monotonic()
+        since = now - self._checked_at
+        if since < _CHECK_GAP:  # the supervisor calls ten times a second: most end here
+            return
         running = [r for r in records if r.tracked and r.state is TaskState.RUNNING
                    and r.task.role != "evaluator"]
         newest = max((r.logger.progress[0] for r in running if r.logger.progress), default=0.0)
-        since = now - self._checked_at
-        if since < _CHECK_GAP or (newest <= self._newest_seen and since < 1.0):
+        if newest <= self._newest_seen and since < 1.0:
             return
         self._checked_at, self._newest_seen = now, newest
         loads = [TaskLoad(str(r.task), r.handle.host if r.handle and r.handle.host else r.host,
