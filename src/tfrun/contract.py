@@ -20,7 +20,7 @@ __all__ = [
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
     "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "PREEMPTION_GRACE", "RESUMED_EVENT",
     "STOPPED_EVENT", "TRAINING_EVENTS", "PHASE_AFTER_TRAINING", "PHASE_AGREEMENT",
-    "PHASE_BETWEEN_STEPS", "PHASE_EVALUATION", "PHASE_IN_STEP", "PHASE_SETUP",
+    "PHASE_BETWEEN_STEPS", "PHASE_EVALUATION", "PHASE_FIRST_STEP", "PHASE_IN_STEP", "PHASE_SETUP",
     "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "PRIVATE_TMP", "PYTHON_GC", "REAPER_FOR",
     "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
     "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
@@ -205,6 +205,9 @@ PHASE_SETUP = "setup"
 #: Inside a training step, its collectives included: a task that stays here while a peer
 #: does not is waiting for that peer.
 PHASE_IN_STEP = "a training step"
+#: The first step of a ``fit`` (each ``fit``, not only the first): Keras traces (and XLA
+#: compiles) its train function there, which for a large model takes minutes, not a step.
+PHASE_FIRST_STEP = "the first step of a fit (tracing)"
 #: Between two steps: the task's own callbacks (and Keras' bookkeeping) run.
 PHASE_BETWEEN_STEPS = "callbacks"
 #: The workers agree on stopping after a preemption notice (a collective of its own).

@@ -47,6 +47,9 @@ import tfrun.launch.supervise.membership
 import tfrun.launch.run_tmp
 import tfrun.launch.engines.host_answer
 import tfrun.launch.supervise.diagnose
+import tfrun.launch.supervise.hang
+import tfrun.launch.supervise.stragglers
+import tfrun.in_task.progress
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.collector, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
@@ -67,7 +70,8 @@ import tfrun.launch.supervise.diagnose
                                     tfrun.launch.supervise.attempt_marks,
                                     tfrun.launch.supervise.membership, tfrun.launch.run_tmp,
                                     tfrun.launch.engines.host_answer,
-                                    tfrun.launch.supervise.diagnose])
+                                    tfrun.launch.supervise.diagnose, tfrun.launch.supervise.hang,
+                                    tfrun.launch.supervise.stragglers, tfrun.in_task.progress])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -91,6 +91,67 @@ def test_before_the_first_step_the_phase_limit_counts_from_formation():
     assert clock.check(601.0, [task("worker:0", advanced_at=590.0)], formed_at=0.0) is None
 
 
+def test_time_after_training_or_in_a_long_phase_counts_against_no_step_once_it_is_over():
+    """CI's exactness run (keras 3, two workers) was called hung in the tracing of its third
+    fit: the clock counted from the last step of the fit before, through an evaluate(), a
+    predict() and the new model's build -- over 60 s on a loaded machine. The clock counts
+    from the tasks' last move to another phase, and a fit's first step has the phase limit."""
+    clock = HangClock()
+    # Last step at 20.0; the tasks ran the script's own code after training until 500.0,
+    # then began a new fit: its first step (tracing) has the phase limit, from 500.0.
+    tracing = [task(f"worker:{i}", doing=progress.FIRST_STEP, sampled_at=1099.0,
+                    advanced_at=20.0) for i in (0, 1)]
+    tracing = [t.__class__(**{**t.__dict__, "doing_since": 500.0}) for t in tracing]
+    assert clock.check(1099.0, tracing) is None
+    hang = clock.check(1101.0, tracing)
+    assert hang is not None and hang.limit == 600.0 and hang.idle == 601.0
+    # An evaluation of 10 minutes ended at 700.0: the step limit counts from its end.
+    after = [t.__class__(**{**t.__dict__, "doing": "callbacks", "doing_since": 700.0})
+             for t in tracing]
+    assert clock.check(759.0, after) is None
+    assert clock.check(761.0, after).limit == 60.0
+    # Without the move (the old clock's view) the same tasks were hung long before.
+    assert clock.check(759.0, [t.__class__(**{**t.__dict__, "doing_since": None})
+                               for t in after]) is not None
+    # One task tracing while the other waits in the step's collective: the tracer is
+    # inside a step too (no "stuck outside a step" blame), like any task inside one.
+    culprits, _ = blame(100.0, [task("worker:0", doing=progress.FIRST_STEP),
+                                task("worker:1", doing=IN_STEP)])
+    assert culprits == []
+
+
+def test_a_fit_s_first_step_and_an_evaluation_after_training_are_marked_as_such():
+    from tfrun.in_task.metrics import _recorder_class
+
+    class Base:
+        def __init__(self):
+            pass
+
+    recorder = _recorder_class(Base, epoch_only=False)(batch_size=8)
+    recorder.params = {"steps": 2, "epochs": 1}
+    progress.reset()
+    recorder.on_train_begin()
+    assert progress.snapshot()["doing"] == progress.FIRST_STEP
+    recorder.on_train_batch_begin(0)
+    assert progress.snapshot()["doing"] == progress.FIRST_STEP  # the step that traces
+    recorder.on_train_batch_end(0)
+    recorder.on_train_batch_begin(1)
+    assert progress.snapshot()["doing"] == IN_STEP
+    recorder.on_train_batch_end(1)
+    recorder.on_test_begin()  # fit's validation
+    assert progress.snapshot()["doing"] == "evaluation"
+    recorder.on_test_end()
+    assert progress.snapshot()["doing"] == progress.BETWEEN_STEPS
+    progress.doing("after training")  # (on_train_end's, without its flush)
+    recorder.on_test_begin()
+    recorder.on_test_end()
+    assert progress.snapshot()["doing"] == "after training"
+    recorder.on_train_begin()  # the next fit traces again
+    recorder.on_train_batch_begin(0)
+    assert progress.snapshot()["doing"] == progress.FIRST_STEP
+    progress.reset()
+
+
 def test_the_auto_limit_follows_the_median_step_time():
     assert step_limit(None, None) == 60.0
     assert step_limit(10.0, None) == 200.0
@@ -156,8 +217,9 @@ def test_the_task_logger_reads_progress_from_resources_samples(tmp_path, monkeyp
     assert logger.advanced_at == 105.0 and logger.seconds_per_step == pytest.approx(0.1)
     sample(30, "callbacks")                 # 107: no step: the clock runs on
     assert logger.advanced_at == 105.0 and logger.progress[2] == "callbacks"
+    assert logger.doing_since == 107.0      # ... since it moved on to its callbacks
     sample(2, IN_STEP)                      # 109: a new process of the task (fewer steps)
-    assert logger.advanced_at == 109.0
+    assert logger.advanced_at == 109.0 and logger.doing_since == 109.0
 
 
 def test_stack_dumps_show_the_main_thread_first():

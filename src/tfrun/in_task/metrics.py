@@ -231,6 +231,8 @@ def _recorder_class(callback_base, epoch_only: bool):
             self._data = data  # fit's x, kept only when the breakdown is asked for
 
         def on_train_begin(self, logs=None):
+            if not epoch_only:
+                progress.fit_began()
             params = getattr(self, "params", None) or {}
             self._timing.steps, self._timing.epochs = params.get("steps"), params.get("epochs")
 
@@ -255,10 +257,13 @@ def _recorder_class(callback_base, epoch_only: bool):
             self._timing.batch_end(batch)
 
         def on_test_begin(self, logs=None):
+            self._before_evaluation = progress.snapshot()["doing"]
             progress.doing(contract.PHASE_EVALUATION)
 
         def on_test_end(self, logs=None):
-            progress.doing(progress.BETWEEN_STEPS)
+            # Back to what it did before (inside fit: between steps), not "between steps"
+            # whatever it was: an evaluation after the last epoch is still after training.
+            progress.doing(getattr(self, "_before_evaluation", progress.BETWEEN_STEPS))
 
         _Recorder.on_train_batch_begin = on_train_batch_begin
         _Recorder.on_train_batch_end = on_train_batch_end

@@ -27,16 +27,18 @@ import time
 
 from .. import contract
 
-__all__ = ["IN_STEP", "BETWEEN_STEPS", "busy", "doing", "loop_reported", "reset", "snapshot",
-           "step_began", "step_ended"]
+__all__ = ["IN_STEP", "BETWEEN_STEPS", "FIRST_STEP", "busy", "doing", "fit_began",
+           "loop_reported", "reset", "snapshot", "step_began", "step_ended"]
 
 # The phases' names are the contract's: the launcher's hang clock reads them.
 IN_STEP = contract.PHASE_IN_STEP
 BETWEEN_STEPS = contract.PHASE_BETWEEN_STEPS
 SETUP = contract.PHASE_SETUP
+FIRST_STEP = contract.PHASE_FIRST_STEP
 
 _state = {"steps_done": 0, "doing": SETUP}
 _reported = [None]  # the newest step a custom loop reported (tfrun.log_metrics)
+_first_step = [False]  # a fit began and its first step has not ended (it traces)
 
 
 def reset() -> None:
@@ -44,6 +46,7 @@ def reset() -> None:
     _state.update(steps_done=0, doing=SETUP)
     _state.pop("last_step_at", None)
     _reported[0] = None
+    _first_step[0] = False
 
 
 def loop_reported(step: int) -> None:
@@ -57,11 +60,26 @@ def loop_reported(step: int) -> None:
         _state["doing"] = IN_STEP  # (the loop's own code: nothing finer is known)
 
 
+def fit_began() -> None:
+    """A ``fit`` begins: until its first step ends the task is in ``FIRST_STEP`` (Keras
+    traces its train function there), whatever it did before -- another ``fit``, an
+    evaluation, the script's own work after training.
+
+        >>> reset(); fit_began(); step_began(); snapshot()["doing"]
+        'the first step of a fit (tracing)'
+        >>> step_ended(); step_began(); snapshot()["doing"]
+        'a training step'
+    """
+    _first_step[0] = True
+    _state["doing"] = FIRST_STEP
+
+
 def step_began() -> None:
-    _state["doing"] = IN_STEP
+    _state["doing"] = FIRST_STEP if _first_step[0] else IN_STEP
 
 
 def step_ended() -> None:
+    _first_step[0] = False
     _state["steps_done"] += 1
     _state["last_step_at"] = time.time()
     _state["doing"] = BETWEEN_STEPS

@@ -76,6 +76,8 @@ class TaskLogger:
     #: ... when its steps last grew (None: not since its start), and its recent step time
     advanced_at: float | None = None
     seconds_per_step: float | None = None
+    #: ... and since when (monotonic) it does what it does now: leaving a phase is progress
+    doing_since: float | None = None
     #: the share of its CPUs other processes took, one per recent sample (oldest first)
     cpu_taken: deque = field(default_factory=lambda: deque(maxlen=4))
     #: (collectives of tfrun's exchange entered, left) at the newest sample; None: none yet
@@ -188,11 +190,14 @@ class TaskLogger:
             self.advanced_at = now
         elif before is not None and steps_done < before[1]:  # a new process of the task
             self.advanced_at = now if steps_done > 0 else None
+        if before is None or before[2] != doing:
+            self.doing_since = now
         self.progress = (now, steps_done, doing)
 
     def reset_progress(self) -> None:
         """The task starts again: its progress so far no longer counts."""
         self.progress, self.advanced_at, self.seconds_per_step = None, None, None
+        self.doing_since = None
         self.cpu_taken.clear()
         self.exchanges = None
         self.work.clear()

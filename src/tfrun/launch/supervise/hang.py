@@ -4,11 +4,13 @@ Each task's resources samples (``tfrun.in_task.progress``, every couple of secon
 thread that runs while its main thread is blocked) say how many training steps it completed
 and what it is doing. The clock declares a hang when no task completed a step for the
 *step limit* -- ``max(60 s, 20 x the median step time)`` by default (``--step-timeout``) --
-counted from the last step any task completed. A task that says it is saving, evaluating or
-still setting up gets the longer *phase limit* (``max(600 s, 10 x the step limit)``): a
-backup of a large model is not a hang. Before the first step of an attempt, the phase limit
-counts from when the cluster formed (its formation itself has ``--join-timeout``). Tasks
-after training do not hold the clock up.
+counted from the last sign of progress: a step any task completed, or a task moving on to
+something else (its evaluation over, a new ``fit`` begun). A task that says it is saving,
+evaluating, setting up or in a fit's first step (Keras traces there) gets the longer *phase
+limit* (``max(600 s, 10 x the step limit)``): a backup of a large model is not a hang, nor
+is tracing it. Before the first step of an attempt, the phase limit counts from when the
+cluster formed (its formation itself has ``--join-timeout``). Tasks after training do not
+hold the clock up, and the time they spent there does not count when they train again.
 
 At a hang, the evidence names the culprit(s), most telling first:
 
@@ -30,6 +32,10 @@ inside a step at the same count) the finding says so and names none.
     >>> hang = clock.check(100.0, tasks)
     >>> [c.task for c in hang.culprits], [w.task for w in hang.waiting], hang.limit
     (['worker:1'], ['worker:0'], 60.0)
+    >>> later = [TaskProgress(t.task, t.host, 99.0, 30, IN_STEP, advanced_at=20.0,
+    ...                       seconds_per_step=0.1, doing_since=50.0) for t in tasks]
+    >>> clock.check(100.0, later) is None  # they began steps at 50.0: 50 s ago
+    True
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from ... import contract
 __all__ = ["HangClock", "Hang", "Suspect", "TaskProgress", "IN_STEP", "step_limit"]
 
 IN_STEP = contract.PHASE_IN_STEP
+FIRST_STEP = contract.PHASE_FIRST_STEP
+#: Inside a step: a task here waits in the step's collectives for a peer that is not.
+_IN_A_STEP = (IN_STEP, FIRST_STEP)
 BETWEEN_STEPS = contract.PHASE_BETWEEN_STEPS
 #: Phases in which a task does its own work, not steps, wait longer (the phase limit).
 _SHORT_PHASES = (IN_STEP, BETWEEN_STEPS, contract.PHASE_AGREEMENT)
@@ -79,6 +88,8 @@ class TaskProgress:
     #: (collectives of tfrun's exchange entered, left); None: none (TensorFlow's own
     #: collectives, or none yet)
     exchanges: tuple[int, int] | None = None
+    #: monotonic time it began doing what it does (None: not known)
+    doing_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +164,10 @@ class HangClock:
             # its first batch holds the others in their first collective for ever.
             idle, limit = now - formed_at, phases
         else:
-            idle = now - max(advanced)
+            # An evaluation, a backup or the script's own work after a fit counts against
+            # no step limit once it is over: the clock counts from its end.
+            moved_on = [t.doing_since for t in tasks if t.doing_since is not None]
+            idle = now - max(advanced + moved_on)
             in_phase = any(t.doing not in _SHORT_PHASES for t in training
                            if not _stale(t, now))
             limit = phases if in_phase else steps
@@ -182,10 +196,10 @@ def blame(now: float, tasks: list[TaskProgress]) -> tuple[list[Suspect], list[Su
                                    f"holding Python's lock, while {t.doing}"))
     if not culprits:
         culprits = [suspect(t, why) for t, why in _not_arrived(fresh)]
-    if not culprits and any(t.doing == IN_STEP for t in fresh):
+    if not culprits and any(t.doing in _IN_A_STEP for t in fresh):
         culprits = [suspect(t, f"stuck in {t.doing} (not in a training step) while the "
                                "others wait inside one")
-                    for t in fresh if t.doing != IN_STEP]
+                    for t in fresh if t.doing not in _IN_A_STEP]
     if not culprits and fresh:
         fewest = min(t.steps_done for t in fresh)
         if any(t.steps_done > fewest for t in fresh):
@@ -224,7 +238,7 @@ def _not_arrived(tasks: list[TaskProgress]) -> list[tuple[TaskProgress, str]]:
     entered = {t.task: t.exchanges[0] if t.exchanges else 0 for t in tasks}
 
     def why(task: TaskProgress) -> str:
-        doing = "inside a training step" if task.doing == IN_STEP else f"in {task.doing}"
+        doing = "inside a training step" if task.doing in _IN_A_STEP else f"in {task.doing}"
         return (f"stuck {doing}: never arrived at all-reduce #{number}, which the others "
                 f"wait inside (it entered {entered[task.task]})")
 

@@ -73,7 +73,8 @@ class Watchdogs:
                 str(r.task), r.handle.host if r.handle and r.handle.host else r.host,
                 sampled_at=sample[0] if sample else None, steps_done=sample[1] if sample else 0,
                 doing=sample[2] if sample else contract.PHASE_SETUP, advanced_at=r.logger.advanced_at,
-                seconds_per_step=r.logger.seconds_per_step, exchanges=r.logger.exchanges))
+                seconds_per_step=r.logger.seconds_per_step, exchanges=r.logger.exchanges,
+                doing_since=r.logger.doing_since))
         return out
 
     def _no_progress(self, hang: Hang) -> tuple[TaskRecord | None, str]:
