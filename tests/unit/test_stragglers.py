@@ -209,6 +209,22 @@ def test_a_straggler_waiting_for_a_cpu_is_told_from_one_waiting_for_its_input(
     assert find_stragglers(old)[0].cause == "input-wait"
 
 
+def test_one_window_s_wait_for_a_cpu_does_not_make_an_input_straggler_cpu_wait():
+    """The official CI of 441fe54: a worker whose input sleeps 50 ms a batch was first
+    named ``cpu-wait`` (its threads' summed wait for a CPU, noisy on a loaded machine, was
+    high in one window of its start), then ``input-wait``. The wait must explain its extra
+    time in each window, not only on average."""
+    fast = TaskLoad("worker:0", "h", [0, 0], 200,
+                    work(0.008, 0.008, cpu=[60.0, 60.0], run_wait=[0.001, 0.001]))
+    spike = TaskLoad("worker:1", "h", [0, 0], 200,   # 16 ms in one window: 8.5 on average
+                     work(0.0, 0.0, cpu=[60.0, 60.0], run_wait=[0.016, 0.001]))
+    (found,) = find_stragglers([fast, spike])
+    assert (found.task, found.cause) == ("worker:1", "input-wait"), found.why
+    steady = TaskLoad("worker:1", "h", [0, 0], 200,  # 8.5 ms in each: cpu-wait
+                      work(0.0, 0.0, cpu=[60.0, 60.0], run_wait=[0.0085, 0.0085]))
+    assert find_stragglers([fast, steady])[0].cause == "cpu-wait"
+
+
 def test_a_second_s_hiccup_is_no_straggler_longer_ones_are():
     """Samples every 0.5 s (TFRUN_METRICS_INTERVAL=0.5), 20 steps of 25 ms each: worker:1's
     own work 1.7x worker:0's in its last two windows only (1 s: a busy machine's hiccup,
