@@ -59,6 +59,9 @@ def culprits(log_text: str) -> list[TaskId]:
 #: <...>/tfrun/in_task/..., launch/..., cli/..., or one of its top-level modules.
 _OWN_MODULE = re.compile(r"[/\\]tfrun[/\\](?:(?:in_task|launch|cli)[/\\][\w/\\]+|(\w+))\.py$")
 _TOP_LEVEL = frozenset(p.stem for p in Path(__file__).resolve().parents[2].glob("*.py"))
+#: TensorFlow's words for an error a remote task's runtime returned over gRPC (ci89: a
+#: parameter server's, raised in a worker through tfrun's step iterator).
+_REMOTE_ERROR = re.compile(r"from remote target /job:")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)(?:, in (.+))?')
 #: Exceptions tfrun raises on purpose for the script's misuse (tfrun.errors): not its bugs.
 _OWN_ERRORS = re.compile(r"^(?:tfrun\.errors\.)?(?:ConfigError|TfrunError|ClusterTimeout|"
@@ -81,6 +84,15 @@ def raised_inside_tfrun(log_text: str) -> str | None:
     ...     '  File "/x/tfrun/in_task/metrics.py", line 3, in fit\\n'
     ...     '  File "/x/keras/src/utils/traceback_utils.py", line 122, in error_handler\\n'
     ...     'ValueError: bad shape') is None
+    True
+
+    An error another process's TensorFlow runtime sent back (gRPC's "from remote target")
+    passed through tfrun's frames, it was not raised by them:
+
+    >>> raised_inside_tfrun('Traceback (most recent call last):\\n'
+    ...     '  File "/x/tfrun/in_task/backup/position.py", line 169, in steps\\n'
+    ...     'tensorflow.python.framework.errors_impl.InternalError: Unable to parse request\\n'
+    ...     'Additional GRPC error information from remote target /job:ps/replica:0/task:0') is None
     True
 
     Frames after the exception's first line belong to its message (a TensorFlow graph
@@ -111,6 +123,6 @@ def raised_inside_tfrun(log_text: str) -> str | None:
     if module is None or (module.group(1) is not None and module.group(1) not in _TOP_LEVEL):
         return None
     exception = lines[end] if end < len(lines) else ""
-    if _OWN_ERRORS.match(exception):
+    if _OWN_ERRORS.match(exception) or _REMOTE_ERROR.search("\n".join(lines[end:])):
         return None
     return f"{path}:{frame.group(2)}" + (f" in {frame.group(3)}" if frame.group(3) else "")
