@@ -53,6 +53,22 @@ def test_a_cgroup_that_cannot_be_removed_is_named_with_what_it_holds():
     assert not groups.parent.exists()
 
 
+def test_ctrl_c_while_the_parent_is_made_leaves_no_cgroup(monkeypatch):
+    """The quick tier under load: tfrun SIGINTed right after writing its config.json left
+    its new parent cgroup (a KeyboardInterrupt between its mkdir and create's return)."""
+    base = cgroups.own_cgroup_dir()
+    before = set(base.glob(f"tfrun-{os.getpid()}-*"))
+
+    def interrupted(path, mode):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cgroups.os, "access", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        TaskCgroups.create()
+    monkeypatch.undo()
+    assert set(base.glob(f"tfrun-{os.getpid()}-*")) == before
+
+
 def _owner_killed_with_its_reaper(tmp_path) -> Path:
     """A backend's owner that made its parent cgroup and a task's, registered the parent
     with a real reaper, and was then SIGKILLed together with that reaper (as Slurm ends a

@@ -87,13 +87,20 @@ class TaskCgroups:
         sweep_ended(base)
         parent = base / f"tfrun-{os.getpid()}-{secrets.token_hex(3)}"
         try:
-            parent.mkdir()
-        except OSError:
-            return None
-        if not (parent / "cgroup.kill").exists() or not os.access(parent / "cgroup.procs", os.W_OK):
-            _rmdir(parent)
-            return None
-        return cls(parent)
+            try:
+                parent.mkdir()
+            except OSError:
+                return None
+            if not (parent / "cgroup.kill").exists() or \
+                    not os.access(parent / "cgroup.procs", os.W_OK):
+                _rmdir(parent)
+                return None
+            return cls(parent)
+        except BaseException:
+            # Ctrl-C before the supervisor handles it (a KeyboardInterrupt between the mkdir
+            # and the return) must not leave the new cgroup behind: the caller never got it.
+            _rmdir(parent, wait=0.0)
+            raise
 
     def make(self, name: str) -> Path:
         # exist_ok: another tfrun that cannot see our pid (a pid namespace of its own over
