@@ -177,3 +177,51 @@ def test_a_task_output_backlog_is_no_lost_host(tmp_path):
     wait_until(lambda: link.poll(handle) is not None)
     link.end(0, "done")
     assert proc.wait(10) == 0
+
+
+def test_a_host_missing_heartbeats_is_reported_silent_until_it_is_lost():
+    """The supervisor waits longer for a host's loss to show while a host misses
+    heartbeats (``Backend.silent_hosts``): a link says so after two missed pings, and
+    no more once the host is declared lost."""
+    from tfrun.launch.remote.links import RemoteBackend
+
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        link = NodeLink("node-9", heartbeat_timeout=4.0, encode_start=lambda i, s: {})
+        backend = type("Backend", (RemoteBackend,), {"name": "test"})()
+        backend.links["node-9"] = link
+        link.attach(Channel(silent.stdout, silent.stdin))  # greeted: the heartbeat applies
+        assert backend.silent_hosts() == []
+        wait_until(lambda: backend.silent_hosts() == ["node-9"], timeout=4)
+        assert link.lost_reason is None
+        wait_until(lambda: link.lost_reason is not None, timeout=6)
+        assert backend.silent_hosts() == []
+    finally:
+        silent.kill()
+        silent.wait()
+
+
+def test_a_survivor_s_failure_waits_while_a_host_misses_heartbeats():
+    """ci89: a survivor's collective failed first; its host fault window (heartbeat timeout
+    + 1 s) passed a moment before the silent host was declared lost, and the survivor's
+    error became the run's failure. While a host misses heartbeats the wait goes on (up to
+    twice the window); with every host heard, it ends at the window as before."""
+    from types import SimpleNamespace
+
+    from tfrun.launch.supervise.policy import Decision, TaskState
+    from tfrun.launch.supervise.supervisor import Supervisor
+
+    def waiting(lost_after: float, silent: bool):
+        started = time.monotonic()
+        record = SimpleNamespace(state=TaskState.RUNNING, handle=SimpleNamespace(note="lost"))
+        backend = SimpleNamespace(
+            poll=lambda handle: 255 if time.monotonic() - started > lost_after else None)
+        me = SimpleNamespace(_signal=None, records=[record], _backend=lambda r: backend,
+                             _silent_hosts=lambda: ["node-2"] if silent else [],
+                             _on_exit=lambda r, code: Decision.REFORM)
+        return Supervisor._host_fault_within(me, 0.5)
+
+    assert waiting(0.8, silent=True) is not None  # after the window, within twice it
+    assert waiting(0.8, silent=False) is None     # every host heard: the window as before
+    assert waiting(1.5, silent=True) is None      # never longer than twice the window

@@ -129,6 +129,11 @@ class Backend(abc.ABC):
         """Why tasks may not have started (e.g. a node that never connected), for messages."""
         return []
 
+    def silent_hosts(self) -> list[str]:
+        """Hosts whose agent has missed heartbeats but is not declared lost yet (a loss
+        that may be under way). Default: none (the engine has no heartbeats)."""
+        return []
+
     def ask_back(self, host: str) -> HostAnswer:
         """Whether a host this backend lost answers again (an elastic run takes it back at
         the next re-form or restart), and if not, why. Default: never asked back."""

@@ -142,6 +142,12 @@ class NodeLink:
             return 0.0
         return min(channel.silent_for(), time.monotonic() - self._handover_ended)
 
+    def missing_heartbeats(self) -> bool:
+        """Whether the agent has been silent for two heartbeats or more, not yet lost."""
+        channel = self.channel
+        return channel is not None and self.greeted and self.lost_reason is None and \
+            self._silence(channel) > 2 * HEARTBEAT_INTERVAL
+
     def _on_message(self, message: dict) -> None:
         kind = message["t"]
         if kind == "hello":
@@ -294,6 +300,9 @@ class RemoteBackend(Backend):
         link = self._owners.pop(id(handle), None)
         if link is not None:
             link.release(handle)
+
+    def silent_hosts(self) -> list[str]:
+        return [host for host, link in list(self.links.items()) if link.missing_heartbeats()]
 
     def mark_training_done(self) -> None:
         for link in list(self.links.values()):  # a copy: a node may connect again meanwhile
