@@ -346,11 +346,16 @@ def fake_hosts(tmp_path_factory):
 def _fake_hosts_cleared_after(request):
     """After each fake-host test, pass or fail: its runs stopped and their leftovers removed
     (``host_runs.stop_what_a_test_left``), so each test's outcome stays its own."""
+    failed_before, started = request.session.testsfailed, time.time()
     yield
     if "fake_hosts" in request.fixturenames:
         import host_runs
 
         host_runs.stop_what_a_test_left()
+        if request.session.testsfailed > failed_before:
+            # The run directories live on the hosts' private disks, gone with the session:
+            # the failure's report shows what the supervisor decided, and when.
+            print(host_runs.timelines(request.getfixturevalue("fake_hosts"), since=started))
 
 
 # --------------------------------------------------------------------------- Slurm

@@ -130,6 +130,33 @@ def stop_what_a_test_left() -> None:
         _cgroups_and_directories_left(hosts)
 
 
+def timelines(hosts, since: float) -> str:
+    """The events of each run directory written on the fake hosts' private disks since
+    ``since`` (time.time()): what its supervisor saw and decided, one line each with
+    seconds from its first event. For a failed test's report: its runs are gone with the
+    session."""
+    import json
+
+    from fake_hosts import PRIVATE
+
+    out = []
+    for i in range(1, hosts.count + 1):
+        found = hosts.run(i, ["find", PRIVATE, "-name", "events.jsonl",
+                              "-newermt", f"@{int(since) - 1}"]).stdout.split()
+        for path in found:
+            try:
+                events = [json.loads(line) for line in hosts.read(i, path).splitlines()]
+            except (OSError, ValueError) as error:
+                out.append(f"node-{i}:{path}: unreadable ({error})")
+                continue
+            start = events[0].get("time", 0.0) if events else 0.0
+            out.append(f"--- node-{i}:{path} ({len(events)} events)")
+            out += [f"{e.get('time', 0.0) - start:7.2f} " + json.dumps(
+                        {k: v for k, v in e.items() if k != "time"})[:300]
+                    for e in events]
+    return "\n".join(out) or "no run directory on the hosts' private disks"
+
+
 def _processes_left(hosts, timeout: float) -> list[tuple[int, str]]:
     """tfrun processes still on the fake hosts after ``timeout`` s, described; killed."""
     deadline = time.monotonic() + timeout
