@@ -109,20 +109,22 @@ def test_a_worker_stuck_in_its_callback_with_the_defaults_is_named_with_its_stac
     _assert_the_stuck_worker_is_named(run, "3", 60.0)
 
 
-def test_the_script_s_own_work_between_fits_and_a_slow_first_step_are_no_hang(tmp_path):
+def test_a_slow_checkpoint_the_script_s_own_work_and_a_slow_first_step_are_no_hang(tmp_path):
     """CI called a clean run hung in its third fit's tracing: the step limit counted from
     the last step of the fit before, through the script's evaluate(), predict() and new
-    model. A pause after training and a fit's first step longer than --step-timeout are no
-    hang (on the code before: exit 124 after the pause)."""
+    model. A Keras ModelCheckpoint's save, a pause after training and a fit's first step,
+    each longer than --step-timeout, are no hang (on the code before: exit 124)."""
     run = Run(tmp_path, ["--workers", "1", "--step-timeout", "2",
-                         "tests/scripts/pause_between_fits.py", "5", "5"])
+                         "tests/scripts/pause_between_fits.py", "5", "5", "5"])
     assert run.run(timeout=300) == 0, run.stdout[-5000:]
     assert "trained twice" in run.stdout
     assert run.summary.get("hang") is None, run.summary["hang"]
     # The run's own record of it: the new fit's first step was seen as such.
     samples = [json.loads(line) for line in
                (run.run_dir / "metrics" / "worker-0.jsonl").read_text().splitlines()]
-    assert "the first step of a fit (tracing)" in {s.get("doing") for s in samples}
+    doing = {s.get("doing") for s in samples}
+    assert "the first step of a fit (tracing)" in doing, doing
+    assert "the ModelCheckpoint callback (a checkpoint)" in doing, doing
     assert_nothing_left(run)
 
 

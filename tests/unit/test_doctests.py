@@ -50,6 +50,7 @@ import tfrun.launch.supervise.diagnose
 import tfrun.launch.supervise.hang
 import tfrun.launch.supervise.stragglers
 import tfrun.in_task.progress
+import tfrun.in_task.checkpoint_phase
 
 
 @pytest.mark.parametrize("module", [tfrun.cluster, tfrun.comm, tfrun.errors, tfrun.in_task.collector, tfrun.in_task.heap, tfrun.launch.config, tfrun.launch.output.console, tfrun.launch.output.noise,
@@ -71,7 +72,8 @@ import tfrun.in_task.progress
                                     tfrun.launch.supervise.membership, tfrun.launch.run_tmp,
                                     tfrun.launch.engines.host_answer,
                                     tfrun.launch.supervise.diagnose, tfrun.launch.supervise.hang,
-                                    tfrun.launch.supervise.stragglers, tfrun.in_task.progress])
+                                    tfrun.launch.supervise.stragglers, tfrun.in_task.progress,
+                                    tfrun.in_task.checkpoint_phase])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -152,6 +152,43 @@ def test_a_fit_s_first_step_and_an_evaluation_after_training_are_marked_as_such(
     progress.reset()
 
 
+def test_keras_checkpoint_callbacks_save_in_a_phase_of_their_own_other_callbacks_do_not():
+    """A ModelCheckpoint of a large model on a slow disk took longer than the step limit
+    and was called a hang. Keras' checkpoint callbacks (subclasses too) run their hooks in
+    a phase with the longer limit; hooks Keras' class leaves default stay so (Keras calls
+    batch hooks only for callbacks that override them); any other callback is untouched."""
+    import keras
+
+    from tfrun.in_task.checkpoint_phase import mark_saving_callbacks
+
+    class Mine(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.seen = progress.snapshot()["doing"]
+
+    class SlowDisk(keras.callbacks.ModelCheckpoint):
+        def on_epoch_end(self, epoch, logs=None):
+            self.seen = progress.snapshot()["doing"]
+
+    saving, mine = SlowDisk("/nonexistent/m.weights.h5", save_weights_only=True), Mine()
+    restore = keras.callbacks.BackupAndRestore("/nonexistent")
+    assert mark_saving_callbacks([saving, mine, restore]) == [saving, mine, restore]
+    mark_saving_callbacks([saving])  # a second fit with the same callbacks: marked once
+    progress.reset()
+    progress.doing(progress.BETWEEN_STEPS)
+    saving.on_epoch_end(0)
+    mine.on_epoch_end(0)
+    assert saving.seen == "the ModelCheckpoint callback (a checkpoint)"
+    assert mine.seen == progress.BETWEEN_STEPS
+    assert progress.snapshot()["doing"] == progress.BETWEEN_STEPS  # restored after the hook
+    assert saving.on_epoch_end.__wrapped__.__func__ is SlowDisk.on_epoch_end
+    assert not hasattr(saving.on_epoch_end.__wrapped__, "__wrapped__")
+    assert "on_epoch_end" not in vars(mine)
+    assert "on_predict_batch_end" not in vars(saving)  # Keras' default: left as is
+    assert getattr(restore.on_train_begin, "_tfrun_phase", None) == \
+        "the BackupAndRestore callback (a checkpoint)"
+    progress.reset()
+
+
 def test_the_auto_limit_follows_the_median_step_time():
     assert step_limit(None, None) == 60.0
     assert step_limit(10.0, None) == 200.0

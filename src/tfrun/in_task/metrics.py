@@ -36,6 +36,7 @@ from typing import Any
 
 from .. import contract
 from . import arrivals, breakdown, progress
+from .checkpoint_phase import mark_saving_callbacks
 from .contention import CpuContention, RunQueueWait
 from ..contract import METRICS_LINE
 from ._post_import import when_imported
@@ -291,7 +292,10 @@ def with_recorder(callbacks, callback_base, *, batch_size: int | None = None,
     raises at its end; it keeps the epoch's logs dict, so it still sees what later callbacks
     add to it."""
     callbacks = list(callbacks or ())
-    if not enabled() or any(getattr(c, "_tfrun_recorder", False) for c in callbacks):
+    if not enabled():
+        return callbacks
+    mark_saving_callbacks(callbacks)  # their saves are no hang (checkpoint_phase)
+    if any(getattr(c, "_tfrun_recorder", False) for c in callbacks):
         return callbacks
     key = (id(callback_base), epoch_only)
     if key not in _classes:
