@@ -114,8 +114,11 @@ def test_a_slow_checkpoint_the_script_s_own_work_and_a_slow_first_step_are_no_ha
     the last step of the fit before, through the script's evaluate(), predict() and new
     model. A Keras ModelCheckpoint's save, a pause after training and a fit's first step,
     each longer than --step-timeout, are no hang (on the code before: exit 124)."""
-    run = Run(tmp_path, ["--workers", "1", "--step-timeout", "2",
-                         "tests/scripts/pause_between_fits.py", "5", "5", "5"])
+    # Samples every 0.5 s: with the default 2 s, a sample in a short phase just before a
+    # long one would be read as 2 s of silence before the next one came.
+    run = Run(tmp_path, ["--workers", "1", "--step-timeout", "3",
+                         "tests/scripts/pause_between_fits.py", "5", "5", "5"],
+              env={"TFRUN_METRICS_INTERVAL": "0.5"})
     assert run.run(timeout=300) == 0, run.stdout[-5000:]
     assert "trained twice" in run.stdout
     assert run.summary.get("hang") is None, run.summary["hang"]
