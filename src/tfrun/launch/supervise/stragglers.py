@@ -216,8 +216,9 @@ def _why_own_work(own: float, other: float, my_cpu: float | None, others_cpu: fl
                   waits_in_each: bool = True) -> tuple[str, str]:
     """The cause: ``compute`` when at least half of its extra time per step is CPU time
     (it computes more, or on a slower CPU); else ``cpu-wait`` when at least half of it is
-    its threads' wait for a CPU (its host's CPUs oversubscribed) -- on average and in each
-    window (``waits_in_each``); else ``input-wait`` (it waits outside the exchange: for its
+    its threads' wait for a CPU (its host's CPUs oversubscribed) in each window
+    (``waits_in_each``, see ``_waits_in_each``; ``my_wait``/``others_wait``: the means, for
+    the words); else ``input-wait`` (it waits outside the exchange: for its
     input, mostly); ``own-work`` when the CPU time is unknown. The waits are per step,
     summed over the task's threads."""
     took = f"its own work per step takes {own * 1000:.0f} ms, the others' {other * 1000:.0f} ms"
@@ -229,8 +230,8 @@ def _why_own_work(own: float, other: float, my_cpu: float | None, others_cpu: fl
         return "compute", (f"{took}, and {extra_cpu * 1000:.0f} ms more CPU time a step: it "
                            "computes more (a larger share of the work, a heavier input "
                            "decode) or on a slower CPU")
-    if my_wait is not None and others_wait is not None and waits_in_each and \
-            my_wait - others_wait >= 0.5 * (own - other):
+    # (in each window implies on average: the windows' means are these means)
+    if my_wait is not None and others_wait is not None and waits_in_each:
         return "cpu-wait", (f"{took}, and its threads wait {my_wait * 1000:.0f} ms a step for "
                             f"a CPU (the others' {others_wait * 1000:.0f} ms): ready to run, "
                             "its CPUs busy with other processes -- the host's CPUs are "
