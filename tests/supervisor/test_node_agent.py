@@ -225,3 +225,24 @@ def test_a_survivor_s_failure_waits_while_a_host_misses_heartbeats():
     assert waiting(0.8, silent=True) is not None  # after the window, within twice it
     assert waiting(0.8, silent=False) is None     # every host heard: the window as before
     assert waiting(1.5, silent=True) is None      # never longer than twice the window
+
+
+def test_a_lost_host_s_exit_is_decided_before_a_survivor_s_in_the_same_round():
+    """ci93: the survivor's exit 1 (TensorFlow's coordination service gave up on the lost
+    peer) and the lost host's came in one round; decided first, the survivor's failed the
+    run instead of the re-form. A lost host's exit comes first, then signals, then the rest."""
+    from types import SimpleNamespace
+
+    from tfrun.launch.remote.protocol import LOST_EXIT_CODE
+    from tfrun.launch.supervise.policy import TaskState
+    from tfrun.launch.supervise.supervisor import Supervisor
+
+    def record(name, code, note=None):
+        return SimpleNamespace(name=name, state=TaskState.RUNNING,
+                               handle=SimpleNamespace(code=code, note=note))
+
+    records = [record("worker:0", 1), record("worker:1", 137),
+               record("worker:2", LOST_EXIT_CODE, "lost contact with node-3: no heartbeat")]
+    backend = SimpleNamespace(poll=lambda handle: handle.code)
+    me = SimpleNamespace(records=records, _backend=lambda r: backend)
+    assert [r.name for r, _ in Supervisor._exits(me)] == ["worker:2", "worker:1", "worker:0"]

@@ -522,9 +522,10 @@ class Supervisor:
             time.sleep(_POLL_SECONDS)
 
     def _exits(self) -> list[tuple[TaskRecord, int]]:
-        """The running tasks that exited since the last round, with their codes: a death by
-        a signal first (SIGKILL, SIGSEGV, ...: never a consequence of another task's exit,
-        while an exit 1 often is: a survivor's collective broke), then in task order."""
+        """The running tasks that exited since the last round, with their codes: a lost
+        host's first, then a death by a signal (SIGKILL, SIGSEGV, ...: never a consequence
+        of another task's exit, while an exit 1 often is: a survivor's collective broke),
+        then in task order."""
         exited = []
         for record in self.records:
             if record.state == TaskState.RUNNING:
@@ -532,7 +533,12 @@ class Supervisor:
                 code = self._backend(record).poll(record.handle)
                 if code is not None:
                     exited.append((record, code))
-        return sorted(exited, key=lambda item: not 128 < item[1] < 160)
+        # A lost host first of all: a survivor whose TensorFlow coordination service gave up
+        # on the lost peer ("infrastructure") can exit in the same round, and decided first
+        # it failed the run instead of the re-form (ci93: a spare run failed so).
+        return sorted(exited, key=lambda item: (
+            classify_exit(item[1], note=item[0].handle.note) is not FailureClass.NODE_LOST,
+            not 128 < item[1] < 160))
 
     def _on_exit(self, record: TaskRecord, code: int) -> Decision:
         # An exit never counts as joining: a task that exits 0 before its server came up
