@@ -23,7 +23,7 @@ the NVIDIA driver lists. The CPUs are this process's affinity.
     >>> shares = share_devices(tasks, gpus=["0", "1", "2", "3"], cpus=[0, 1],
     ...                        gpus_per_task=None, cpus_per_task=1, ps_cluster=False)
     >>> shares[tasks[1]].env()
-    {'CUDA_VISIBLE_DEVICES': '1', contract.CPUS: '1', 'TF_NUM_INTRAOP_THREADS': '1'}
+    {'CUDA_VISIBLE_DEVICES': '1', 'TFRUN_CPUS': '1', 'TF_NUM_INTRAOP_THREADS': '1'}
 """
 
 from __future__ import annotations

@@ -20,7 +20,10 @@ the same, at once. Messages carry no code to run for the per-node hub: there the
 builds each task's command and environment itself, from its own command line.
 
     >>> import io
-    >>> out = io.BytesIO(); Channel(io.BytesIO(), out).send("ping"); out.getvalue()
+    >>> out = io.BytesIO()
+    >>> Channel(io.BytesIO(), out).send("ping")  # False once the other side is gone
+    True
+    >>> out.getvalue()
     b'{"t": "ping"}\\n'
 """
 

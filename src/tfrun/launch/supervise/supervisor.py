@@ -59,6 +59,24 @@ _CULPRIT_EXIT_SECONDS = 3.0
 _HOST_FAULTS = (FailureClass.NODE_LOST, FailureClass.INFRASTRUCTURE)
 
 
+def _may_be_collateral(record: TaskRecord) -> bool:
+    """Whether a failed task's exit may be another host's fault seen from here: anything but
+    a usage error or a fault its exit code and the backend's note pin on its own host (its
+    host lost, a SIGKILL from outside). A survivor that TensorFlow's coordination service
+    gave up on a vanished peer for is classed ``infrastructure`` from its log, and *is*
+    collateral: decided at once, it failed a run whose lost host's exit came a round later.
+
+    >>> from types import SimpleNamespace as R
+    >>> _may_be_collateral(R(exit_code=1, note=None, failure=FailureClass.INFRASTRUCTURE))
+    True
+    >>> _may_be_collateral(R(exit_code=137, note=None, failure=FailureClass.INFRASTRUCTURE))
+    False
+    """
+    if record.failure is FailureClass.USAGE:
+        return False
+    return classify_exit(record.exit_code, note=record.note) not in _HOST_FAULTS
+
+
 class Watch(enum.Enum):
     """How one round of watching the tasks ended (``Supervisor._watch``)."""
 
@@ -474,14 +492,15 @@ class Supervisor:
             for record, code in self._exits():
                 decision = self._on_exit(record, code)
                 if decision in (Decision.FAIL, Decision.RESTART) and self.reform is not None \
-                        and record.failure not in _HOST_FAULTS + (FailureClass.USAGE,):
+                        and _may_be_collateral(record):
                     # Elastic: a survivor's collective often fails before the lost host's
                     # heartbeat runs out (or the killed peer's exit arrives); give the host's
                     # fault a chance to show before deciding whose failure this is.
                     faulty = self._host_fault_within(self.config.heartbeat_timeout + 1.0)
                     if faulty is not None:
                         record, decision = faulty
-                    else:  # the failure is this task's own: a host's run of faults ends
+                    elif record.failure not in _HOST_FAULTS:
+                        # the failure is the script's own: a host's run of faults ends
                         self.ledger.end_host_streak()
                 if decision is Decision.REFORM:
                     return _Outcome(Watch.REFORM, record)
