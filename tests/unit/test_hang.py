@@ -31,6 +31,11 @@ def task(name, steps=30, doing=IN_STEP, sampled_at=99.0, advanced_at=20.0, step_
     # every task inside a step, one of them behind
     ([task("worker:0", steps=31), task("worker:1", steps=30), task("worker:2", steps=31)],
      ["worker:1"], "behind: 30 steps done"),
+    # a task whose fit ended (fewer batches) while the other waits inside the next step
+    ([task("worker:0", doing="after training"), task("worker:1")], ["worker:0"],
+     "left training after 30 steps while worker:1 waits inside a step"),
+    # a single worker: nothing to compare it with, it is the one
+    ([task("worker:1")], ["worker:1"], "the only task training: stuck inside a training step"),
 ])
 def test_the_culprit_is_named_by_evidence_and_the_others_wait_for_it(tasks, culprits, why):
     hang = HangClock().check(100.0, tasks)

@@ -19,7 +19,10 @@ At a hang, the evidence names the culprit(s), most telling first:
    samples count the collectives each entered and left: ``tfrun.in_task.arrivals``) --
    evidence even when every task is inside a step at the same count;
 3. a task outside a training step while others wait inside one (its callbacks, its input);
-4. a task that completed fewer steps than the others.
+4. a task that completed fewer steps than the others;
+5. a task that left training (its fit ended) while another waits inside a step: their
+   inputs gave them different numbers of steps;
+6. the only task training, when there is nothing to compare it with.
 
 The others are labelled as waiting for the culprit(s). When nothing stands out (every task
 inside a step at the same count) the finding says so and names none.
@@ -173,7 +176,7 @@ class HangClock:
             limit = phases if in_phase else steps
         if idle <= limit:
             return None
-        culprits, waiting = blame(now, training)
+        culprits, waiting = blame(now, tasks)
         return Hang(idle=idle, limit=limit, culprits=culprits, waiting=waiting)
 
 
@@ -182,10 +185,24 @@ def _stale(task: TaskProgress, now: float) -> bool:
 
 
 def blame(now: float, tasks: list[TaskProgress]) -> tuple[list[Suspect], list[Suspect]]:
-    """(culprits, the others labelled as waiting for them); no culprit when none stands out."""
+    """(culprits, the others labelled as waiting for them); no culprit when none stands out.
+
+    Tasks after training are culprits only when a task waits inside a step: they left the
+    fit (their input ended sooner) while it waits in a collective they will never join.
+
+    >>> ended = TaskProgress("worker:0", None, 99.0, 40, AFTER_TRAINING)
+    >>> inside = TaskProgress("worker:1", None, 99.0, 40, IN_STEP)
+    >>> culprits, waiting = blame(100.0, [ended, inside])
+    >>> [(c.task, c.why[:34]) for c in culprits], [w.task for w in waiting]
+    ([('worker:0', 'left training after 40 steps while')], ['worker:1'])
+    >>> [c.why[:38] for c in blame(100.0, [inside])[0]]  # alone: nothing to compare with
+    ['the only task training: stuck inside a']
+    """
     def suspect(t: TaskProgress, why: str) -> Suspect:
         return Suspect(t.task, t.host, t.steps_done, t.doing, why)
 
+    ended = [t for t in tasks if t.doing == AFTER_TRAINING]
+    tasks = [t for t in tasks if t.doing != AFTER_TRAINING]
     stale = [t for t in tasks if _stale(t, now)]
     fresh = [t for t in tasks if not _stale(t, now)]
     culprits: list[Suspect] = []
@@ -206,6 +223,17 @@ def blame(now: float, tasks: list[TaskProgress]) -> tuple[list[Suspect], list[Su
             culprits = [suspect(t, f"behind: {t.steps_done} steps done, the others more "
                                    f"(it is in {t.doing})")
                         for t in fresh if t.steps_done == fewest]
+    inside = [t.task for t in fresh if t.doing in _IN_A_STEP]
+    if not culprits and ended and inside:
+        culprits = [suspect(t, f"left training after {t.steps_done} steps while "
+                               f"{', '.join(inside)} waits inside a step for it: the workers "
+                               "ran different numbers of steps (give every worker's input the "
+                               "same number of batches, e.g. with steps_per_epoch)")
+                    for t in ended]
+    if not culprits and len(fresh) == 1 and not ended:
+        only = fresh[0]
+        where = "inside a training step" if only.doing in _IN_A_STEP else f"in {only.doing}"
+        culprits = [suspect(only, f"the only task training: stuck {where}")]
     if not culprits:
         return [], []
     names = ", ".join(c.task for c in culprits)
