@@ -63,16 +63,22 @@ class Watchdogs:
     # ---------------------------------------------------------------- progress
 
     def progress(self) -> list[TaskProgress]:
-        """The running chiefs' and workers' progress, as their samples report it."""
+        """The running chiefs' and workers' progress, as their samples report it; those that
+        already ended well are after training (a peer waiting inside a step for one of them
+        ran more steps than it did)."""
         out = []
         for r in self._records():
-            if not r.tracked or r.state != TaskState.RUNNING or r.task.role == "evaluator":
+            if not r.tracked or r.task.role == "evaluator" or r.state not in (
+                    TaskState.RUNNING, TaskState.SUCCEEDED):
                 continue
             sample = r.logger.progress
+            doing = sample[2] if sample else contract.PHASE_SETUP
+            if r.state == TaskState.SUCCEEDED:
+                doing = contract.PHASE_AFTER_TRAINING
             out.append(TaskProgress(
                 str(r.task), r.handle.host if r.handle and r.handle.host else r.host,
                 sampled_at=sample[0] if sample else None, steps_done=sample[1] if sample else 0,
-                doing=sample[2] if sample else contract.PHASE_SETUP, advanced_at=r.logger.advanced_at,
+                doing=doing, advanced_at=r.logger.advanced_at,
                 seconds_per_step=r.logger.seconds_per_step, exchanges=r.logger.exchanges,
                 doing_since=r.logger.doing_since))
         return out
@@ -93,7 +99,10 @@ class Watchdogs:
         message = hang.describe()
         for record in suspects:
             dump = dumps.get(id(record), [])
-            if has_stack_dump(dump):
+            if record.state != TaskState.RUNNING:
+                message += f"\n{record.task} ended (exit code {record.exit_code}) before"
+                message += " the others' step did"
+            elif has_stack_dump(dump):
                 message += (f"\n{record.task}'s Python stacks, main thread first (also in "
                             f"{record.logger.path}):\n"
                             + "\n".join("  " + line for line in main_thread_first(dump)))
