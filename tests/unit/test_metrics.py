@@ -126,11 +126,15 @@ def test_the_task_logger_moves_records_to_the_metrics_file_and_off_the_console(t
     logger.pump(io.BufferedReader(io.BytesIO(b"".join(chunks)), buffer_size=8)).join(5)
     # The bar's line is intact: the record inside it never reaches the console.
     assert out.getvalue().splitlines() == ["[worker:0] Epoch 1/1", "[worker:0]  8/8 loss: 0.5",
-                                           "[worker:0] done"]
+                                           f"[worker:0] {METRICS}not json", "[worker:0] done"]
     saved = [json.loads(l) for l in (tmp_path / "metrics" / "worker-0.jsonl").read_text().splitlines()]
     assert saved == [{"task": "worker:0", **record}, {"task": "worker:0", **resources}]
     assert logger.last_epoch == {"task": "worker:0", **record}
-    assert METRICS in (tmp_path / "logs" / "worker-0.log").read_text()  # the log keeps every byte
+    # The log keeps what the task printed, as it came, without the records (one inside a
+    # line had split it there); what is no record stays.
+    assert (tmp_path / "logs" / "worker-0.log").read_bytes() == (
+        b"Epoch 1/1\n\r 3/8 loss: 0.9\r 8/8 loss: 0.5\n" + f"{METRICS}not json\n".encode()
+        + b"done\n")
 
 
 def test_resource_samples_are_no_progress_for_the_hang_watchdog(tmp_path, monkeypatch):

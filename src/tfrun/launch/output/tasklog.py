@@ -104,18 +104,28 @@ class TaskLogger:
         log = self._open_log()
         try:
             for chunk in read_chunks(stream):
-                if log is not None:
-                    try:
-                        log.write(chunk)
-                    except OSError as exc:
-                        self._failed(exc)
-                        _close_quietly(log)
-                        log = None
-                self._show(splitter.feed(chunk), noise)
-            self._show(splitter.close(), noise)
+                events, text = splitter.output(chunk)
+                log = self._log_bytes(log, text)
+                self._show(events, noise)
+            events, text = splitter.close_output()
+            log = self._log_bytes(log, text)
+            self._show(events, noise)
         finally:
             _close_quietly(log)
             stream.close()
+
+    def _log_bytes(self, log: IO[bytes] | None, data: bytes) -> IO[bytes] | None:
+        """Append ``data`` (the task's output, its records taken out: they are in its
+        metrics file) to its log; None once writing failed."""
+        if log is None or not data:
+            return log
+        try:
+            log.write(data)
+            return log
+        except OSError as exc:
+            self._failed(exc)
+            _close_quietly(log)
+            return None
 
     def _show(self, events: list[tuple[str, str]], noise: NoiseFilter) -> None:
         for kind, text in events:
