@@ -138,11 +138,13 @@ class Run:
                 ports.update(int(a.rsplit(":", 1)[1]) for a in addresses)
         return sorted(ports)
 
-    def wait_for_file(self, path: Path, timeout: float = 30, nonempty: bool = False) -> None:
+    def wait_for_file(self, path: Path, timeout: float = 30, nonempty: bool = False,
+                      contains: str | None = None) -> None:
         """Until ``path`` exists (and, ``nonempty``, has content: a pid file is created
-        before its writer has written the pid)."""
+        before its writer has written the pid; ``contains``: holds that text)."""
         deadline = time.monotonic() + timeout
-        while not path.exists() or (nonempty and not path.read_text().strip()):
+        while not path.exists() or (nonempty and not path.read_text().strip()) or (
+                contains is not None and contains not in path.read_text(errors="replace")):
             assert self.proc is not None and self.proc.poll() is None, self.proc.communicate()[0]
             assert time.monotonic() < deadline, f"{path} never appeared"
             time.sleep(0.05)

@@ -55,7 +55,7 @@ def _oom(tmp_path: Path) -> Run:
     # kernel kills the biggest process of the cgroup: it.
     cgroup = _memory_cgroup(tmp_path, 2500 << 20)
     try:
-        return _run_fault(tmp_path, "oom", wrap=[
+        return _run_fault(tmp_path, "oom", flags=FLAGS_OF["oom"], wrap=[
             "sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup)])
     finally:
         cgroup.rmdir()
@@ -89,7 +89,11 @@ MATRIX = {
 
 
 #: the cluster forms in about 4 s here: the row that never forms it need not wait 40
-FLAGS_OF = {"before-strategy": ("--join-timeout", "15")}
+FLAGS_OF = {"before-strategy": ("--join-timeout", "15"),
+            # the allocation (a callback, to the step limit) reclaims the cgroup's pages
+            # before the kernel kills it: under load that took more than 10 s (ci94), which
+            # is a hang at this table's --step-timeout
+            "oom": ("--step-timeout", "120")}
 
 
 @pytest.mark.parametrize("fault", list(MATRIX))

@@ -253,8 +253,10 @@ def test_a_stopped_run_resumes_with_the_same_command_and_a_finished_one_is_refus
     # What a requeued batch job does: the same command, the same run dir, after tfrun got
     # SIGTERM. It goes on there (the backups are there); once it succeeded, it is refused.
     first = fake_run(["--workers", "2", *FAST], "*=print:ready,forever").start()
-    first.wait_for_file(first.run_dir / "logs" / "worker-1.log")
-    time.sleep(1.0)
+    # both tasks printed (a log file exists before its task's first line: on a loaded
+    # machine worker:0 had not printed when the SIGTERM came, and its log held one launch)
+    for index in (0, 1):
+        first.wait_for_file(first.run_dir / "logs" / f"worker-{index}.log", contains="ready")
     first.proc.send_signal(signal.SIGTERM)
     assert first.wait(30) == 143, first.stdout
     assert first.summary["status"] == "interrupted"
