@@ -22,8 +22,9 @@ the NVIDIA driver lists. The CPUs are this process's affinity.
     >>> tasks = [TaskId("worker", 0), TaskId("worker", 1)]
     >>> shares = share_devices(tasks, gpus=["0", "1", "2", "3"], cpus=[0, 1],
     ...                        gpus_per_task=None, cpus_per_task=1, ps_cluster=False)
-    >>> shares[tasks[1]].env()
-    {'CUDA_VISIBLE_DEVICES': '1', 'TFRUN_CPUS': '1', 'TF_NUM_INTRAOP_THREADS': '1'}
+    >>> env = shares[tasks[1]].env()
+    >>> env["CUDA_VISIBLE_DEVICES"], env[contract.CPUS], env["TF_NUM_INTRAOP_THREADS"], len(env)
+    ('1', '1', '1', 3)
 """
 
 from __future__ import annotations
