@@ -276,3 +276,23 @@ def test_the_time_after_a_task_s_last_step_is_no_step_time():
     assert find_stragglers(timed) == []
     untimed = [TaskLoad(t.task, "h", [0, 0], 210, [w[:4] for w in t.work]) for t in timed]
     assert [s.task for s in find_stragglers(untimed)] == ["worker:1"]
+
+
+def test_windows_that_hold_a_fit_s_start_are_no_evidence():
+    """ci95's clean two-host exactness run: fits of 6 and 8 steps, each window of steps
+    after a fit began held that fit's tracing, slower on worker:1's busy host; named
+    ``input-wait`` at 1.6x. A window from a sample taken before a fit's first step (setup,
+    tracing, after the previous fit) says nothing of a task's pace; the same windows taken
+    inside the fits name it."""
+    def samples(inside, doing):
+        # (time, steps done, seconds inside the exchange, CPU %, last step end, run wait,
+        # what the task was doing at the sample): 4 steps a window, 2 s each
+        return [(2.0 * n, 4 * n, inside * n, None, 2.0 * n, None, doing) for n in range(5)]
+
+    def tasks(doing):
+        return [TaskLoad("worker:0", "h", [0, 0], 16, samples(1.2, doing)),
+                TaskLoad("worker:1", "h", [0, 0], 16, samples(0.0, doing))]
+
+    assert [s.task for s in find_stragglers(tasks("a training step"))] == ["worker:1"]
+    for starting in ("setup", "the first step of a fit (tracing)", "after training"):
+        assert find_stragglers(tasks(starting)) == [], starting

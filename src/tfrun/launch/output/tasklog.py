@@ -176,7 +176,8 @@ class TaskLogger:
                                   float(record["exchange_seconds"]),
                                   float(cpu) if isinstance(cpu, (int, float)) else None,
                                   float(ended) if isinstance(ended, (int, float)) else None,
-                                  float(ready) if isinstance(ready, (int, float)) else None))
+                                  float(ready) if isinstance(ready, (int, float)) else None,
+                                  str(record.get("doing", ""))))
         if record.get("event") == "resources" and isinstance(record.get("cpu_taken"),
                                                               (int, float)):
             self.cpu_taken.append(float(record["cpu_taken"]))

@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ... import contract
 from .policy import TaskState
 
 __all__ = ["StragglerWatch", "Straggler", "TaskLoad", "find_stragglers"]
@@ -250,9 +251,24 @@ def _mean_known(values: list) -> float | None:
     return sum(values) / len(values)
 
 
+#: A window from a sample in one of these phases holds a fit's start (its tracing): no
+#: evidence of a task's pace (ci95: fits of 6 and 8 steps, a slower trace on a busy host
+#: made a clean run's worker a straggler).
+_FIT_STARTS = (contract.PHASE_SETUP, contract.PHASE_FIRST_STEP, contract.PHASE_AFTER_TRAINING)
+
+
 def _windows(samples: list):
-    """Consecutive samples with steps between them: (earlier, later) pairs."""
-    return [(a, b) for a, b in zip(samples, samples[1:]) if b[1] > a[1] and b[0] > a[0]]
+    """Consecutive samples with steps between them: (earlier, later) pairs; none that
+    begins before a fit's first step (a sample's 7th field: what the task was doing).
+
+    >>> _windows([(0.0, 0, 0.0), (2.0, 6, 0.1), (4.0, 12, 0.2)])  # doctest: +ELLIPSIS
+    [((0.0, 0, 0.0), (2.0, 6, 0.1)), ((2.0, 6, 0.1), (4.0, 12, 0.2))]
+    >>> after = (2.0, 6, 0.1, None, None, None, contract.PHASE_AFTER_TRAINING)
+    >>> _windows([(0.0, 0, 0.0), after, (4.0, 12, 0.2)])
+    [((0.0, 0, 0.0), (2.0, 6, 0.1, None, None, None, 'after training'))]
+    """
+    return [(a, b) for a, b in zip(samples, samples[1:]) if b[1] > a[1] and b[0] > a[0]
+            and not (len(a) > 6 and a[6] in _FIT_STARTS)]
 
 
 def _step_span(a, b) -> float:
