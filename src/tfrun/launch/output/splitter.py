@@ -84,7 +84,8 @@ class OutputSplitter:
             else:  # no record after all: text like any other
                 kept.append(buffer[:end + 1])
             buffer = buffer[end + 1:]
-        cut = _record_start(buffer)
+        # (a marker found above has no newline yet: the record starts there)
+        cut = marker if marker >= 0 else _marker_start(buffer)
         if len(buffer) - cut > self.MAX_PENDING:
             cut = len(buffer)  # no record is that long: it was text after all
         kept.append(buffer[:cut])
@@ -126,16 +127,13 @@ class OutputSplitter:
         return ([("line", text)] if text else []), held
 
 
-def _record_start(buffer: bytes) -> int:
-    """Where an unfinished record (or the start of its marker) begins at the end of
-    ``buffer``; ``len(buffer)`` when none does.
+def _marker_start(buffer: bytes) -> int:
+    """Where the start of a record's marker ends ``buffer`` (its next bytes may complete
+    it); ``len(buffer)`` when none does.
 
-    >>> _record_start(b"abc tfrun:met"), _record_start(b'x tfrun:metrics {"a'), _record_start(b"ab")
-    (4, 2, 2)
+    >>> _marker_start(b"abc tfrun:met"), _marker_start(b"ab")
+    (4, 2)
     """
-    marker = buffer.find(_METRICS)
-    if marker >= 0:
-        return marker
     for size in range(min(len(_METRICS) - 1, len(buffer)), 0, -1):
         if buffer.endswith(_METRICS[:size]):
             return len(buffer) - size

@@ -261,7 +261,7 @@ def _windows(samples: list):
     """Consecutive samples with steps between them: (earlier, later) pairs; none that
     begins before a fit's first step (a sample's 7th field: what the task was doing).
 
-    >>> _windows([(0.0, 0, 0.0), (2.0, 6, 0.1), (4.0, 12, 0.2)])  # doctest: +ELLIPSIS
+    >>> _windows([(0.0, 0, 0.0), (2.0, 6, 0.1), (4.0, 12, 0.2)])
     [((0.0, 0, 0.0), (2.0, 6, 0.1)), ((2.0, 6, 0.1), (4.0, 12, 0.2))]
     >>> after = (2.0, 6, 0.1, None, None, None, contract.PHASE_AFTER_TRAINING)
     >>> _windows([(0.0, 0, 0.0), after, (4.0, 12, 0.2)])

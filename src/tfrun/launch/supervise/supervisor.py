@@ -74,7 +74,13 @@ def _may_be_collateral(record: TaskRecord) -> bool:
     """
     if record.failure is FailureClass.USAGE:
         return False
-    return classify_exit(record.exit_code, note=record.note) not in _HOST_FAULTS
+    return not _pinned_on_its_host(record.exit_code, record.note)
+
+
+def _pinned_on_its_host(code: int, note: str | None) -> bool:
+    """Whether an exit's code and the backend's note alone (not its log) make it its host's
+    fault: the host lost, a SIGKILL from outside."""
+    return classify_exit(code, note=note) in _HOST_FAULTS
 
 
 class Watch(enum.Enum):
@@ -634,8 +640,7 @@ class Supervisor:
                 if record.state != TaskState.RUNNING or record.handle is None:
                     continue
                 code = self._backend(record).poll(record.handle)
-                if code is not None and classify_exit(code, note=record.handle.note) \
-                        in _HOST_FAULTS:
+                if code is not None and _pinned_on_its_host(code, record.handle.note):
                     return record, self._on_exit(record, code)
             time.sleep(_POLL_SECONDS)
         return None
