@@ -15,7 +15,7 @@ spells a ``TFRUN_*`` variable name: a script started by hand with these variable
 
 __all__ = [
     "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE", "DEFER_IMPORTS",
-    "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX", "FORK_TASKS",
+    "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX", "FORK_TASKS", "WARM_STARTER",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
     "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "PREEMPTION_GRACE", "RESUMED_EVENT",
@@ -130,6 +130,11 @@ PRIVATE_TMP = "TFRUN_PRIVATE_TMP"
 #: run's task starter on its host, which imported it once (``tfrun.in_task.task_starter``;
 #: the default, "1").
 FORK_TASKS = "TFRUN_FORK_TASKS"
+#: The path of a warm task starter's socket (``python -m tfrun.in_task.task_starter --listen
+#: PATH``): a run on this host forks its tasks from that long-lived process, which imported
+#: TensorFlow once for every run, instead of starting a starter of its own (when the warm
+#: one cannot serve the run, it does).
+WARM_STARTER = "TFRUN_WARM_STARTER"
 #: "0": no report.html at the end of a run.
 REPORT = "TFRUN_REPORT"
 #: "0": skip the SSH preflight (``tfrun doctor``) before a launch.

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import os
+from typing import Mapping
 
 from .. import contract
 from ._post_import import when_imported
@@ -44,9 +45,9 @@ __all__ = ["before_exit", "quiet_during_import", "wanted"]
 IMPORT_THRESHOLD = 50_000
 
 
-def wanted() -> bool:
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
     """False when the task was asked to leave the collector as Python sets it."""
-    return os.environ.get(contract.PYTHON_GC, "") != "untouched"
+    return environ.get(contract.PYTHON_GC, "") != "untouched"
 
 
 def quiet_during_import(module: str = "tensorflow") -> None:

@@ -14,12 +14,13 @@ import os
 import signal
 import sys
 import threading
+from typing import Mapping
 
 from .. import contract
 from ..contract import TF_CONFIG_REPLACED
 from ._post_import import when_imported
 
-__all__ = ["alias_keras_when_legacy", "prepare", "run_as_server_if_assigned"]
+__all__ = ["alias_keras_when_legacy", "legacy_keras_wanted", "prepare", "run_as_server_if_assigned"]
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -46,11 +47,15 @@ class _KerasToTfKeras(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(fullname, _AliasLoader(real))
 
 
+def legacy_keras_wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``import keras`` is to give tf_keras (``--keras 2``)."""
+    return environ.get(contract.KERAS) == "2" or environ.get("TF_USE_LEGACY_KERAS") == "1"
+
+
 def alias_keras_when_legacy() -> None:
     """``--keras 2`` (or TF_USE_LEGACY_KERAS=1): ``import keras`` gives tf_keras from now on
     (once per process)."""
-    legacy = os.environ.get(contract.KERAS) == "2" or os.environ.get("TF_USE_LEGACY_KERAS") == "1"
-    if legacy and not any(isinstance(f, _KerasToTfKeras) for f in sys.meta_path):
+    if legacy_keras_wanted() and not any(isinstance(f, _KerasToTfKeras) for f in sys.meta_path):
         sys.meta_path.insert(0, _KerasToTfKeras())
 
 

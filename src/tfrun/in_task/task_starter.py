@@ -46,7 +46,7 @@ import sys
 
 from .. import contract
 
-__all__ = ["main"]
+__all__ = ["MAX_MESSAGE", "main", "prepare_import", "serve", "set_title"]
 
 #: The largest request (a task's whole environment, as JSON) the socket carries.
 MAX_MESSAGE = 1 << 20
@@ -55,13 +55,13 @@ MAX_MESSAGE = 1 << 20
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     channel = socket.socket(fileno=int(argv[0]))
-    _title(f"{sys.executable} -m tfrun.in_task.task_starter")
+    set_title(f"{sys.executable} -m tfrun.in_task.task_starter")
     from . import bootstrap
 
     bootstrap._die_with_supervisor()
     bootstrap._join_cgroup()
     try:
-        _prepare_import()
+        prepare_import()
     except BaseException as exc:  # noqa: BLE001 - the launcher starts tasks on their own then
         _send(channel, {"unavailable": f"{type(exc).__name__}: {exc}"})
         raise SystemExit(1) from None
@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"tfrun task starter: TensorFlow imported; {len(os.listdir('/proc/self/task'))} "
           "threads", flush=True)
     _send(channel, {"ready": os.getpid()})
-    task = _serve(channel)
+    task = serve(channel)
     if task is not None:  # in a fork: run the bootstrap as `python -m` would have
         bootstrap.main(task)
 
 
-def _prepare_import() -> None:
+def prepare_import() -> None:
     """What a task's bootstrap does before the script imports TensorFlow, then the import."""
     from . import collector
     from . import setup as task_setup
@@ -91,9 +91,10 @@ def _prepare_import() -> None:
     gc.freeze()  # a task's collections never walk (and copy) these pages
 
 
-def _serve(channel: socket.socket) -> list[str] | None:
+def serve(channel: socket.socket) -> list[str] | None:
     """Fork a task for each request until the launcher closes ``channel``. Returns the
     bootstrap's arguments in a fork, None in the starter when it is done."""
+    starter = os.getpid()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select through the pipe
@@ -131,13 +132,10 @@ def _serve(channel: socket.socket) -> list[str] | None:
             children.add(pid)
             _send(channel, {"started": pid})
     finally:
-        if os.getpid() == _starter_pid[0]:
+        if os.getpid() == starter:
             for pid in children:
                 _kill_group(pid)
     return None
-
-
-_starter_pid = [os.getpid()]
 
 
 def _become(request: dict, output: int, session_made: int) -> None:
@@ -151,7 +149,7 @@ def _become(request: dict, output: int, session_made: int) -> None:
     os.dup2(null, 0)
     os.close(null)
     os.chdir(request["cwd"])
-    _title(" ".join([sys.executable, "-m", "tfrun.in_task.bootstrap", *request["argv"]]))
+    set_title(" ".join([sys.executable, "-m", "tfrun.in_task.bootstrap", *request["argv"]]))
     os.environ.clear()
     os.environ.update(request["env"])
     # The task dies with this process (its parent), which dies with the launcher.
@@ -164,7 +162,7 @@ def _become(request: dict, output: int, session_made: int) -> None:
         numpy.random.seed()  # else every task draws the same "random" numbers
 
 
-def _title(command: str) -> None:
+def set_title(command: str) -> None:
     """Show ``command`` as this process's command line (``ps``, ``/proc/PID/cmdline``), in
     the room the launcher's padding argument left: the environment block stays as it was
     (``SPT_NOENV``). Without setproctitle, the line stays the starter's."""

@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
@@ -117,7 +118,7 @@ class TaskStarter:
     """One starter process and the socket to it. ``start`` returns None when it cannot
     serve (it could not import TensorFlow); ``fork`` raises OSError when it has ended."""
 
-    def __init__(self, process: subprocess.Popen, channel: socket.socket,
+    def __init__(self, process: subprocess.Popen | _WarmFork, channel: socket.socket,
                  python: str, cwd: str, env: Mapping[str, str]) -> None:
         self.process = process
         self.python, self.cwd = python, cwd
@@ -163,6 +164,37 @@ class TaskStarter:
             wait_or_kill(process, group=True)
             return None
         return cls(process, ours, python, cwd, env)
+
+    @classmethod
+    def connect(cls, path: str, python: str, env: Mapping[str, str], cwd: str,
+                log: Path | None) -> TaskStarter | None:
+        """Have the warm starter listening at ``path`` (``contract.WARM_STARTER``) fork a
+        starter for this run; None when there is none or it may not serve the run (its
+        reason, then, is the first line of ``log``)."""
+        channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        out = open(log, "ab") if log is not None else None
+        answer: dict = {}
+        try:
+            channel.settimeout(30)
+            channel.connect(path)
+            hello = json.dumps({"python": python, "env": dict(env), "cwd": cwd}).encode()
+            socket.send_fds(channel, [hello], [out.fileno()] if out is not None else [])
+            answer = json.loads(channel.recv(1 << 16) or b"{}")
+        except (OSError, ValueError) as exc:
+            answer = {"unavailable": f"it could not be reached ({exc})"}
+        finally:
+            if out is not None:
+                out.close()
+        if "ready" not in answer:
+            channel.close()
+            if log is not None:
+                with open(log, "a") as note:
+                    note.write(f"tfrun: the warm task starter at {path} did not serve this "
+                               f"run: {answer.get('unavailable', answer)}; the run starts "
+                               "its own\n")
+            return None
+        channel.settimeout(None)
+        return cls(_WarmFork(int(answer["ready"])), channel, python, cwd, env)
 
     def accepts(self, python: str, env: Mapping[str, str], cwd: str) -> bool:
         """Whether a task with this Python, environment and directory may be its fork."""
@@ -222,6 +254,37 @@ class TaskStarter:
         self._channel.close()
         wait_or_kill(self.process, group=True)
         self._reader.join(timeout=5)
+
+
+class _WarmFork:
+    """A warm starter's fork serving this run, which is not this process's child: as much
+    of ``subprocess.Popen`` as ``wait_or_kill`` uses. It is gone once it exited (the warm
+    starter reaps it at once) or is a zombie."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        try:
+            with open(f"/proc/{self.pid}/stat") as stat:
+                state = stat.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            return 0
+        return 0 if state in ("Z", "X") else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"task starter {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        return 0
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def python_of(argv: Sequence[str]) -> str | None:

@@ -42,6 +42,7 @@ import importlib.util
 import os
 import sys
 import types
+from typing import Mapping
 
 from ... import contract
 from .._post_import import SpecWrapper
@@ -55,9 +56,9 @@ DEFERRED = frozenset({"keras.wrappers", "keras.src.wrappers",
                       "keras.visualization", "keras.src.visualization", "IPython"})
 
 
-def wanted() -> bool:
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether this task defers them (``contract.DEFER_IMPORTS`` other than ``0``)."""
-    return os.environ.get(contract.DEFER_IMPORTS, "1") != "0"
+    return environ.get(contract.DEFER_IMPORTS, "1") != "0"
 
 
 #: What the import machinery sets on a module before its code runs, and a scan of

@@ -236,7 +236,12 @@ class LocalBackend(Backend):
         if run_dir:
             log = Path(run_dir, ".tfrun", f"task-starter-{os.getpid()}.log")
             log.parent.mkdir(parents=True, exist_ok=True)
-        starter = TaskStarter.start(python, starter_env, cwd, log)
+        starter = None
+        if env.get(contract.WARM_STARTER):
+            starter = TaskStarter.connect(env[contract.WARM_STARTER], python, starter_env,
+                                          cwd, log)
+        if starter is None:
+            starter = TaskStarter.start(python, starter_env, cwd, log)
         if starter is not None and self._reaper is not None:
             self._reaper.register(starter.process.pid)  # its own session: pgid == pid
         return starter
