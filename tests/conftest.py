@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 import side_by_side
+import warm_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 # Inside a Slurm allocation tfrun places clusters on its nodes; the tests (and the tfrun
@@ -32,6 +33,13 @@ def processes_of_run(run_dir, launcher_pid: int | None = None) -> list[psutil.Pr
     found = []
     for proc in psutil.process_iter():
         try:
+            # A run starter forked by the warm starter (and so its tasks) shows the warm
+            # starter's environment: it is known by its title, its tasks as its children.
+            line = " ".join(proc.cmdline()).split()
+            if line[2:4] == ["tfrun.in_task.task_starter", "--warm"] and line[4:5] == [run_dir]:
+                found += [p for p in [proc, *proc.children(recursive=True)]
+                          if p.status() != psutil.STATUS_ZOMBIE]
+                continue
             env = proc.environ()
             mine = run_dir in (env.get("TFRUN_RUN_DIR"), env.get("TFRUN_REAPER_FOR")) or (
                 launcher_pid is not None and env.get("TFRUN_NETWORK_OF") == str(launcher_pid))
@@ -73,11 +81,17 @@ _STARTED: list["Run"] = []
 class Run:
     """One `tfrun` invocation in a subprocess, with its run directory."""
 
-    def __init__(self, tmp_path: Path, args: list[str], env: dict | None = None, name="run"):
+    def __init__(self, tmp_path: Path, args: list[str], env: dict | None = None, name="run",
+                 warm: bool = True):
+        """``warm``: the run may fork its tasks from the tests' warm starter (warm_tasks)."""
         self.run_dir = tmp_path / name
         self.cmd = [sys.executable, "-m", "tfrun", "--run-dir", str(self.run_dir), "--color", "never",
                     *args]
-        self.env = {**os.environ, **(env or {})}
+        legacy = "2" in [v for k, v in zip(args, args[1:]) if k == "--keras"] \
+            or (env or {}).get("TF_USE_LEGACY_KERAS") == "1"
+        warm_env = warm_tasks.env({"TF_USE_LEGACY_KERAS": "1"} if legacy else None) \
+            if warm else {}
+        self.env = {**os.environ, **warm_env, **(env or {})}
         self.env.pop("TF_CONFIG", None)
         self.proc: subprocess.Popen | None = None
         self.stdout = ""
@@ -154,7 +168,7 @@ class Run:
 def fake_run(tmp_path):
     """Factory: fake_run(tfrun_flags, fake_task_spec) -> Run (not started)."""
     def make(flags: list[str], spec: str, env: dict | None = None, name: str = "run") -> Run:
-        return Run(tmp_path, [*flags, str(FAKE_TASK), spec], env=env, name=name)
+        return Run(tmp_path, [*flags, str(FAKE_TASK), spec], env=env, name=name, warm=False)
     return make
 
 
@@ -514,6 +528,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    warm_tasks.stop()
     if hasattr(config, "workerinput"):
         side_by_side.release_worker()
     else:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import warm_tasks
 from conftest import ROOT
 
 pytestmark = pytest.mark.tf
@@ -47,6 +48,8 @@ def flavour_env(flavour: str) -> dict:
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if flavour == "2":
         env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
+    env.update(warm_tasks.env({k: env[k] for k in ("TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS")
+                               if k in env}))
     return env
 
 

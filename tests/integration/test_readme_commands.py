@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+import warm_tasks
 from conftest import REPORT_ON, ROOT
 
 pytestmark = pytest.mark.tf
@@ -176,6 +177,7 @@ BENCH = "tfrun bench examples/mnist_mlp.py --workers 1,2"
 def run_readme_line(command: str, workdir):
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", **REPORT_ON)  # pages included, as a user gets them
+    env.update(warm_tasks.env({"TF_CPP_MIN_LOG_LEVEL": "2"}))
     run_dir = workdir / "runs" / re.sub(r"\W+", "-", command)
     if not command.startswith(("tfrun bench", "tfrun report")):  # bench names its own dirs
         env["TFRUN_RUN_DIR"] = str(run_dir)

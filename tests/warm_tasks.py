@@ -1,0 +1,72 @@
+"""The tests' warm task starters (``tfrun.in_task.warm_starter``): one per pytest process
+and environment at import (Keras 3, tf_keras), started at the first local run that needs
+it, which every later such run forks its tasks from.
+
+Why: CPU is the suite's limit on two cores, and every local run's own task starter imported
+TensorFlow and Keras once (6.5-13 CPU s here, about a quarter of the suite's CPU in ci94).
+A run the warm starter may not serve (another environment at import, another Keras, a node
+agent in a fake host's namespace, a Slurm step, a Ray worker) starts its own starter, as it
+would without it; ``tests/integration/test_forked_tasks.py`` tests both paths, and
+``TFRUN_TESTS_WARM=0`` turns it off for a whole session.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["VARIABLE", "env", "stop"]
+
+#: tfrun's variable for it (``tfrun.contract.WARM_STARTER``; spelled here, as conftest
+#: spells tfrun's, because this module loads before any test's imports).
+VARIABLE = "TFRUN_WARM_STARTER"
+
+#: The warm starters of this process, by the variables each was started with beyond
+#: os.environ (a run whose environment at import differs needs its own: tf_keras, ...).
+_started: dict[tuple, tuple[subprocess.Popen, Path]] = {}
+
+
+def env(at_import: dict[str, str] | None = None) -> dict[str, str]:
+    """``{VARIABLE: path}`` for a local run's environment: the path of a warm starter
+    started with ``os.environ`` and ``at_import`` (the variables the run's tasks have at
+    import beyond this process's, e.g. ``{"TF_USE_LEGACY_KERAS": "1"}``), started (and its
+    socket made) at the first call; ``{}`` when ``TFRUN_TESTS_WARM`` is ``0`` or it could
+    not start."""
+    if os.environ.get("TFRUN_TESTS_WARM", "1") == "0":
+        return {}
+    key = tuple(sorted((at_import or {}).items()))
+    if key not in _started:
+        path = Path(tempfile.mkdtemp(prefix="warm-starter-")) / "socket"
+        with open(path.parent / "warm-starter.log", "wb") as log:
+            _started[key] = (subprocess.Popen(
+                [sys.executable, "-m", "tfrun.launch.warm_starter", str(path)],
+                env={**os.environ, **dict(key), "TFRUN_SUPERVISOR_PID": str(os.getpid())},
+                cwd=str(Path(__file__).resolve().parent.parent), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True), path)
+        deadline = time.monotonic() + 60
+        while not path.exists() and _started[key][0].poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+    process, path = _started[key]
+    if process.poll() is not None or not path.exists():
+        return {}
+    return {VARIABLE: str(path)}
+
+
+def stop() -> None:
+    """End the warm starters (their run starters and those's tasks die with them)."""
+    for process, _path in _started.values():
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process, _path in _started.values():
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    _started.clear()
