@@ -215,7 +215,10 @@ def test_elastic_a_lost_node_leaves_a_smaller_cluster_and_is_taken_back(ray_clus
     run, out = tmp_path / "run", tmp_path / "out"
     args = README_COMMAND_ELASTIC.split()[1:]  # docs/elastic.md's, as written
     at = args.index("train.py")
-    args[at:at + 1] = [STEP_BACKUP, str(out), "10", "10", "0.1"]
+    # 20 epochs of 10 steps: the 155 steps after the re-formed run's step 45 (over 15 s)
+    # outlast the second node's start on a busy machine (10 epochs did not once, ci99: the
+    # run had ended when the test looked for worker:0 to kill).
+    args[at:at + 1] = [STEP_BACKUP, str(out), "20", "10", "0.1"]
     proc = tfrun(ray_cluster, run, "--stop-grace", "3", "--max-restarts", "1", *args)
     log = tmp_path / "out-steps-worker-0.log"
     second_up = True
@@ -234,9 +237,11 @@ def test_elastic_a_lost_node_leaves_a_smaller_cluster_and_is_taken_back(ray_clus
         start_second_node()
         second_up = True
         assert proc.poll() is None, finish(proc)[1][-4000:]
-        task = next(p for p in processes_of_run(run)
-                    if p.environ().get("TFRUN_TASK_INDEX") == "0"
-                    and "bootstrap" in " ".join(p.cmdline()))
+        task = next((p for p in processes_of_run(run)
+                     if p.environ().get("TFRUN_TASK_INDEX") == "0"
+                     and "bootstrap" in " ".join(p.cmdline())), None)
+        assert task is not None, ("worker:0's task is gone before the test could kill it "
+                                  f"(steps: {_logged_steps(log)[-3:]})")
         task.kill()
         code, output = finish(proc)
     finally:
