@@ -13,6 +13,7 @@ would without it; ``tests/integration/test_forked_tasks.py`` tests both paths, a
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,10 +64,11 @@ def stop() -> None:
     for process, _path in _started.values():
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-    for process, _path in _started.values():
+    for process, path in _started.values():
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        shutil.rmtree(path.parent, ignore_errors=True)  # its log (the socket went with it)
     _started.clear()
