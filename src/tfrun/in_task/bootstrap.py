@@ -40,7 +40,13 @@ __all__ = ["main"]
 
 def _die_with_supervisor() -> None:
     supervisor = os.environ.get(contract.SUPERVISOR_PID)
-    if not supervisor or not sys.platform.startswith("linux"):
+    if supervisor:
+        _die_with(int(supervisor))
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when its parent ``parent`` dies (at once if it already has)."""
+    if not sys.platform.startswith("linux"):
         return
     import ctypes
 
@@ -49,8 +55,8 @@ def _die_with_supervisor() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - exotic libc
         return
-    # The supervisor may have died between our fork and the prctl above.
-    if str(os.getppid()) != supervisor:
+    # The parent may have died between our fork and the prctl above.
+    if os.getppid() != parent:
         os._exit(128 + signal.SIGKILL)
 
 

@@ -46,7 +46,7 @@ import sys
 
 from .. import contract
 
-__all__ = ["MAX_MESSAGE", "main", "prepare_import", "serve", "set_title"]
+__all__ = ["MAX_MESSAGE", "main", "prepare_import", "send", "serve", "set_title"]
 
 #: The largest request (a task's whole environment, as JSON) the socket carries.
 MAX_MESSAGE = 1 << 20
@@ -63,12 +63,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         prepare_import()
     except BaseException as exc:  # noqa: BLE001 - the launcher starts tasks on their own then
-        _send(channel, {"unavailable": f"{type(exc).__name__}: {exc}"})
+        send(channel, {"unavailable": f"{type(exc).__name__}: {exc}"})
         raise SystemExit(1) from None
     # In its log: forking is safe while the only threads are OpenBLAS's (see above).
     print(f"tfrun task starter: TensorFlow imported; {len(os.listdir('/proc/self/task'))} "
           "threads", flush=True)
-    _send(channel, {"ready": os.getpid()})
+    send(channel, {"ready": os.getpid()})
     task = serve(channel)
     if task is not None:  # in a fork: run the bootstrap as `python -m` would have
         bootstrap.main(task)
@@ -130,7 +130,7 @@ def serve(channel: socket.socket) -> list[str] | None:
             os.read(in_session, 1)
             os.close(in_session)
             children.add(pid)
-            _send(channel, {"started": pid})
+            send(channel, {"started": pid})
     finally:
         if os.getpid() == starter:
             for pid in children:
@@ -186,7 +186,7 @@ def _reap(channel: socket.socket, children: set[int]) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        _send(channel, {"exited": pid, "code": _exit_code(status)})
+        send(channel, {"exited": pid, "code": _exit_code(status)})
 
 
 def _exit_code(status: int) -> int:
@@ -200,7 +200,7 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _send(channel: socket.socket, message: dict) -> None:
+def send(channel: socket.socket, message: dict) -> None:
     try:
         channel.send(json.dumps(message).encode())
     except OSError:

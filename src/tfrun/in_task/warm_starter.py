@@ -34,7 +34,6 @@ own. SIGTERM or SIGINT ends the warm starter and removes its socket.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -45,6 +44,7 @@ import sys
 from typing import Mapping
 
 from .. import contract
+from . import task_starter
 
 __all__ = ["AFTER_IMPORT", "differences", "main"]
 
@@ -60,7 +60,6 @@ AFTER_IMPORT = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_NUM_INTRAOP_T
 
 #: The namespaces a run starter must share with the launcher it serves.
 _NAMESPACES = ("net", "mnt", "pid", "uts", "ipc", "user", "cgroup")
-_PR_SET_PDEATHSIG = 1
 
 
 def differences(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("tfrun warm starter: start it with python -m tfrun.launch.warm_starter "
                          f"SOCKET_PATH (it adds what a task starts with).\nReceived: {argv}")
     path = argv[0]
-    from . import bootstrap, task_starter
+    from . import bootstrap
 
     task_starter.set_title(f"{sys.executable} -m tfrun.in_task.warm_starter {path}")
     bootstrap._die_with_supervisor()  # (when started with contract.SUPERVISOR_PID)
@@ -143,14 +142,14 @@ def _answer(connection: socket.socket, listener: socket.socket, me: int,
     fds: list[int] = []
     try:
         connection.settimeout(30)
-        message, fds, _flags, _address = socket.recv_fds(connection, 1 << 20, 1)
+        message, fds, _flags, _address = socket.recv_fds(connection, task_starter.MAX_MESSAGE, 1)
         connection.settimeout(None)
         hello = json.loads(message)
         why = _why_not(connection, hello, at_start)
     except (OSError, ValueError) as exc:
         why = f"its request could not be read ({exc})"
     if why:
-        _send(connection, {"unavailable": why})
+        task_starter.send(connection, {"unavailable": why})
         connection.close()
         for fd in fds:
             os.close(fd)
@@ -190,12 +189,10 @@ def _why_not(connection: socket.socket, hello: dict, at_start: Mapping[str, str]
 
 def _run_starter(connection: socket.socket, hello: dict, log: int | None, warm: int) -> None:
     """In the fork: become the run's task starter and serve it (see the module's doc)."""
-    from . import bootstrap, task_starter
+    from . import bootstrap
 
     os.setsid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != warm:
-        os._exit(128 + signal.SIGKILL)  # the warm starter is already gone
+    bootstrap._die_with(warm)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     output = log if log is not None else os.open(os.devnull, os.O_WRONLY)
@@ -213,20 +210,13 @@ def _run_starter(connection: socket.socket, hello: dict, log: int | None, warm: 
                            f"{os.environ.get(contract.RUN_DIR, '')}")
     print(f"tfrun task starter: forked from the warm starter {warm}, which had imported "
           "TensorFlow", flush=True)
-    _send(connection, {"ready": os.getpid()})
+    task_starter.send(connection, {"ready": os.getpid()})
     task = task_starter.serve(connection)
     if task is None:
         sys.stdout.flush()
         os._exit(0)  # not the warm starter's exit handlers
     bootstrap.main(task)
     raise SystemExit(0)
-
-
-def _send(connection: socket.socket, message: dict) -> None:
-    try:
-        connection.send(json.dumps(message).encode())
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":
