@@ -7,7 +7,7 @@ import signal
 import psutil
 import pytest
 
-from conftest import Run, assert_nothing_left
+from conftest import Run, assert_nothing_left, processes_of_run
 from tfrun.launch import cgroups
 
 pytestmark = pytest.mark.tf
@@ -44,8 +44,9 @@ def test_ctrl_c_stops_a_mwms_cluster_by_sigterm_and_leaves_no_helper_or_scratch_
     reports = _reports(run)
     helpers = [psutil.Process(r["helper"]) for r in reports.values()]
     assert all(h.is_running() for h in helpers)
-    # (forks of the run's task starter, tfrun's children: its grandchildren)
-    task_groups = {os.getpgid(p.pid) for p in psutil.Process(run.proc.pid).children(recursive=True)
+    # (forks of the run's task starter: tfrun's grandchildren, or the tests' warm starter's
+    # when it served the run -- processes_of_run finds both)
+    task_groups = {os.getpgid(p.pid) for p in processes_of_run(run.run_dir, run.proc.pid)
                    if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())}
     assert len(task_groups) == 2 and not task_groups & {os.getpgid(h.pid) for h in helpers}
     private = reports["worker:1"]["output"]
