@@ -130,9 +130,10 @@ PRIVATE_TMP = "TFRUN_PRIVATE_TMP"
 #: run's task starter on its host, which imported it once (``tfrun.in_task.task_starter``;
 #: the default, "1").
 FORK_TASKS = "TFRUN_FORK_TASKS"
-#: The path of a warm task starter's socket (``python -m tfrun.launch.warm_starter PATH``): a run on this host forks its tasks from that long-lived process, which imported
-#: TensorFlow once for every run, instead of starting a starter of its own (when the warm
-#: one cannot serve the run, it does).
+#: The path of a warm task starter's socket (``python -m tfrun.launch.warm_starter PATH``),
+#: or several joined by ``:`` (asked in turn): a run on this host forks its tasks from the
+#: first such long-lived process that may serve it, which imported TensorFlow once for
+#: every run, instead of starting a starter of its own (when none can serve the run, it does).
 WARM_STARTER = "TFRUN_WARM_STARTER"
 #: "0": no report.html at the end of a run.
 REPORT = "TFRUN_REPORT"

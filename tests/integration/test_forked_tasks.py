@@ -173,6 +173,16 @@ def test_a_warm_starter_serves_no_launcher_whose_tasks_it_would_start_differentl
     assert TaskStarter.connect(str(tmp_path / "none.sock"), sys.executable, env, str(ROOT),
                                nowhere) is None
     assert "could not be reached" in nowhere.read_text()
+    # Several paths (TFRUN_WARM_STARTER=a:b): each asked in turn, the first that serves does.
+    listed = tmp_path / "listed.log"
+    served = TaskStarter.connect_first(f"{tmp_path / 'none.sock'}:{path}", sys.executable,
+                                       {**env, "TF_CONFIG": "{}"}, str(ROOT), listed)
+    assert served is not None and "could not be reached" in listed.read_text(), \
+        listed.read_text()
+    served.close()
+    refused = TaskStarter.connect_first(f"{tmp_path / 'none.sock'}:{path}", sys.executable,
+                                        {**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, str(ROOT), listed)
+    assert refused is None and "no warm task starter served this run" in listed.read_text()
     if os.geteuid() == 0:
         probe = ("import sys; from tfrun.launch.forked_tasks import TaskStarter; "
                  f"print(TaskStarter.connect({str(path)!r}, sys.executable, {env!r}, "

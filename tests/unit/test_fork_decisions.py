@@ -51,3 +51,38 @@ def test_only_the_per_task_variables_may_differ_from_the_starter_s():
 def test_forking_is_the_default_and_fork_tasks_0_turns_it_off():
     assert wanted({}) and wanted({"TFRUN_FORK_TASKS": "1"}) and wanted({"TFRUN_FORK_TASKS": " 1 "})
     assert not wanted({"TFRUN_FORK_TASKS": "0"}) and not wanted({"TFRUN_FORK_TASKS": " 0"})
+
+
+def test_a_warm_starter_ignores_what_sshd_sets_per_connection_and_no_other_variable():
+    """A node agent's sshd session and the warm starter's (started over ssh too) differ in
+    the connection's own variables, which no import reads; anything else still counts."""
+    from tfrun.in_task.warm_starter import differences
+
+    warm = {"PATH": "/usr/bin", "SSH_CONNECTION": "10.0.0.1 40000 10.0.0.2 22",
+            "SSH_CLIENT": "10.0.0.1 40000 22", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    agent = {**warm, "SSH_CONNECTION": "10.0.0.1 40002 10.0.0.2 22",
+             "SSH_CLIENT": "10.0.0.1 40002 22", "SSH_TTY": "/dev/pts/1",
+             "TFRUN_RUN_DIR": "/r", "TF_CONFIG": "{}"}
+    assert differences(warm, agent) == []
+    assert differences(warm, {**agent, "TF_CPP_MIN_LOG_LEVEL": "3"}) == ["TF_CPP_MIN_LOG_LEVEL"]
+    assert differences(warm, {**agent, "LD_PRELOAD": "/x.so"}) == ["LD_PRELOAD"]
+
+
+def test_a_warm_starter_for_multi_host_runs_starts_without_the_loopback_library():
+    """Its tasks are a node agent's, which listen on the host's address: no LD_PRELOAD
+    (a local one would refuse every agent's run, and the reverse would open a local run's
+    servers); both are unbuffered, as tfrun starts every task."""
+    from tfrun.launch.warm_starter import task_start_env
+
+    remote = task_start_env({"HOME": "/root", "LD_PRELOAD": ""}, "multi-host")
+    assert remote == {"HOME": "/root", "LD_PRELOAD": "", "PYTHONUNBUFFERED": "1"}
+
+
+def test_the_warm_starter_entry_refuses_bad_arguments_and_names_them(capsys):
+    from tfrun.launch.warm_starter import main
+
+    for argv, named in ((["--runs", "everywhere", "/tmp/s.sock"], "everywhere"), ([], "path")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        assert named in capsys.readouterr().err

@@ -52,11 +52,12 @@ __all__ = ["AFTER_IMPORT", "differences", "main"]
 #: imports), so they may differ between the warm starter and a run: the cluster, the
 #: devices and thread counts (read when the script makes its strategy or first op), the
 #: temporary directory (``tempfile`` forgets the starter's at the fork), gRPC's port reuse
-#: (read when a server starts), the shell's own, and pytest's name of the test running (a
-#: run started from a test).
+#: (read when a server starts), the shell's own, what sshd sets per connection (a node
+#: agent's session and the warm starter's are two connections), and pytest's name of the
+#: test running (a run started from a test).
 AFTER_IMPORT = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_NUM_INTRAOP_THREADS",
                           "TF_GRPC_REUSE_PORT", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_",
-                          "PYTEST_CURRENT_TEST"})
+                          "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "PYTEST_CURRENT_TEST"})
 
 #: The namespaces a run starter must share with the launcher it serves.
 _NAMESPACES = ("net", "mnt", "pid", "uts", "ipc", "user", "cgroup")

@@ -190,11 +190,29 @@ class TaskStarter:
             if log is not None:
                 with open(log, "a") as note:
                     note.write(f"tfrun: the warm task starter at {path} did not serve this "
-                               f"run: {answer.get('unavailable', answer)}; the run starts "
-                               "its own\n")
+                               f"run: {answer.get('unavailable', answer)}\n")
             return None
         channel.settimeout(None)
         return cls(_WarmFork(int(answer["ready"])), channel, python, cwd, env)
+
+    @classmethod
+    def connect_first(cls, paths: str, python: str, env: Mapping[str, str], cwd: str,
+                      log: Path | None) -> TaskStarter | None:
+        """``connect`` to each warm starter of ``paths`` (``contract.WARM_STARTER``: one
+        socket path, or several joined by ``os.pathsep``) in turn; the first that serves the
+        run, or None (``log`` then says why each did not, and that the run starts its own).
+
+            >>> TaskStarter.connect_first("", "python3", {}, "/", None) is None
+            True
+        """
+        for path in (p for p in paths.split(os.pathsep) if p):
+            starter = cls.connect(path, python, env, cwd, log)
+            if starter is not None:
+                return starter
+        if paths and log is not None:
+            with open(log, "a") as note:
+                note.write("tfrun: no warm task starter served this run: it starts its own\n")
+        return None
 
     def accepts(self, python: str, env: Mapping[str, str], cwd: str) -> bool:
         """Whether a task with this Python, environment and directory may be its fork."""

@@ -1,49 +1,81 @@
-"""Start a warm task starter (``tfrun.in_task.warm_starter``) with what tfrun gives a local
-task at its start, so that it may serve the runs of this host.
+"""Start a warm task starter (``tfrun.in_task.warm_starter``) with what tfrun gives a task
+of the runs it is to serve, so that it may serve them.
 
 Why: a warm starter may serve a run only when the run's tasks would have started in the
-same environment at import -- and tfrun starts local tasks with variables of its own:
-unbuffered output, and the library that keeps their servers on loopback in
-``LD_PRELOAD`` (``tfrun.launch.loopback``; a process that did not load it at its start
+same environment at import -- and tfrun starts tasks with variables of its own: unbuffered
+output, and for a run on this machine alone the library that keeps its servers on loopback
+in ``LD_PRELOAD`` (``tfrun.launch.loopback``; a process that did not load it at its start
 cannot load it later, and a task forked from it would listen on every interface). This
-entry point adds them, as the launcher would for ``--network auto``, and starts the warm
-starter with them.
+entry point adds them and starts the warm starter with them.
+
+``--runs local`` (the default) serves local clusters (two tasks or more, all on this host:
+their servers on loopback, as the launcher's ``--network auto`` does). Tasks that start
+without the library are served by a warm starter started without it: ``--runs single-task``
+for local runs of one task (no server to keep on loopback), ``--runs multi-host`` for the
+node agents of multi-host runs (SSH, ``--node-rank``) on this host, whose tasks listen on
+the host's address -- start that one the way the agents start (over ``ssh`` for an SSH
+launch: its environment is the session's). A run may name several (``contract.WARM_STARTER``
+with paths joined by ``:``): the first that may serve it does.
 
     python -m tfrun.launch.warm_starter /tmp/$USER-tfrun.sock
+    ssh node-2 'python3 -m tfrun.launch.warm_starter --runs multi-host /tmp/tfrun-warm.sock'
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
+from .. import contract
 from .loopback import LoopbackNetwork, LoopbackUnavailable
 
-__all__ = ["main", "task_start_env"]
+__all__ = ["RUNS", "main", "task_start_env"]
+
+#: What ``--runs`` may say: which runs' tasks the warm starter is to start.
+RUNS = ("local", "single-task", "multi-host")
 
 #: Room in the command line for the titles of what it forks (task_starter.set_title).
 _TITLE_ROOM = " " * 4096
 
 
-def task_start_env(environ: dict[str, str]) -> dict[str, str]:
-    """``environ`` with what a local task of ``--network auto`` starts with added."""
+def task_start_env(environ: dict[str, str], runs: str = "local") -> dict[str, str]:
+    """``environ`` with what a task of ``runs`` (``RUNS``) starts with added: a task of a local
+    cluster under ``--network auto``; else (a run's only task, a task a node agent starts)
+    no loopback library.
+
+    >>> task_start_env({"HOME": "/root"}, "multi-host")
+    {'HOME': '/root', 'PYTHONUNBUFFERED': '1'}
+    """
     env = {**environ, "PYTHONUNBUFFERED": "1"}
-    try:
-        env.update(LoopbackNetwork.create(environ).task_env(environ))
-    except LoopbackUnavailable:
-        pass  # the launcher's tasks go without it too (or in a private network)
+    if runs == "local":
+        try:
+            env.update(LoopbackNetwork.create(environ).task_env(environ))
+        except LoopbackUnavailable:
+            pass  # the launcher's tasks go without it too (or in a private network)
     return env
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tfrun.launch.warm_starter",
+        description="Import TensorFlow once and start the tasks of later tfrun runs of this "
+                    "user on this host from it (runs whose environment has "
+                    f"{contract.WARM_STARTER}=PATH).")
+    parser.add_argument("path", help="where its Unix socket is made (0600; removed at its end)")
+    parser.add_argument("--runs", choices=RUNS, default="local",
+                        help="the runs it serves. local (default): local clusters of two "
+                             "tasks or more (their servers kept on loopback); single-task: "
+                             "local runs of one task; multi-host: the tasks a node agent of "
+                             "an SSH or --node-rank run starts here")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1 or argv[0].startswith("-"):
-        raise SystemExit("tfrun warm starter: expected one argument, the path of its socket "
-                         "(python -m tfrun.launch.warm_starter /tmp/$USER-tfrun.sock).\n"
-                         f"Received: {argv}")
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     os.execve(sys.executable, [sys.executable, "-m", "tfrun.in_task.warm_starter",
-                               os.path.abspath(argv[0]), _TITLE_ROOM],
-              task_start_env(dict(os.environ)))
+                               os.path.abspath(args.path), _TITLE_ROOM],
+              task_start_env(dict(os.environ), args.runs))
 
 
 if __name__ == "__main__":

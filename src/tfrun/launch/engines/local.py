@@ -238,8 +238,8 @@ class LocalBackend(Backend):
             log.parent.mkdir(parents=True, exist_ok=True)
         starter = None
         if env.get(contract.WARM_STARTER):
-            starter = TaskStarter.connect(env[contract.WARM_STARTER], python, starter_env,
-                                          cwd, log)
+            starter = TaskStarter.connect_first(env[contract.WARM_STARTER], python,
+                                                starter_env, cwd, log)
         if starter is None:
             starter = TaskStarter.start(python, starter_env, cwd, log)
         if starter is not None and self._reaper is not None:
