@@ -1,13 +1,16 @@
-"""The tests' warm task starters (``tfrun.in_task.warm_starter``): one per pytest process
-and environment at import (Keras 3, tf_keras), started at the first local run that needs
-it, which every later such run forks its tasks from.
+"""The tests' warm task starters (``tfrun.in_task.warm_starter``): per pytest process and
+environment at import (Keras 3, tf_keras), started at the first local run that needs them,
+which every later such run forks its tasks from.
 
 Why: CPU is the suite's limit on two cores, and every local run's own task starter imported
 TensorFlow and Keras once (6.5-13 CPU s here, about a quarter of the suite's CPU in ci94).
-A run the warm starter may not serve (another environment at import, another Keras, a node
-agent in a fake host's namespace, a Slurm step, a Ray worker) starts its own starter, as it
-would without it; ``tests/integration/test_forked_tasks.py`` tests both paths, and
-``TFRUN_TESTS_WARM=0`` turns it off for a whole session.
+Two per environment: one for local clusters (its tasks load the loopback library) and one
+for runs of a single task (theirs do not); a run is given both and the first that may serve
+it does. A run they may not serve (another environment at import, a node agent in a fake
+host's namespace -- ``tests/multihost/warm_hosts.py`` runs those their own --, a Slurm
+step, a Ray worker) starts its own starter, as it would without them;
+``tests/integration/test_forked_tasks.py`` tests both paths, and ``TFRUN_TESTS_WARM=0``
+turns them off for a whole session.
 """
 
 from __future__ import annotations
@@ -28,35 +31,48 @@ __all__ = ["VARIABLE", "env", "stop"]
 VARIABLE = "TFRUN_WARM_STARTER"
 
 #: The warm starters of this process, by the variables each was started with beyond
-#: os.environ (a run whose environment at import differs needs its own: tf_keras, ...).
+#: os.environ (a run whose environment at import differs needs its own: tf_keras, ...) and
+#: the runs it serves (``--runs``: a local cluster's tasks load the loopback library, a
+#: single task's do not).
 _started: dict[tuple, tuple[subprocess.Popen, Path]] = {}
 
 
 def env(at_import: dict[str, str] | None = None) -> dict[str, str]:
-    """``{VARIABLE: path}`` for a local run's environment: the path of a warm starter
+    """``{VARIABLE: paths}`` for a local run's environment: the sockets of two warm starters
     started with ``os.environ`` and ``at_import`` (the variables the run's tasks have at
-    import beyond this process's, e.g. ``{"TF_USE_LEGACY_KERAS": "1"}``), started (and its
-    socket made) at the first call; ``{}`` when ``TFRUN_TESTS_WARM`` is ``0`` or it could
-    not start."""
+    import beyond this process's, e.g. ``{"TF_USE_LEGACY_KERAS": "1"}``) -- one for local
+    clusters (the loopback library loaded), one for runs of a single task (without it) --
+    started (and their sockets made) at the first call; ``{}`` when ``TFRUN_TESTS_WARM`` is
+    ``0`` or they could not start."""
     if os.environ.get("TFRUN_TESTS_WARM", "1") == "0":
         return {}
     key = tuple(sorted((at_import or {}).items()))
-    if key not in _started:
+    for runs in ("local", "single-task"):  # (they import side by side)
+        _start(key, runs)
+    ready = [path for path in (_ready(key, runs) for runs in ("local", "single-task"))
+             if path is not None]
+    return {VARIABLE: os.pathsep.join(ready)} if ready else {}
+
+
+def _start(key: tuple, runs: str) -> None:
+    """Start the warm starter for ``key`` and ``runs``, at the first call."""
+    if (key, runs) not in _started:
         path = Path(tempfile.mkdtemp(prefix="warm-starter-")) / "socket"
         with open(path.parent / "warm-starter.log", "wb") as log:
-            _started[key] = (subprocess.Popen(
-                [sys.executable, "-m", "tfrun.launch.warm_starter", str(path)],
+            _started[key, runs] = (subprocess.Popen(
+                [sys.executable, "-m", "tfrun.launch.warm_starter", "--runs", runs, str(path)],
                 env={**os.environ, **dict(key), "TFRUN_SUPERVISOR_PID": str(os.getpid())},
                 cwd=str(Path(__file__).resolve().parent.parent), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True), path)
-        deadline = time.monotonic() + 60
-        while not path.exists() and _started[key][0].poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
-    process, path = _started[key]
-    if process.poll() is not None or not path.exists():
-        return {}
-    return {VARIABLE: str(path)}
+
+
+def _ready(key: tuple, runs: str) -> str | None:
+    """The socket of the warm starter for ``key`` and ``runs`` once it listens, or None."""
+    process, path = _started[key, runs]
+    deadline = time.monotonic() + 180  # (three importing at once on a slow hour)
+    while not path.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return str(path) if process.poll() is None and path.exists() else None
 
 
 def stop() -> None:

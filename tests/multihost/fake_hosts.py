@@ -41,6 +41,9 @@ SUBNET = "10.215.0"
 SSHD = "/usr/sbin/sshd"
 #: A path every fake host has on a disk of its own.
 PRIVATE = "/srv/tfrun-private"
+#: In the command line of the tests' warm starters on the hosts (their sockets' names,
+#: ``warm_hosts.py``): they serve run after run, and are no run's leftover.
+WARM_MARK = f"{PRIVATE}/tests-warm-"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -154,6 +157,9 @@ class FakeHosts:
             time.sleep(0.1)
 
     def down(self) -> None:
+        import warm_hosts
+
+        warm_hosts.forget(self)  # (the namespaces' processes are killed below)
         for process in self.sshd.values():
             process.kill()
             process.wait()
@@ -191,14 +197,16 @@ class FakeHosts:
         return [int(p) for p in out if p.isdigit()]
 
     def tfrun_processes(self, i: int | None = None) -> list[psutil.Process]:
-        """Live tfrun processes (launcher, agent, reaper, task bootstraps) on host i (or any)."""
+        """Live tfrun processes (launcher, agent, reaper, task bootstraps) on host i (or any);
+        not the tests' warm starters (``WARM_MARK``), whose run starters are."""
         found = []
         for host in ([i] if i else range(1, self.count + 1)):
             for pid in self.pids(host):
                 try:
                     proc = psutil.Process(pid)
                     cmdline = " ".join(proc.cmdline())
-                    if "tfrun" in cmdline and proc.status() != psutil.STATUS_ZOMBIE:
+                    if "tfrun" in cmdline and WARM_MARK not in cmdline \
+                            and proc.status() != psutil.STATUS_ZOMBIE:
                         found.append(proc)
                 except (psutil.NoSuchProcess, psutil.ZombieProcess):
                     pass

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import side_by_side
+import warm_hosts
 from conftest import ROOT
 
 __all__ = ["HostRun", "assert_nothing_left", "env", "ssh_flags", "stop_what_a_test_left"]
@@ -30,11 +31,16 @@ class HostRun:
     """``tfrun ARGS`` started on fake host ``i`` (in its namespaces), cwd = the repo."""
 
     def __init__(self, hosts, i: int, args: list[str], extra_env: dict | None = None,
-                 cwd: Path = ROOT) -> None:
+                 cwd: Path = ROOT, warm: bool = True) -> None:
+        """``warm``: the run's agents may fork their tasks from the hosts' warm starters
+        (``warm_hosts``)."""
         self.hosts, self.i = hosts, i
         sub = args[:1] if args[:1] in (["doctor"], ["bench"]) else []  # a subcommand comes first
         cmd = [sys.executable, "-m", "tfrun", *sub, "--color", "never", *args[len(sub):]]
-        self.proc = hosts.popen(i, cmd, cwd=str(cwd), env={**env(), **(extra_env or {})},
+        launcher_env = {**env(), **(extra_env or {})}
+        if warm and not sub:
+            launcher_env.update(warm_hosts.env(hosts, args, launcher_env))
+        self.proc = hosts.popen(i, cmd, cwd=str(cwd), env=launcher_env,
                                 stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []

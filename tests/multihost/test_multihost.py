@@ -20,6 +20,7 @@ import pytest
 
 from conftest import ROOT
 from host_runs import HostRun, assert_nothing_left, ssh_flags
+import warm_hosts
 
 pytestmark = [pytest.mark.multihost]
 EXACTNESS = str(ROOT / "tests" / "scripts" / "exactness.py")
@@ -80,6 +81,7 @@ def test_ssh_launch_mwms_on_two_hosts_same_port_is_exact(fake_hosts, reference, 
     logs = [(tmp_path / "run" / "logs" / f"worker-{i}.log").read_text() for i in (0, 1)]
     assert "tfrun: all-reduce over TCP: 2 workers on 2 hosts" in logs[0]
     assert not any("refused a connection" in log or "could not delete" in log for log in logs)
+    warm_hosts.assert_served(tmp_path / "run", starters=2)  # each host's agent: its own
     assert_nothing_left(fake_hosts)
 
 
@@ -460,6 +462,7 @@ def test_pernode_launch_mwms_is_exact_and_logs_land_side_by_side(fake_hosts, ref
     assert sorted(p.name for p in (tmp_path / "run" / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {t["task"]: t["host"] for t in summary["tasks"]} == {"worker:0": "node-1", "worker:1": "node-2"}
+    warm_hosts.assert_served(tmp_path / "run", starters=2)  # each node's, either Keras
     assert_nothing_left(fake_hosts)
 
 
