@@ -46,6 +46,8 @@ def test_only_the_per_task_variables_may_differ_from_the_starter_s():
     assert not same_at_import(starter, {**task, "LD_PRELOAD": "/lib/x.so"})
     assert not same_at_import(starter, {k: v for k, v in task.items() if k != "PATH"})
     assert {"TF_CONFIG", "TFRUN_RESTART_COUNT", "TFRUN_CGROUP"} <= PER_TASK
+    # an elastic re-form names the hosts away in every later task's variables: still a fork
+    assert same_at_import(starter, {**task, "TFRUN_HOSTS_AWAY": "node-3"})
 
 
 def test_forking_is_the_default_and_fork_tasks_0_turns_it_off():

@@ -40,11 +40,13 @@ __all__ = ["PER_TASK", "ForkedTask", "TaskStarter", "imports_tensorflow", "pytho
 
 #: The variables a forked task may have other values of than the starter: none is read
 #: while TensorFlow imports (the cluster, the devices and thread counts are read when the
-#: script makes its strategy or first op; the rest is tfrun's own, read by the bootstrap).
+#: script makes its strategy or first op; the rest is tfrun's own, read by the bootstrap,
+#: or not read in a task at all: the hosts an elastic run lost, which every task gets after
+#: a re-form -- without it here, every task after a re-form imported TensorFlow itself).
 PER_TASK = frozenset({"TF_CONFIG", contract.TASK_TYPE, contract.TASK_INDEX,
                       contract.RESTART_COUNT, contract.SCRATCH_DIR, contract.CGROUP,
-                      contract.CPUS, contract.SUPERVISOR_PID, "CUDA_VISIBLE_DEVICES",
-                      "TF_NUM_INTRAOP_THREADS"})
+                      contract.CPUS, contract.SUPERVISOR_PID, contract.HOSTS_AWAY,
+                      "CUDA_VISIBLE_DEVICES", "TF_NUM_INTRAOP_THREADS"})
 
 #: Seconds the starter may take to import TensorFlow before tasks start on their own.
 READY_TIMEOUT = 180.0
