@@ -72,7 +72,8 @@ def env(hosts, args: list[str], launcher_env: dict[str, str]) -> dict[str, str]:
         at_import = forwarded_env(launcher_env, ())
     # Every host of the run at once (a --node-rank run's tfrun on each host is started
     # one after another, with the same arguments): they import side by side.
-    names = sorted({int(n) for n in re.findall(r"node-(\d+)", hosts_arg[0])})
+    # (only hosts that exist: a test may name one that does not, to see it refused)
+    names = sorted({int(n) for n in re.findall(r"node-(\d+)", hosts_arg[0])} & set(hosts.sshd))
     if keras_2:
         at_import["TF_USE_LEGACY_KERAS"] = "1"
     # Not what may differ between runs it serves (tfrun's own, the test's name, ...): one
