@@ -87,8 +87,7 @@ class Run:
         self.run_dir = tmp_path / name
         self.cmd = [sys.executable, "-m", "tfrun", "--run-dir", str(self.run_dir), "--color", "never",
                     *args]
-        legacy = "2" in [v for k, v in zip(args, args[1:]) if k == "--keras"] \
-            or (env or {}).get("TF_USE_LEGACY_KERAS") == "1"
+        legacy = warm_tasks.legacy_keras(args, env or {})
         warm_env = warm_tasks.env({"TF_USE_LEGACY_KERAS": "1"} if legacy else None) \
             if warm else {}
         self.env = {**os.environ, **warm_env, **(env or {})}

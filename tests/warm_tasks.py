@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["VARIABLE", "env", "stop"]
+__all__ = ["VARIABLE", "env", "legacy_keras", "on", "stop"]
 
 #: tfrun's variable for it (``tfrun.contract.WARM_STARTER``; spelled here, as conftest
 #: spells tfrun's, because this module loads before any test's imports).
@@ -37,6 +37,18 @@ VARIABLE = "TFRUN_WARM_STARTER"
 _started: dict[tuple, tuple[subprocess.Popen, Path]] = {}
 
 
+def on() -> bool:
+    """Runs get warm starters (``TFRUN_TESTS_WARM`` is not ``0``)."""
+    return os.environ.get("TFRUN_TESTS_WARM", "1") != "0"
+
+
+def legacy_keras(args: list[str], environ: dict[str, str]) -> bool:
+    """Whether ``tfrun ARGS`` started with ``environ`` gives its tasks tf_keras (which a
+    warm starter must have imported instead of Keras 3)."""
+    return "2" in [v for k, v in zip(args, args[1:]) if k == "--keras"] \
+        or environ.get("TF_USE_LEGACY_KERAS") == "1"
+
+
 def env(at_import: dict[str, str] | None = None) -> dict[str, str]:
     """``{VARIABLE: paths}`` for a local run's environment: the sockets of two warm starters
     started with ``os.environ`` and ``at_import`` (the variables the run's tasks have at
@@ -44,7 +56,7 @@ def env(at_import: dict[str, str] | None = None) -> dict[str, str]:
     clusters (the loopback library loaded), one for runs of a single task (without it) --
     started (and their sockets made) at the first call; ``{}`` when ``TFRUN_TESTS_WARM`` is
     ``0`` or they could not start."""
-    if os.environ.get("TFRUN_TESTS_WARM", "1") == "0":
+    if not on():
         return {}
     key = tuple(sorted((at_import or {}).items()))
     for runs in ("local", "single-task"):  # (they import side by side)

@@ -24,7 +24,6 @@ turns these off with the local ones.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shlex
 import subprocess
@@ -36,15 +35,11 @@ import warm_tasks
 from conftest import ROOT
 from fake_hosts import WARM_MARK
 
-__all__ = ["assert_served", "env", "forget", "on"]
+__all__ = ["assert_served", "env", "forget"]
 
-#: (hosts' work directory, host, kind, key) -> (the Popen started here, socket, log)
+#: (hosts' work directory, host, socket path -- which names the kind and the environment)
+#: -> (the Popen started here, socket, log)
 _started: dict[tuple, tuple[subprocess.Popen, str, Path]] = {}
-
-
-def on() -> bool:
-    """Runs on the fake hosts get warm starters (``TFRUN_TESTS_WARM`` is not ``0``)."""
-    return os.environ.get("TFRUN_TESTS_WARM", "1") != "0"
 
 
 def env(hosts, args: list[str], launcher_env: dict[str, str]) -> dict[str, str]:
@@ -52,14 +47,13 @@ def env(hosts, args: list[str], launcher_env: dict[str, str]) -> dict[str, str]:
     ``launcher_env``, the warm starters of the hosts of its ``--hosts`` up; ``{}`` when they
     are off, one did not come up, or the run has no agents (a local run: ``warm_tasks`` is
     for those)."""
-    if not on():
+    if not warm_tasks.on():
         return {}
     hosts_arg = [v for k, v in zip(args, args[1:]) if k == "--hosts"]
     if not hosts_arg:
         return {}
     node_rank = "--node-rank" in args
-    keras_2 = "2" in [v for k, v in zip(args, args[1:]) if k == "--keras"] \
-        or launcher_env.get("TF_USE_LEGACY_KERAS") == "1"
+    keras_2 = warm_tasks.legacy_keras(args, launcher_env)
     if node_rank:
         # The agent is the tfrun started here: its tasks have its environment, and the
         # launcher's own variables (PYTHONUNBUFFERED, the Keras choice) on top.
@@ -139,7 +133,7 @@ def assert_served(run_dir: Path, starters: int) -> None:
     """Each of the run's ``starters`` task starters (one per agent: per host) was forked
     from its host's warm starter, and imported no TensorFlow of its own (what these warm
     starters are for); nothing to check when they are off."""
-    if not on():
+    if not warm_tasks.on():
         return
     logs = {p.name: p.read_text(errors="replace")
             for p in sorted((run_dir / ".tfrun").glob("task-starter-*.log"))}
