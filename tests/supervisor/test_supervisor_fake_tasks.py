@@ -1,6 +1,7 @@
 """Tier 2: the real supervisor and CLI with fake tasks (tiny Python children, no TensorFlow)."""
 
 import os
+import re
 import signal
 import subprocess
 import socket
@@ -606,8 +607,11 @@ def test_hang_timeout_names_the_silent_task_with_its_stack(fake_run, stuck):
         assert samples >= 3, samples  # the sampler did go on while worker:1 hung
     assert run.summary["status"] == "hang-timeout"
     assert run.summary["root_cause"]["task"] == "worker:1"
-    assert "FAILED: worker:1 made no progress for 2s (--hang-timeout 2s: no output line)" \
-        in run.stdout, run.stdout
+    # The silence reported is the one measured when tfrun noticed: at least the timeout,
+    # more when a loaded machine polls late (ci at 5345dd4 said 3s).
+    said = re.search(r"FAILED: worker:1 made no progress for (\d+)s \(--hang-timeout 2s: "
+                     r"no output line\)", run.stdout)
+    assert said and int(said.group(1)) >= 2, run.stdout
     log = (run.run_dir / "logs" / "worker-1.log").read_text()
     if stuck == "hang_in_python":
         # faulthandler's dump, on the console and in the log, names the stuck function.
