@@ -44,12 +44,13 @@ SHM_LINE = "tfrun: all-reduce through shared memory: 2 workers on this host"
 
 
 def flavour_env(flavour: str) -> dict:
+    # TensorFlow's own log level left as the session's (the tasks' start-up noise stays in
+    # their logs anyway): the runs then fork from the warm starters every local run of this
+    # worker uses, instead of two more per worker for another environment at import.
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if flavour == "2":
         env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
-    env.update(warm_tasks.env({k: env[k] for k in ("TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS")
-                               if k in env}))
+    env.update(warm_tasks.env({"TF_USE_LEGACY_KERAS": "1"} if flavour == "2" else None))
     return env
 
 

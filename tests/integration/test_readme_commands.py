@@ -176,8 +176,10 @@ BENCH = "tfrun bench examples/mnist_mlp.py --workers 1,2"
 
 def run_readme_line(command: str, workdir):
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", **REPORT_ON)  # pages included, as a user gets them
-    env.update(warm_tasks.env({"TF_CPP_MIN_LOG_LEVEL": "2"}))
+    env.update(REPORT_ON)  # pages included, as a user gets them
+    # The warm starters every local run of this worker uses (tf_keras' for --keras 2).
+    env.update(warm_tasks.env({"TF_USE_LEGACY_KERAS": "1"}
+                              if warm_tasks.legacy_keras(command.split(), env) else None))
     run_dir = workdir / "runs" / re.sub(r"\W+", "-", command)
     if not command.startswith(("tfrun bench", "tfrun report")):  # bench names its own dirs
         env["TFRUN_RUN_DIR"] = str(run_dir)
