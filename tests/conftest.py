@@ -472,10 +472,15 @@ ENGINE_FOLDERS = {"multihost": "fake-hosts", "slurm": "engines", "ray": "engines
 #: one of their tests): one group each, so it is made once.
 GROUPED_MODULES = ("test_run_report.py", "test_shm_allreduce.py", "test_loopback.py")
 #: Modules of ``alone`` tests (they measure how CPU is shared; test_hangs.py's fixture
-#: also starts a real run) that run in one group, in this order, after the quick tier's other tests: their ``alone`` tests follow each other
-#: on one worker, which empties the room once for all of them (``side_by_side.turn``'s
-#: ``keep``). In ci83, apart, each waited 49-79 s for the room to empty.
+#: also starts a real run), in the group of the fake hosts' (two of whose tests are
+#: ``alone`` too): ``ALONE_GROUP``.
 CPU_SHARE_MODULES = ("test_hangs.py", "test_contention.py")
+#: The xdist group of every ``alone`` test, several at a time: they come first in it, one
+#: after the other on one worker, so that the room empties once for all of them
+#: (``side_by_side.turn``'s ``keep``). In ci83, apart, each waited 49-79 s for the room to
+#: empty; in ci104, in two groups (the CPU-share modules' after the quick tier, the fake
+#: hosts' two in the middle of theirs), it emptied twice and the other workers waited 543 s.
+ALONE_GROUP = ENGINE_FOLDERS["multihost"]
 #: The longest local tests (193-204 s and 73-94 s in the CIs at 20a1b2e and 8cae52a),
 #: started early so that neither is what the other workers wait for at the end.
 LONGEST = (
@@ -492,7 +497,7 @@ def pytest_collection_modifyitems(config, items):
         if path.parent.name in ENGINE_FOLDERS:
             item.add_marker(pytest.mark.xdist_group(ENGINE_FOLDERS[path.parent.name]))
         elif path.name in CPU_SHARE_MODULES:
-            item.add_marker(pytest.mark.xdist_group("cpu-shares"))
+            item.add_marker(pytest.mark.xdist_group(ALONE_GROUP))
         elif path.name in GROUPED_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
     # Pure tests first, then the supervisor's, then real clusters (a stable sort: each keeps
@@ -508,12 +513,13 @@ def pytest_collection_modifyitems(config, items):
 
     def order(item) -> tuple[int, int]:
         path = Path(str(item.fspath))
-        if several_at_a_time and path.parent.name in ENGINE_FOLDERS:
-            return -1, 0
+        if several_at_a_time and (path.parent.name in ENGINE_FOLDERS
+                                  or path.name in CPU_SHARE_MODULES):
+            # ALONE_GROUP's alone tests first of all, the room still empty or emptying of
+            # the other workers' first, short tests (all in ALONE_GROUP: one worker).
+            return (-2 if item.get_closest_marker("alone") else -1), 0
         if several_at_a_time and item.originalname in LONGEST:
             return len(rank), 0
-        if several_at_a_time and path.name in CPU_SHARE_MODULES:
-            return len(rank) + 1, CPU_SHARE_MODULES.index(path.name)
         return rank.get(path.parent.name, len(rank) + 1), 0
 
     items.sort(key=order)

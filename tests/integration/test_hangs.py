@@ -19,13 +19,14 @@ SCRIPT = "tests/scripts/stuck_worker.py"
 
 
 #: The defaults' test: its run waits a minute by design (the default step limit, 60 s, with
-#: nothing for the CPU to do), so it starts as this module begins (``stuck_with_the_defaults``)
-#: and the two tests above it run meanwhile. None of them measures CPU shares; the straggler
-#: tests, which do, come after it.
+#: nothing for the CPU to do), so it starts with the first of the two tests above it
+#: (``stuck_with_the_defaults``), which run meanwhile. None of them measures CPU shares;
+#: the straggler tests, which do, run apart from it (``alone``: before them, see
+#: tests/conftest.py's ``ALONE_GROUP``).
 WITH_THE_DEFAULTS = "test_a_worker_stuck_in_its_callback_with_the_defaults_is_named_with_its_stack"
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def stuck_with_the_defaults(request, tmp_path_factory):
     """The keras 3 run of ``SCRIPT`` with the defaults, started (only where its test is
     selected); the test waits for it and asserts on its own run directory."""
@@ -76,14 +77,19 @@ def _assert_the_stuck_worker_is_named(run: Run, flavour: str, limit: float) -> N
     assert_nothing_left(run)
 
 
+@pytest.mark.usefixtures("stuck_with_the_defaults")
 def test_a_worker_stuck_in_its_callback_is_named_with_its_stack(tmp_path):
-    """tf_keras, with --step-timeout 15 (the defaults are the test below)."""
+    """tf_keras, with --step-timeout 15 (the defaults are the test below). Samples every
+    0.5 s: the report's step-rate chart needs two during the 30 steps, which a task forked
+    on a quiet machine ran between its first two samples at the default 2 s (no chart)."""
     run = Run(tmp_path, ["--workers", "2", "--keras", "2", "--step-timeout", "15", SCRIPT,
-                         "worker:1", "30"], env={"TF_USE_LEGACY_KERAS": "1", **REPORT_ON})
+                         "worker:1", "30"], env={"TF_USE_LEGACY_KERAS": "1", **REPORT_ON,
+                                                 "TFRUN_METRICS_INTERVAL": "0.5"})
     assert run.run(timeout=400) == 124, run.stdout[-5000:]
     _assert_the_stuck_worker_is_named(run, "2", 15.0)
 
 
+@pytest.mark.usefixtures("stuck_with_the_defaults")
 def test_a_hang_with_restarts_left_restarts_the_group_which_then_finishes(tmp_path):
     """Issue 44.2: the restart policy acts on the class hang: with --max-restarts 1, the
     hang (worker:1 stuck in the first attempt only) stops and restarts the group, charged
