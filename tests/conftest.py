@@ -87,9 +87,7 @@ class Run:
         self.run_dir = tmp_path / name
         self.cmd = [sys.executable, "-m", "tfrun", "--run-dir", str(self.run_dir), "--color", "never",
                     *args]
-        legacy = warm_tasks.legacy_keras(args, env or {})
-        warm_env = warm_tasks.env({"TF_USE_LEGACY_KERAS": "1"} if legacy else None) \
-            if warm else {}
+        warm_env = warm_tasks.for_run(args, env or {}) if warm else {}
         self.env = {**os.environ, **warm_env, **(env or {})}
         self.env.pop("TF_CONFIG", None)
         self.proc: subprocess.Popen | None = None

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["VARIABLE", "env", "legacy_keras", "on", "stop"]
+__all__ = ["VARIABLE", "env", "for_run", "legacy_keras", "on", "stop"]
 
 #: tfrun's variable for it (``tfrun.contract.WARM_STARTER``; spelled here, as conftest
 #: spells tfrun's, because this module loads before any test's imports).
@@ -47,6 +47,12 @@ def legacy_keras(args: list[str], environ: dict[str, str]) -> bool:
     warm starter must have imported instead of Keras 3)."""
     return "2" in [v for k, v in zip(args, args[1:]) if k == "--keras"] \
         or environ.get("TF_USE_LEGACY_KERAS") == "1"
+
+
+def for_run(args: list[str], environ: dict[str, str]) -> dict[str, str]:
+    """``env()`` for a local ``tfrun ARGS`` started with ``environ``: the warm starters of its
+    Keras flavour (tf_keras' when it gives its tasks tf_keras, else Keras 3's)."""
+    return env({"TF_USE_LEGACY_KERAS": "1"} if legacy_keras(args, environ) else None)
 
 
 def env(at_import: dict[str, str] | None = None) -> dict[str, str]:

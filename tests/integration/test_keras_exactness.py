@@ -50,7 +50,7 @@ def flavour_env(flavour: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
     if flavour == "2":
         env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
-    env.update(warm_tasks.env({"TF_USE_LEGACY_KERAS": "1"} if flavour == "2" else None))
+    env.update(warm_tasks.for_run([], env))
     return env
 
 

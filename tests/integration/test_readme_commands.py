@@ -178,8 +178,7 @@ def run_readme_line(command: str, workdir):
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
     env.update(REPORT_ON)  # pages included, as a user gets them
     # The warm starters every local run of this worker uses (tf_keras' for --keras 2).
-    env.update(warm_tasks.env({"TF_USE_LEGACY_KERAS": "1"}
-                              if warm_tasks.legacy_keras(command.split(), env) else None))
+    env.update(warm_tasks.for_run(command.split(), env))
     run_dir = workdir / "runs" / re.sub(r"\W+", "-", command)
     if not command.startswith(("tfrun bench", "tfrun report")):  # bench names its own dirs
         env["TFRUN_RUN_DIR"] = str(run_dir)
