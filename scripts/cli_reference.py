@@ -38,7 +38,20 @@ def parsers() -> list[tuple[str, argparse.ArgumentParser | None, str]]:
 
 
 def render() -> str:
-    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: one width everywhere
+    # argparse wraps to the terminal's width: one width everywhere, for this call only (a
+    # test calls it in its own process, whose later runs would carry the width to their tasks).
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"
+    try:
+        return _render()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+
+
+def _render() -> str:
     parts = ["# Command-line reference", "",
              "Generated from tfrun's argument parsers by `python scripts/cli_reference.py > "
              "docs/cli-reference.md`; CI checks that it matches. Every launch flag can also "

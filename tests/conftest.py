@@ -371,6 +371,36 @@ def _fake_hosts_cleared_after(request):
             print(host_runs.timelines(request.getfixturevalue("fake_hosts"), since=started))
 
 
+#: What importing TensorFlow sets in its process's environment (TF 2.21): a test that
+#: imports it in pytest's own process leaves them, which is not the test's doing.
+_SET_BY_TENSORFLOW_S_IMPORT = frozenset({
+    "ENABLE_RUNTIME_UPTIME_TELEMETRY", "TF2_BEHAVIOR", "TPU_ML_PLATFORM",
+    "TPU_ML_PLATFORM_VERSION", "HDF5_PLUGIN_PATH", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"})
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_found():
+    """Each test leaves pytest's environment as it found it (then restored, pass or fail).
+    A change that stayed went with every later run of the worker into its tasks: in the CI
+    at f5b407c, ``COLUMNS`` set by the CLI-reference test made 26 runs of one worker import
+    TensorFlow cold (their warm starter had started without it). ``monkeypatch`` undoes its
+    own changes before this check."""
+    found = dict(os.environ)
+    yield
+    now = dict(os.environ)
+    changed = sorted(name for name in found.keys() | now.keys()
+                     if found.get(name) != now.get(name) and name != "PYTEST_CURRENT_TEST")
+    for name in changed:  # (pytest's own PYTEST_CURRENT_TEST is not ours to restore)
+        if name in found:
+            os.environ[name] = found[name]
+        else:
+            del os.environ[name]
+    left = [f"{name}: {found.get(name)!r} -> {now.get(name)!r}" for name in changed
+            if name not in _SET_BY_TENSORFLOW_S_IMPORT]
+    assert not left, ("the test changed pytest's environment and left it so (use "
+                      "monkeypatch.setenv, or restore it): " + "; ".join(left))
+
+
 # --------------------------------------------------------------------------- Slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
