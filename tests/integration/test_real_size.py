@@ -32,12 +32,13 @@ EPOCHS, STEPS = 3, 6  # epoch 2 is steps 7-12
 WIDTH = 4096  # four Dense(4096): 50.6M parameters
 #: Both workers' saves share the disk: 2 x 607 MB at this rate is 8 s a save, at least.
 DISK_BYTES_PER_SECOND = 150 << 20
-PRIVATE = {"PRIVATE_BACKUPS": "1"}  # each worker's backups in a directory of its own
 
 
-def _args(out) -> list[str]:
+def _args(out, backups: str) -> list[str]:
+    """``backups``: ``--private-backups`` (each worker's in a directory of its own) or
+    ``--no-backups``."""
     return ["--workers", "2", "--max-restarts", "0", SCRIPT, str(out), str(EPOCHS), str(STEPS),
-            str(WIDTH)]
+            str(WIDTH), backups]
 
 
 def _steps(path) -> list[tuple[int, int]]:
@@ -84,7 +85,7 @@ def test_50m_parameters_on_a_slow_disk_preempted_twice_redo_no_step_and_end_as_u
         tmp_path):
     # Without backups: what the preempted run must equal is training that nothing
     # interrupted nor saved (and the reference is spared 607 MB per worker and epoch).
-    reference = Run(tmp_path, _args(tmp_path / "clean"), name="clean", env={"NO_BACKUPS": "1"})
+    reference = Run(tmp_path, _args(tmp_path / "clean", "--no-backups"), name="clean")
     assert reference.run(600) == 0, reference.stdout[-4000:]
     assert int((tmp_path / "clean-params.txt").read_text()) >= 50_000_000
     with throttled_disk(tmp_path, 8 << 30, DISK_BYTES_PER_SECOND) as disk:
@@ -94,7 +95,7 @@ def test_50m_parameters_on_a_slow_disk_preempted_twice_redo_no_step_and_end_as_u
 def _preempted_twice_then_again(tmp_path, disk) -> None:
     """The preempted runs, their run directory (and so the workers' backups) on ``disk``."""
     log = tmp_path / "stopped-steps-worker-0.log"
-    first = Run(disk, _args(tmp_path / "stopped"), name="stopped", env=PRIVATE).start()
+    first = Run(disk, _args(tmp_path / "stopped", "--private-backups"), name="stopped").start()
     _wait_for(first, log, 0, STEPS + 2)  # mid-epoch 2, after epoch 1's backup
     noticed = time.monotonic()
     os.kill(_pid(first, "worker:1"), signal.SIGTERM)
@@ -121,7 +122,7 @@ def _preempted_twice_then_again(tmp_path, disk) -> None:
 
     # worker:1's disk without its backups: the state must come from worker:0
     shutil.rmtree(first.run_dir / "disk-of-worker-1")
-    again = Run(disk, _args(tmp_path / "stopped"), name="stopped", env=PRIVATE)
+    again = Run(disk, _args(tmp_path / "stopped", "--private-backups"), name="stopped")
     assert again.run(600) == 0, again.stdout[-4000:]
     assert again.summary["attempts"][-1]["resumed_at_step"] == saved[-1]
     joined = (again.run_dir / "logs" / "worker-1.log").read_text()

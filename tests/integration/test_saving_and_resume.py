@@ -339,8 +339,8 @@ def test_a_worker_without_the_backups_gets_the_state_from_its_peer(tmp_path, uni
 
     reference, flavour = uninterrupted
     run = Run(tmp_path, ["--workers", "2", "--keras", flavour, "--max-restarts", "1", STEP_SCRIPT,
-                         str(tmp_path / "spare"), "3", "10", "0.05"], name="spare",
-              env={"PRIVATE_BACKUPS": "1"}).start()
+                         str(tmp_path / "spare"), "3", "10", "0.05", "--private-backups"],
+              name="spare").start()
     log = tmp_path / "spare-steps-worker-0.log"
     _wait_for_step(run, log, 45)
     os.kill(_running_pid(run, "worker:1"), signal.SIGKILL)

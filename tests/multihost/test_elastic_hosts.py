@@ -524,8 +524,8 @@ def test_elastic_a_spare_gets_hundreds_of_mb_of_state_from_its_peer_across_hosts
     from conftest import Run
 
     clean = Run(tmp_path, ["--workers", "2", "--quiet-tasks", LARGE_MODEL,
-                           str(tmp_path / "clean"), "3", STEPS, WIDTH], name="clean",
-                env={"NO_BACKUPS": "1"})  # training nothing saved: what the run must equal
+                           str(tmp_path / "clean"), "3", STEPS, WIDTH, "--no-backups"],
+                name="clean")  # training nothing saved: what the run must equal
     assert clean.run(600) == 0, clean.stdout[-3000:]
     assert int((tmp_path / "clean-params.txt").read_text()) >= 28_000_000
     out = tmp_path / "out"

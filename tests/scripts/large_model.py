@@ -1,6 +1,6 @@
 """A model of real size under MWMS with tfrun.backup_and_restore() defaults, logging steps.
 
-    tfrun --workers 2 large_model.py OUT EPOCHS STEPS_PER_EPOCH [WIDTH]
+    tfrun --workers 2 large_model.py OUT EPOCHS STEPS_PER_EPOCH [WIDTH] [--private-backups | --no-backups]
 
 Four Dense(WIDTH) layers (WIDTH 8192: 201.9M parameters; with Adam's two slots about
 2.4 GB of weights and optimizer state per worker, so a backup takes seconds, not
@@ -9,10 +9,12 @@ same command end with the same weights. Each task appends "<restart count> <glob
 per trained batch to OUT-steps-<role>-<index>.log and its final weights to
 OUT-<role>-<index>.npz, and the parameter count to OUT-params.txt.
 
-PRIVATE_BACKUPS=1 in the environment: each task backs up under a directory of its own,
+--private-backups: each task backs up under a directory of its own,
 ``<run dir>/disk-of-<role>-<index>`` (no task sees another's backups, as on hosts with
-their own disks). NO_BACKUPS=1: no tfrun.backup_and_restore() at all (an uninterrupted
-reference run, spared writing 2.4 GB per worker and epoch that nothing reads).
+their own disks). --no-backups: no tfrun.backup_and_restore() at all (an uninterrupted
+reference run, spared writing 2.4 GB per worker and epoch that nothing reads). Arguments,
+not environment variables: a run whose environment differs from the test's own imports
+TensorFlow cold (its warm starter declines it).
 """
 
 import os
@@ -24,8 +26,12 @@ import keras
 import tfrun
 from _step_log import step_log
 
-out, epochs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-width = int(sys.argv[4]) if len(sys.argv) > 4 else 8192
+switches = {a for a in sys.argv[1:] if a.startswith("--")}
+positional = [a for a in sys.argv[1:] if not a.startswith("--")]
+if not switches <= {"--private-backups", "--no-backups"}:
+    raise SystemExit(f"large_model.py: unknown switches {sorted(switches)}")
+out, epochs, steps = positional[0], int(positional[1]), int(positional[2])
+width = int(positional[3]) if len(positional) > 3 else 8192
 info = tfrun.task()
 strategy = tfrun.strategy()
 
@@ -45,9 +51,9 @@ with open(f"{out}-params.txt", "w") as f:
     f.write(str(model.count_params()))
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 backup_dir = (os.path.join(os.environ["TFRUN_RUN_DIR"], f"disk-of-{info.role}-{info.index}")
-              if os.environ.get("PRIVATE_BACKUPS") == "1" else None)
+              if "--private-backups" in switches else None)
 callbacks = [step_log(keras, f"{out}-steps-{info.role}-{info.index}.log")]
-if os.environ.get("NO_BACKUPS") != "1":
+if "--no-backups" not in switches:
     callbacks.insert(0, tfrun.backup_and_restore(backup_dir))
 model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
 np.savez(f"{out}-{info.role}-{info.index}.npz", *[np.asarray(w) for w in model.get_weights()])

@@ -1,6 +1,6 @@
 """fit() under MWMS with tfrun.backup_and_restore(save_freq=N), logging every step.
 
-    tfrun --workers 2 --max-restarts 1 step_backup.py OUT EPOCHS SAVE_FREQ [SLOW [CHECK]]
+    tfrun --workers 2 --max-restarts 1 step_backup.py OUT EPOCHS SAVE_FREQ [SLOW [CHECK]] [--private-backups]
 
 A fixed problem (same data and initial weights everywhere), a dataset reshuffled every
 epoch with a seed (a resume must put the input back where it was), Adam. Each task
@@ -9,7 +9,8 @@ and writes its final weights to OUT-<role>-<index>.npz. SLOW: seconds to sleep a
 each batch (so a test can kill a task mid-epoch). CHECK: the preemption_check (default
 "auto").
 
-PRIVATE_BACKUPS=1 in the environment: each task backs up under a directory of its own
+--private-backups (an argument: an environment of its own would make the run's import of
+TensorFlow cold): each task backs up under a directory of its own
 (no task sees another's backups, as on hosts with their own disks); and worker:1 started
 again by a restart loses its backups first (a spare that joins with an empty disk).
 """
@@ -23,9 +24,11 @@ import keras
 import tfrun
 from _step_log import step_log
 
-out, epochs, save_freq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-slow = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
-check = int(sys.argv[5]) if len(sys.argv) > 5 else "auto"
+private_backups = "--private-backups" in sys.argv[1:]
+args = [a for a in sys.argv[1:] if a != "--private-backups"]
+out, epochs, save_freq = args[0], int(args[1]), int(args[2])
+slow = float(args[3]) if len(args) > 3 else 0.0
+check = int(args[4]) if len(args) > 4 else "auto"
 info = tfrun.task()
 strategy = tfrun.strategy()
 
@@ -45,7 +48,7 @@ with strategy.scope():
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 restart = os.environ.get("TFRUN_RESTART_COUNT", "0")
 backup_dir = None
-if os.environ.get("PRIVATE_BACKUPS") == "1":
+if private_backups:
     import shutil
 
     backup_dir = os.path.join(os.environ["TFRUN_RUN_DIR"], f"disk-of-{info.role}-{info.index}")
