@@ -151,7 +151,9 @@ def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler(tmp_
     competitor = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c",
                                    "while True: pass"])
     try:
-        slowed = Run(tmp_path, [*flags, STEADY, "120"], env=env, name="slowed")
+        # 60 steps, the busy loop beside all of them: enough to be named within 50 (ci108:
+        # at step 12), the run then over (alone, every step of it idles the other workers).
+        slowed = Run(tmp_path, [*flags, STEADY, "60"], env=env, name="slowed")
         assert slowed.run(300) == 0, slowed.stdout[-3000:]
     finally:
         competitor.kill()
