@@ -44,8 +44,15 @@ def on() -> bool:
 
 def legacy_keras(args: list[str], environ: dict[str, str]) -> bool:
     """Whether ``tfrun ARGS`` started with ``environ`` gives its tasks tf_keras (which a
-    warm starter must have imported instead of Keras 3)."""
-    return "2" in [v for k, v in zip(args, args[1:]) if k == "--keras"] \
+    warm starter must have imported instead of Keras 3): ``--keras 2``, ``--keras=2``, the
+    flag's variable ``TFRUN_KERAS=2`` or ``TF_USE_LEGACY_KERAS=1``.
+
+    >>> legacy_keras(["--workers", "2", "--keras=2", "train.py"], {})
+    True
+    """
+    flag = [v for k, v in zip(args, args[1:]) if k == "--keras"] \
+        + [a.partition("=")[2] for a in args if a.startswith("--keras=")]
+    return "2" in flag or environ.get("TFRUN_KERAS") == "2" \
         or environ.get("TF_USE_LEGACY_KERAS") == "1"
 
 
