@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cli-reference.md"
 
@@ -40,15 +41,8 @@ def parsers() -> list[tuple[str, argparse.ArgumentParser | None, str]]:
 def render() -> str:
     # argparse wraps to the terminal's width: one width everywhere, for this call only (a
     # test calls it in its own process, whose later runs would carry the width to their tasks).
-    before = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"
-    try:
+    with mock.patch.dict(os.environ, {"COLUMNS": "100"}):
         return _render()
-    finally:
-        if before is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = before
 
 
 def _render() -> str:
