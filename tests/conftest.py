@@ -9,6 +9,7 @@ import numpy as np
 import psutil
 import pytest
 
+import engine_lease
 import side_by_side
 import warm_tasks
 
@@ -337,7 +338,8 @@ def fake_hosts(tmp_path_factory):
     """Three fake hosts node-1..node-3 (network namespaces + sshd), shared by the session.
 
     Skips with the reason where they cannot be made (not root, no sshd); CI runs as root
-    and installs openssh-server, so there they always run.
+    and installs openssh-server, so there they always run. Held (``engine_lease``) while
+    up: another worker's or session's fake hosts would share their names.
     """
     import fake_hosts as fh
 
@@ -346,13 +348,14 @@ def fake_hosts(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the multi-host tests, but: {reason}")
         pytest.skip(reason)
-    hosts = fh.FakeHosts(3, tmp_path_factory.mktemp("fake-hosts")).up()
-    side_by_side.hosts_tmp = hosts.tmp
-    try:
-        yield hosts
-    finally:
-        side_by_side.hosts_tmp = None
-        hosts.down()
+    with engine_lease.held("fake-hosts"):
+        hosts = fh.FakeHosts(3, tmp_path_factory.mktemp("fake-hosts")).up()
+        side_by_side.hosts_tmp = hosts.tmp
+        try:
+            yield hosts
+        finally:
+            side_by_side.hosts_tmp = None
+            hosts.down()
 
 
 @pytest.fixture(autouse=True)
@@ -416,25 +419,7 @@ def slurm():
     """
     import slurm_cluster
 
-    yield from _engine_while_needed("Slurm", slurm_cluster, slurm_cluster.Slurm)
-
-
-def _engine_while_needed(name: str, helper, value):
-    """Bring a test engine up (``helper.up``), yield ``value()``, bring it down; skip with
-    the reason (``helper.unavailable()``) where it cannot run, fail instead under CI."""
-    reason = helper.unavailable()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the {name} tests, but: {reason}")
-        pytest.skip(reason)
-    try:
-        helper.up()
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
-    try:
-        yield value()
-    finally:
-        helper.down()
+    yield from engine_lease.engine_while_needed("Slurm", slurm_cluster, slurm_cluster.Slurm)
 
 
 # --------------------------------------------------------------------------- Ray
@@ -453,7 +438,7 @@ def ray_cluster():
     """
     import ray_cluster
 
-    yield from _engine_while_needed("Ray", ray_cluster, lambda: ray_cluster.ADDRESS)
+    yield from engine_lease.engine_while_needed("Ray", ray_cluster, lambda: ray_cluster.ADDRESS)
 
 
 @pytest.fixture(autouse=True)

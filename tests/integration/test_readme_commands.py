@@ -93,7 +93,8 @@ ELSEWHERE = {
     "tfrun k8s --image registry.example.com/train:1 --workers 2 --run-volume runs train.py > job.yaml":
         "tests/unit/test_k8s.py",
 }
-BY_CI = ["python3 -m pip install -e '.[dev]'", "python3 -m pytest"]
+BY_CI = ["python3 -m venv .venv && . .venv/bin/activate && python3 -m pip install -e '.[dev]'",
+         "python3 -m pytest -m quick", "python3 -m pytest"]
 _NO_CLUSTER = "no Kubernetes cluster here (docs/kubernetes.md says so)"
 NOT_RUN = {"kubectl apply -f job.yaml":
            "no Kubernetes cluster here; tests/unit/test_k8s.py validates job.yaml against the "
@@ -156,8 +157,10 @@ def test_every_readme_command_has_a_runner():
     assert sorted(runners - set(commands)) == [], "runners of commands the README no longer shows"
     for command, test_file in ELSEWHERE.items():
         assert command in declared_readme_commands(test_file), f"{test_file} does not run {command!r}"
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert all(line in ci.splitlines() for line in BY_CI)
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    # CI runs the README's set-up, then its test commands, in a brand-new environment.
+    assert [line for line in ci if line in BY_CI] == BY_CI, ci
+    assert ci.index("rm -rf .venv") < ci.index(BY_CI[0]), ci
 
 
 @pytest.fixture(scope="module")

@@ -419,7 +419,7 @@ README_COMMANDS = ("tfrun k8s --image registry.example.com/train:1 --workers 2 "
                    "runs train.py > job.yaml")
 
 
-@pytest.mark.parametrize("command, name", zip(README_COMMANDS, ("mnist-mlp", "train")))
+@pytest.mark.parametrize("command, name", list(zip(README_COMMANDS, ("mnist-mlp", "train"))))
 def test_readme_k8s_command_runs_as_written_and_its_manifest_validates(tmp_path, command,
                                                                         name):
     readme = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text()
