@@ -248,8 +248,8 @@ def test_the_task_logger_reads_progress_from_resources_samples(tmp_path, monkeyp
                         ConsoleSink(io.StringIO(), color=False, live=False))
 
     def sample(steps, doing):
-        logger._record_metrics(json.dumps({"event": "resources", "steps_done": steps,
-                                           "doing": doing}))
+        logger._record_metrics(json.dumps({"time": 1.0, "event": "resources",
+                                           "steps_done": steps, "doing": doing}))
 
     logger.reset_progress()                 # the (re)start
     sample(0, "setup")                      # 101

@@ -309,3 +309,72 @@ def test_a_task_shorter_than_one_sample_interval_still_sends_one_sample_as_it_ex
     assert len(samples) == 1, out
     assert samples[0]["step"] == 7 and samples[0]["rss_mb"] > 0
     assert out.index("done") < out.index(METRICS)  # taken at the end, not at the start
+
+
+class _Denied:
+    """A process whose /proc reads are denied, as under a hardened /proc or a container
+    runtime that refuses them (psutil raises AccessDenied)."""
+
+    pid = 4242
+
+    def __init__(self):
+        import psutil
+
+        self.error = psutil.AccessDenied(self.pid)
+
+    def children(self, recursive=False):
+        raise self.error
+
+    def oneshot(self):
+        raise self.error
+
+
+class _Fails:
+    def __init__(self, exc):
+        self.exc = exc
+
+    def taken(self, own_cores):
+        raise self.exc
+
+    def seconds(self, pids):
+        raise self.exc
+
+
+def test_a_sample_whose_measurements_are_denied_still_carries_the_progress(capsys):
+    """The sampler's progress never depends on its measurements: each denied one is left
+    out and named (``unmeasured``), said once on stderr, and the samples go on."""
+    from tfrun.in_task import progress
+
+    progress.reset()
+    progress.step_began()
+    progress.step_ended()
+    measurements = metrics._Measurements()
+    first = measurements.sample(_Denied(), _Fails(OSError("no /proc/stat")),
+                                _Fails(PermissionError("schedstat")))
+    second = measurements.sample(_Denied(), _Fails(OSError("no /proc/stat")),
+                                 _Fails(PermissionError("schedstat")))
+    progress.reset()
+    for sample in (first, second):
+        assert sample.steps_done == 1 and sample.doing == progress.BETWEEN_STEPS
+        assert sample.cpu_percent is None and sample.rss_mb is None and sample.cpu_taken is None
+        assert sample.unmeasured == ("cpu and memory", "cpu wait")
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2 and all("could not be measured" in line for line in said), said
+    assert "AccessDenied" in said[0] and "its progress is still reported" in said[0]
+
+
+def test_the_task_logger_reads_a_sample_without_measurements_as_progress(tmp_path):
+    """A sample that lacks its measurements is still the task's progress for the hang
+    clock; the launcher keeps what was not measured for the summary."""
+    from tfrun.records import TaskSample
+
+    logger = TaskLogger("worker:0", 0, tmp_path / "w.log",
+                        ConsoleSink(io.StringIO(), color=False, live=False))
+    for steps in (5, 9):
+        sample = TaskSample(time=float(steps), steps_done=steps, doing="in a training step",
+                            exchanges_entered=steps, exchanges_left=steps, exchange_seconds=0.1,
+                            unmeasured=("cpu and memory",))
+        logger._record_metrics(json.dumps(sample.to_record()))
+    assert logger.progress[1:] == (9, "in a training step") and logger.advanced_at is not None
+    assert [s.steps_done for s in logger.work] == [5, 9]
+    assert logger.unmeasured == ("cpu and memory",) and not logger.cpu_taken

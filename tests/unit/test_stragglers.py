@@ -1,9 +1,12 @@
 """The straggler finder (launch.supervise.stragglers): pure decisions on the tasks' samples
 of how much of their CPUs other processes take."""
 
+import dataclasses
+
 import pytest
 
 from tfrun.launch.supervise.stragglers import StragglerWatch, TaskLoad, find_stragglers
+from tfrun.records import TaskSample
 
 
 def load(task, *taken, steps=10):
@@ -95,16 +98,16 @@ def work(*per_step_inside, seconds=2.0, steps=100, cpu=None, run_wait=None):
     the given seconds inside tfrun's exchange (one value per window); ``cpu``: the CPU
     share (% of one core) each window's sample carries; ``run_wait``: the seconds a step
     of each window waited for a CPU (the samples carry their running total)."""
-    samples, inside, ready = [(0.0, 0, 0.0)], 0.0, 0.0
-    if run_wait is not None:
-        samples = [(0.0, 0, 0.0, None, None, 0.0)]
+    samples = [TaskSample(0.0, 0, "", exchange_seconds=0.0,
+                          run_wait_seconds=None if run_wait is None else 0.0)]
+    inside = ready = 0.0
     for n, wait in enumerate(per_step_inside, start=1):
         inside += steps * wait
-        sample = (n * seconds, n * steps, inside) + (() if cpu is None else (cpu[n - 1],))
         if run_wait is not None:
             ready += steps * run_wait[n - 1]
-            sample += (None, ready)
-        samples.append(sample)
+        samples.append(TaskSample(n * seconds, n * steps, "", exchange_seconds=inside,
+                                  cpu_percent=None if cpu is None else cpu[n - 1],
+                                  run_wait_seconds=None if run_wait is None else ready))
     return samples
 
 
@@ -205,7 +208,9 @@ def test_a_straggler_waiting_for_a_cpu_is_told_from_one_waiting_for_its_input(
     assert (found.task, found.cause, found.slower) == ("worker:1", cause, 1.7)
     assert words in found.why, found.why
     # samples of a tfrun that sends no run wait: the cause is read from the CPU alone
-    old = [TaskLoad(t.task, "h", [0, 0], 200, [w[:4] for w in t.work]) for t in (fast, slow)]
+    old = [TaskLoad(t.task, "h", [0, 0], 200,
+                    [dataclasses.replace(w, run_wait_seconds=None) for w in t.work])
+           for t in (fast, slow)]
     assert find_stragglers(old)[0].cause == "input-wait"
 
 
@@ -250,7 +255,8 @@ def test_a_slower_trace_over_a_step_or_two_is_no_straggler_eight_slow_steps_are(
     8 slow steps in a row are (samples every 2 s, one step each, nothing inside the
     exchange for it, 1.8 s a step inside it for the other)."""
     def one_step_windows(count, inside):
-        return [(2.0 * n, 12 + n, inside * n) for n in range(count + 1)]
+        return [TaskSample(2.0 * n, 12 + n, "", exchange_seconds=inside * n)
+                for n in range(count + 1)]
 
     def tasks(count):
         return [TaskLoad("worker:0", "h", [0, 0], 12 + count, one_step_windows(count, 0.0)),
@@ -265,16 +271,20 @@ def test_the_time_after_a_task_s_last_step_is_no_step_time():
     (496 ms "a step" in that window), and a hiccup had slowed the window before. Timed from
     step end to step end (``last_step_at``), the last window is as fast as worker:0's:
     nobody is named. Timed by the samples, worker:1 was."""
-    # (time, steps done, seconds inside the exchange, CPU %, when the last step ended)
-    worker0 = [(0.0, 0, 0.0, None, None), (2.0, 100, 0.5, None, 2.0),
-               (4.0, 200, 1.4, None, 4.0), (4.25, 210, 1.45, None, 4.2)]
-    worker1 = [(0.0, 0, 0.0, None, None), (2.0, 100, 0.5, None, 2.0),
-               (4.0, 200, 0.6, None, 4.0),   # the hiccup: own work 19 ms against 11
-               (6.0, 210, 0.65, None, 4.2)]  # ten steps of 15 ms, then 1.8 s after them
+    def at(time, steps, inside, ended):
+        return TaskSample(time, steps, "", exchange_seconds=inside, last_step_at=ended)
+
+    worker0 = [at(0.0, 0, 0.0, None), at(2.0, 100, 0.5, 2.0),
+               at(4.0, 200, 1.4, 4.0), at(4.25, 210, 1.45, 4.2)]
+    worker1 = [at(0.0, 0, 0.0, None), at(2.0, 100, 0.5, 2.0),
+               at(4.0, 200, 0.6, 4.0),   # the hiccup: own work 19 ms against 11
+               at(6.0, 210, 0.65, 4.2)]  # ten steps of 15 ms, then 1.8 s after them
     timed = [TaskLoad("worker:0", "h", [0, 0], 210, worker0),
              TaskLoad("worker:1", "h", [0, 0], 210, worker1)]
     assert find_stragglers(timed) == []
-    untimed = [TaskLoad(t.task, "h", [0, 0], 210, [w[:4] for w in t.work]) for t in timed]
+    untimed = [TaskLoad(t.task, "h", [0, 0], 210,
+                        [dataclasses.replace(w, last_step_at=None) for w in t.work])
+               for t in timed]
     assert [s.task for s in find_stragglers(untimed)] == ["worker:1"]
 
 
@@ -287,7 +297,8 @@ def test_windows_that_hold_a_fit_s_start_are_no_evidence():
     def samples(inside, doing):
         # (time, steps done, seconds inside the exchange, CPU %, last step end, run wait,
         # what the task was doing at the sample): 4 steps a window, 2 s each
-        return [(2.0 * n, 4 * n, inside * n, None, 2.0 * n, None, doing) for n in range(5)]
+        return [TaskSample(2.0 * n, 4 * n, doing, exchange_seconds=inside * n,
+                           last_step_at=2.0 * n) for n in range(5)]
 
     def tasks(doing):
         return [TaskLoad("worker:0", "h", [0, 0], 16, samples(1.2, doing)),

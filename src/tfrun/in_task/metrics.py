@@ -39,6 +39,7 @@ from . import arrivals, breakdown, progress
 from .checkpoint_phase import mark_saving_callbacks
 from .contention import CpuContention, RunQueueWait
 from ..contract import METRICS_LINE
+from ..records import TaskSample
 from ._post_import import when_imported
 
 __all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder",
@@ -371,20 +372,27 @@ def _install_tf_keras(tf_keras) -> None:
 def sample_resources(process=None, members=None) -> dict:
     """CPU (percent of one core, since the last call) and memory of this task's whole
     process tree: the task and every child it started (a data loader, a compiler...);
-    ``members``: that tree, when the caller listed it already (``_tree``)."""
+    ``members``: that tree, when the caller listed it already (``_tree``). Raises the
+    error when no member could be measured (``/proc`` denied): zeros would be a lie."""
     import psutil
 
     process = process or psutil.Process()
     cpu = rss = 0.0
     threads = 0
+    measured, error = 0, None
     for member in members if members is not None else _tree(process):
         try:
             with member.oneshot():
                 cpu += member.cpu_percent(None)
                 rss += member.memory_info().rss
                 threads += member.num_threads()
-        except psutil.Error:  # a child that just exited
+            measured += 1
+        except psutil.NoSuchProcess:  # a child that just exited
             continue
+        except psutil.Error as exc:
+            error = exc
+    if not measured and error is not None:
+        raise error
     return {"event": "resources", "cpu_percent": round(cpu, 1), "rss_mb": round(rss / 2**20, 1),
             "threads": threads}
 
@@ -416,42 +424,86 @@ def report_step() -> None:
         _emit({"event": "step", "step": _step[0]})
 
 
+class _Measurements:
+    """The measurements of one task's samples, each attempted by itself: one that fails
+    (a hardened ``/proc``, a runtime that denies it) is said once on stderr and left out of
+    that sample, named in its ``unmeasured``; the others, and the progress, still go.
+
+        >>> m = _Measurements()
+        >>> m.attempt("cpu", lambda: 1 / 0), m.failed_now
+        (None, ['cpu'])
+    """
+
+    def __init__(self) -> None:
+        self.failed_now: list[str] = []
+        self._said: set[str] = set()
+
+    def attempt(self, name: str, measure):
+        try:
+            return measure()
+        except Exception as exc:  # noqa: BLE001 - a measurement must never stop the samples
+            self.failed_now.append(name)
+            if name not in self._said:
+                self._said.add(name)
+                print(f"tfrun: this task's {name} could not be measured ({type(exc).__name__}: "
+                      f"{exc}); its samples go on without it, and its progress is still "
+                      "reported", file=sys.stderr, flush=True)
+            return None
+
+    def sample(self, process, contention, run_wait) -> TaskSample:
+        """One sample: the progress first (plain values, it cannot fail), then each
+        measurement as far as it goes."""
+        self.failed_now = []
+        state, counts = progress.snapshot(), arrivals.snapshot()
+        members = self.attempt("process tree", lambda: _tree(process)) or [process]
+        usage = self.attempt("cpu and memory", lambda: sample_resources(process, members)) or {}
+        cpu = usage.get("cpu_percent")
+        taken = None if cpu is None else self.attempt(
+            "cpu taken by others", lambda: contention.taken(cpu / 100))
+        waited = self.attempt("cpu wait", lambda: run_wait.seconds([m.pid for m in members]))
+        return TaskSample(
+            time=round(time.time(), 3), steps_done=state["steps_done"], doing=state["doing"],
+            last_step_at=state.get("last_step_at"), step=_step[0],
+            exchanges_entered=counts.get("exchanges_entered"),
+            exchanges_left=counts.get("exchanges_left"),
+            exchange_seconds=counts.get("exchange_seconds"), cpu_percent=cpu,
+            rss_mb=usage.get("rss_mb"), threads=usage.get("threads"), cpu_taken=taken,
+            run_wait_seconds=waited, unmeasured=tuple(self.failed_now))
+
+
 def _start_resource_sampler(interval: float) -> None:
-    """A daemon thread that records ``sample_resources()`` every ``interval`` seconds, and
-    one last sample as the task exits: a task shorter than one interval (a forked task
-    starts without importing TensorFlow) still has its CPU and memory in the report."""
+    """A daemon thread that records a ``TaskSample`` every ``interval`` seconds, and one
+    last sample as the task exits: a task shorter than one interval (a forked task starts
+    without importing TensorFlow) still has its CPU and memory in the report. The thread
+    never ends while the task runs: the launcher's hang clock reads the progress it sends."""
     import atexit
     import threading
 
     import psutil
 
     process = psutil.Process()
-    sample_resources(process)  # cpu_percent's first call only starts its clock
+    measurements = _Measurements()
+    # cpu_percent's first call only starts its clock
+    measurements.attempt("cpu and memory", lambda: sample_resources(process))
     contention = CpuContention()
     run_wait = RunQueueWait()
     lock = threading.Lock()  # the thread's sample and the last one share both clocks
 
     def record_one() -> None:
         with lock:
-            members = _tree(process)
-            record = sample_resources(process, members)
-            if _step[0] is not None:
-                record["step"] = _step[0]
-            record.update(progress.snapshot())  # the launcher's hang clock reads it
-            record.update(arrivals.snapshot())  # ... and who never arrived
-            # what other processes take of our CPUs: the launcher's straggler finder
-            record["cpu_taken"] = contention.taken(record["cpu_percent"] / 100)
-            # ... and, where CPUs are shared by all, which task waits for one
-            record["run_wait_seconds"] = run_wait.seconds([m.pid for m in members])
-            _emit(record)
+            _emit(measurements.sample(process, contention, run_wait).to_record())
 
     def sample() -> None:
+        said = False
         while True:
             time.sleep(interval)
             try:
                 record_one()
-            except Exception:  # noqa: BLE001 - never disturb the task for a sample
-                return
+            except Exception as exc:  # noqa: BLE001 - never disturb the task for a sample
+                if not said:  # (a bug here, not a measurement: those are caught above)
+                    said = True
+                    print(f"tfrun: this task's sample failed ({type(exc).__name__}: {exc}); "
+                          "trying again every interval", file=sys.stderr, flush=True)
 
     def last() -> None:
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from ...contract import DEVICES_REPLACED, TRAINING_EVENTS
+from ...records import TaskSample
 from .console import ConsoleSink
 from .noise import NoiseFilter
 from .splitter import OutputSplitter, read_chunks
@@ -82,10 +83,11 @@ class TaskLogger:
     cpu_taken: deque = field(default_factory=lambda: deque(maxlen=4))
     #: (collectives of tfrun's exchange entered, left) at the newest sample; None: none yet
     exchanges: tuple[int, int] | None = None
-    #: recent (task's time, steps done, seconds inside tfrun's exchange, CPU %, when its
-    #: last step ended, seconds its threads waited for a CPU), oldest first: the straggler
-    #: finder's own work per step
+    #: recent samples with arrival records, oldest first: the straggler finder's own
+    #: work per step
     work: deque = field(default_factory=lambda: deque(maxlen=16))
+    #: the measurements its newest sample that lacked any could not make (empty: all made)
+    unmeasured: tuple[str, ...] = ()
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -159,28 +161,11 @@ class TaskLogger:
             self.last_epoch = record
         elif record.get("event") in TRAINING_EVENTS:
             self.training_events.append(record)
-        elif record.get("event") in ("resources", "step") and isinstance(record.get("step"), int):
+        elif record.get("event") == "step" and isinstance(record.get("step"), int):
             self.last_step = record["step"]
-        if record.get("event") == "resources" and isinstance(record.get("steps_done"), int):
-            self._note_progress(record["steps_done"], str(record.get("doing", "")))
-        if record.get("event") == "resources" and isinstance(record.get("exchanges_entered"),
-                                                              int):
-            self.exchanges = (record["exchanges_entered"], int(record["exchanges_left"]))
-            if isinstance(record.get("steps_done"), int) and isinstance(
-                    record.get("exchange_seconds"), (int, float)) and \
-                    isinstance(record.get("time"), (int, float)):
-                cpu = record.get("cpu_percent")  # tells a task computing from waiting
-                ended = record.get("last_step_at")  # steps are timed from step end to end
-                ready = record.get("run_wait_seconds")  # ... and waiting for a CPU
-                self.work.append((float(record["time"]), record["steps_done"],
-                                  float(record["exchange_seconds"]),
-                                  float(cpu) if isinstance(cpu, (int, float)) else None,
-                                  float(ended) if isinstance(ended, (int, float)) else None,
-                                  float(ready) if isinstance(ready, (int, float)) else None,
-                                  str(record.get("doing", ""))))
-        if record.get("event") == "resources" and isinstance(record.get("cpu_taken"),
-                                                              (int, float)):
-            self.cpu_taken.append(float(record["cpu_taken"]))
+        sample = TaskSample.from_record(record)
+        if sample is not None:
+            self._note_sample(sample)
         if self.metrics_path is not None:
             try:
                 self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +174,22 @@ class TaskLogger:
             except OSError as exc:
                 self._failed(exc)
         return record.get("event")
+
+    def _note_sample(self, sample: TaskSample) -> None:
+        """What the supervisor's decisions read of a task's sample: its progress (the
+        hang clock), its arrival records and work (the straggler finder), what others
+        take of its CPUs, and which of its measurements failed."""
+        if sample.step is not None:
+            self.last_step = sample.step
+        self._note_progress(sample.steps_done, sample.doing)
+        if sample.exchanges_entered is not None and sample.exchanges_left is not None:
+            self.exchanges = (sample.exchanges_entered, sample.exchanges_left)
+            if sample.exchange_seconds is not None:
+                self.work.append(sample)
+        if sample.cpu_taken is not None:
+            self.cpu_taken.append(sample.cpu_taken)
+        if sample.unmeasured:
+            self.unmeasured = sample.unmeasured
 
     def _note_progress(self, steps_done: int, doing: str) -> None:
         now = time.monotonic()

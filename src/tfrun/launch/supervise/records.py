@@ -89,6 +89,8 @@ class TaskRecord:
             "blame": self.blame,
             # what the task really ran with when its script replaced tfrun --devices
             "devices_in_use": self.logger.devices_in_use,
+            # its resource measurements that failed (progress was still reported)
+            "unmeasured": list(self.logger.unmeasured),
             "log": str(self.logger.path),
         }
 

@@ -32,8 +32,9 @@ printed once and again when it changes, and kept for summary.json.
     ...                          TaskLoad("worker:1", "h", [0.48, 0.52], 40)])
     >>> [(s.task, s.slower, s.cause) for s in found]
     [('worker:1', 2.0, 'cpu-taken')]
-    >>> work = lambda exchange: [(0.0, 0, 0.0), (2.0, 100, 100 * exchange),
-    ...                          (4.0, 200, 200 * exchange)]
+    >>> at = lambda t, steps, inside: TaskSample(t, steps, "", exchange_seconds=inside)
+    >>> work = lambda exchange: [at(0.0, 0, 0.0), at(2.0, 100, 100 * exchange),
+    ...                          at(4.0, 200, 200 * exchange)]
     >>> found = find_stragglers([TaskLoad("worker:0", "h", [0, 0], 200, work(0.008)),
     ...                          TaskLoad("worker:1", "h", [0, 0], 200, work(0.0))])
     >>> [(s.task, s.slower, s.cause) for s in found]  # own work 20 ms vs 12 ms a step
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ... import contract
+from ...records import TaskSample
 from .policy import TaskState
 
 __all__ = ["StragglerWatch", "Straggler", "TaskLoad", "find_stragglers"]
@@ -76,11 +78,8 @@ class TaskLoad:
     host: str | None
     taken: list[float]        # recent cpu_taken samples, oldest first
     steps_done: int = 0
-    #: recent (task's time, steps done, seconds inside tfrun's exchange[, the CPU its
-    #: process tree used since the sample before, in % of one core[, when its last step
-    #: ended[, the seconds its threads have waited for a CPU, in all]]]) samples, oldest
-    #: first
-    work: list = field(default_factory=list)
+    #: its recent samples with arrival records (``exchange_seconds`` set), oldest first
+    work: list[TaskSample] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -257,26 +256,27 @@ def _mean_known(values: list) -> float | None:
 _FIT_STARTS = (contract.PHASE_SETUP, contract.PHASE_FIRST_STEP, contract.PHASE_AFTER_TRAINING)
 
 
-def _windows(samples: list):
+def _windows(samples: list[TaskSample]) -> list[tuple[TaskSample, TaskSample]]:
     """Consecutive samples with steps between them: (earlier, later) pairs; none that
-    begins before a fit's first step (a sample's 7th field: what the task was doing).
+    begins before a fit's first step (by what the task was doing at the earlier one).
 
-    >>> _windows([(0.0, 0, 0.0), (2.0, 6, 0.1), (4.0, 12, 0.2)])
-    [((0.0, 0, 0.0), (2.0, 6, 0.1)), ((2.0, 6, 0.1), (4.0, 12, 0.2))]
-    >>> after = (2.0, 6, 0.1, None, None, None, contract.PHASE_AFTER_TRAINING)
-    >>> _windows([(0.0, 0, 0.0), after, (4.0, 12, 0.2)])
-    [((0.0, 0, 0.0), (2.0, 6, 0.1, None, None, None, 'after training'))]
+    >>> at = lambda t, steps, doing="": TaskSample(t, steps, doing, exchange_seconds=0.0)
+    >>> [(a.time, b.time) for a, b in _windows([at(0.0, 0), at(2.0, 6), at(4.0, 12)])]
+    [(0.0, 2.0), (2.0, 4.0)]
+    >>> after = at(2.0, 6, contract.PHASE_AFTER_TRAINING)
+    >>> [(a.time, b.time) for a, b in _windows([at(0.0, 0), after, at(4.0, 12)])]
+    [(0.0, 2.0)]
     """
-    return [(a, b) for a, b in zip(samples, samples[1:]) if b[1] > a[1] and b[0] > a[0]
-            and not (len(a) > 6 and a[6] in _FIT_STARTS)]
+    return [(a, b) for a, b in zip(samples, samples[1:])
+            if b.steps_done > a.steps_done and b.time > a.time and a.doing not in _FIT_STARTS]
 
 
-def _step_span(a, b) -> float:
+def _step_span(a: TaskSample, b: TaskSample) -> float:
     """The seconds between two samples' last step ends; between the samples themselves
     when either does not say (a task of an earlier tfrun)."""
-    if len(a) > 4 and len(b) > 4 and a[4] is not None and b[4] is not None:
-        return b[4] - a[4]
-    return b[0] - a[0]
+    if a.last_step_at is not None and b.last_step_at is not None:
+        return b.last_step_at - a.last_step_at
+    return b.time - a.time
 
 
 class _Measured(NamedTuple):
@@ -288,19 +288,21 @@ class _Measured(NamedTuple):
     steps: list[int]  # how many steps
 
 
-def _measure(samples: list) -> _Measured:
+def _measure(samples: list[TaskSample]) -> _Measured:
     """The windows of ``samples``, measured. The wait inside the exchange is counted up to
     the sample: a step under way then counts its wait so far, at most one step's in a
     window of many. The CPU per step is the later sample's CPU share over the window."""
     windows = _windows(samples)
     seconds = [_step_span(a, b) for a, b in windows]
-    work = [max(span - (b[2] - a[2]), 0.0) / (b[1] - a[1])
-            for span, (a, b) in zip(seconds, windows)]
-    cpu = [None if len(b) < 4 or b[3] is None else b[3] / 100 * (b[0] - a[0]) / (b[1] - a[1])
-           for a, b in windows]
-    run_wait = [None if len(a) < 6 or len(b) < 6 or a[5] is None or b[5] is None
-                else max(b[5] - a[5], 0.0) / (b[1] - a[1]) for a, b in windows]
-    return _Measured(seconds, work, cpu, run_wait, [b[1] - a[1] for a, b in windows])
+    steps = [b.steps_done - a.steps_done for a, b in windows]
+    work = [max(span - ((b.exchange_seconds or 0.0) - (a.exchange_seconds or 0.0)), 0.0) / n
+            for span, n, (a, b) in zip(seconds, steps, windows)]
+    cpu = [None if b.cpu_percent is None else b.cpu_percent / 100 * (b.time - a.time) / n
+           for n, (a, b) in zip(steps, windows)]
+    run_wait = [None if a.run_wait_seconds is None or b.run_wait_seconds is None
+                else max(b.run_wait_seconds - a.run_wait_seconds, 0.0) / n
+                for n, (a, b) in zip(steps, windows)]
+    return _Measured(seconds, work, cpu, run_wait, steps)
 
 
 class StragglerWatch:

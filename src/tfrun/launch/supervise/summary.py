@@ -108,6 +108,9 @@ def describe_result(result: RunResult, started: float) -> str:
         if record.logger.devices_in_use is not None:
             note += (f" (ran with {record.logger.devices_in_use} logical CPU device(s): "
                      "its script replaced --devices)")
+        if record.logger.unmeasured:
+            note += (f" (its resource samples stopped measuring "
+                     f"{', '.join(record.logger.unmeasured)}; its progress was still tracked)")
         code = "" if record.exit_code is None else f" {describe_code(record.exit_code)}"
         lines.append(f"  {record.task!s:<12} {record.state.value:<9}{code}{note}")
     if result.summary_path:
