@@ -85,7 +85,8 @@ def _start(key: tuple, runs: str) -> None:
         path = Path(tempfile.mkdtemp(prefix="warm-starter-")) / "socket"
         with open(path.parent / "warm-starter.log", "wb") as log:
             _started[key, runs] = (subprocess.Popen(
-                [sys.executable, "-m", "tfrun.launch.warm_starter", "--runs", runs, str(path)],
+                [sys.executable, "-m", "tfrun.launch.warm_starter", "--runs", runs,
+                 "--ignore-env", "PYTEST_CURRENT_TEST", str(path)],
                 env={**os.environ, **dict(key), "TFRUN_SUPERVISOR_PID": str(os.getpid())},
                 cwd=str(Path(__file__).resolve().parent.parent), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True), path)

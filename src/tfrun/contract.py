@@ -15,7 +15,7 @@ spells a ``TFRUN_*`` variable name: a script started by hand with these variable
 
 __all__ = [
     "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE", "DEFER_IMPORTS",
-    "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX", "FORK_TASKS", "WARM_STARTER",
+    "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX", "FORK_TASKS", "WARM_STARTER", "WARM_STARTER_IGNORES",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
     "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "PREEMPTION_GRACE", "RESUMED_EVENT",
@@ -135,6 +135,10 @@ FORK_TASKS = "TFRUN_FORK_TASKS"
 #: first such long-lived process that may serve it, which imported TensorFlow once for
 #: every run, instead of starting a starter of its own (when none can serve the run, it does).
 WARM_STARTER = "TFRUN_WARM_STARTER"
+#: Variables (names joined by ",") a warm starter lets differ between its own environment
+#: and a run's, besides ``AFTER_IMPORT``: ones your runs set that TensorFlow's import does
+#: not read (``python -m tfrun.launch.warm_starter --ignore-env NAME``).
+WARM_STARTER_IGNORES = "TFRUN_WARM_STARTER_IGNORES"
 #: "0": no report.html at the end of a run.
 REPORT = "TFRUN_REPORT"
 #: "0": skip the SSH preflight (``tfrun doctor``) before a launch.

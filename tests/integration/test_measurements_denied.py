@@ -1,8 +1,10 @@
 """A task whose resource measurements fail is not a hung task (tfrun's default settings).
 
 Two workers train 300 steps of 0.25 s; from step 20 every /proc read psutil makes in them
-raises AccessDenied. The samples' progress does not depend on those reads, so the run
-trains past the default step limit (60 s) to the end, and says which measurements stopped.
+are denied (AccessDenied, and PermissionError for the listing of its children). The
+samples' progress does not depend on those reads, so the run trains past the default step
+limit (60 s) to the end, and says which measurements stopped. (Before the samples were
+typed, the sampler thread ended at the PermissionError and the run was killed as hung.)
 """
 
 import pytest
@@ -21,8 +23,11 @@ def test_a_run_whose_proc_reads_are_denied_trains_to_the_end_and_says_so(tmp_pat
     assert code == 0, out[-4000:]
     assert "first failure" not in out and "sends no progress" not in out, out[-4000:]
     assert out.count("trained") >= 2 and "proc reads denied from now on" in out, out[-4000:]
+    assert "process tree could not be measured (PermissionError" in out, out[-4000:]
     assert "cpu and memory could not be measured (AccessDenied" in out, out[-4000:]
-    assert "its resource samples stopped measuring cpu and memory" in out, out[-4000:]
+    assert "its resource samples stopped measuring process tree, cpu and memory" in out, \
+        out[-4000:]
     tasks = run.tasks()
-    assert all("cpu and memory" in tasks[t]["unmeasured"] for t in ("worker:0", "worker:1"))
+    assert all(tasks[t]["unmeasured"] == ["process tree", "cpu and memory"]
+               for t in ("worker:0", "worker:1")), tasks
     assert_nothing_left(run)

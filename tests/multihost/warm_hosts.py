@@ -75,7 +75,7 @@ def env(hosts, args: list[str], launcher_env: dict[str, str]) -> dict[str, str]:
     from tfrun.in_task.warm_starter import AFTER_IMPORT
 
     at_import = {k: v for k, v in at_import.items()
-                 if not k.startswith("TFRUN_") and k not in AFTER_IMPORT}
+                 if not k.startswith("TFRUN_") and k not in AFTER_IMPORT | {"PYTEST_CURRENT_TEST"}}
     kind = "node" if node_rank else "ssh"
     digest = hashlib.sha1(repr(sorted(at_import.items())).encode()).hexdigest()[:10]
     path = f"{WARM_MARK}{kind}-{digest}.sock"
@@ -91,7 +91,8 @@ def _start(hosts, i: int, kind: str, at_import: dict[str, str], path: str) -> No
     if known is not None and known[0].poll() is None:
         return
     log = hosts.workdir / f"warm-node-{i}-{Path(path).stem}.log"
-    starter = [sys.executable, "-m", "tfrun.launch.warm_starter", "--runs", "multi-host", path]
+    starter = [sys.executable, "-m", "tfrun.launch.warm_starter", "--runs", "multi-host",
+               "--ignore-env", "PYTEST_CURRENT_TEST", path]
     with open(log, "wb") as out:
         if kind == "ssh":
             assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(at_import.items()))

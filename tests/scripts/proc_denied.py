@@ -1,6 +1,8 @@
 """Two MWMS workers train STEPS steps of SECONDS each (a sleep: little CPU); from step 20
-every /proc read psutil makes raises AccessDenied, as under a hardened /proc or a container
-runtime that refuses them. The run must train on to the end.
+every /proc read psutil makes for the task is denied, as under a hardened /proc or a
+container runtime that refuses them: psutil's per-process reads raise AccessDenied, and
+the listing of the task's children the PermissionError of a directory it may not read.
+The run must train on to the end.
 
     tfrun --workers 2 proc_denied.py STEPS SECONDS
 """
@@ -22,12 +24,16 @@ def denied(self, *args, **kwargs):
     raise psutil.AccessDenied(self.pid)
 
 
+def unlisted(self, *args, **kwargs):
+    raise PermissionError(13, "Permission denied", f"/proc/{self.pid}/task")
+
+
 class DenyProcAtStep20(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if batch == 20:
-            for name in ("cpu_times", "cpu_percent", "memory_info", "num_threads",
-                         "children", "oneshot"):
+            for name in ("cpu_times", "cpu_percent", "memory_info", "num_threads", "oneshot"):
                 setattr(psutil.Process, name, denied)
+            psutil.Process.children = unlisted
             print("proc reads denied from now on", flush=True)
         time.sleep(seconds)
 

@@ -83,7 +83,9 @@ def test_a_warm_starter_for_multi_host_runs_starts_without_the_loopback_library(
 def test_the_warm_starter_entry_refuses_bad_arguments_and_names_them(capsys):
     from tfrun.launch.warm_starter import main
 
-    for argv, named in ((["--runs", "everywhere", "/tmp/s.sock"], "everywhere"), ([], "path")):
+    for argv, named in ((["--runs", "everywhere", "/tmp/s.sock"], "everywhere"),
+                        (["/tmp/s.sock", "--ignore-env"], "--ignore-env"),
+                        (["/tmp/a.sock", "/tmp/b.sock"], "/tmp/b.sock")):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2

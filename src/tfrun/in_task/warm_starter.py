@@ -46,31 +46,47 @@ from typing import Mapping
 from .. import contract
 from . import task_starter
 
-__all__ = ["AFTER_IMPORT", "differences", "main"]
+__all__ = ["AFTER_IMPORT", "differences", "installed_versions", "main"]
 
 #: Variables besides tfrun's own that a task reads only once it runs (not while TensorFlow
 #: imports), so they may differ between the warm starter and a run: the cluster, the
 #: devices and thread counts (read when the script makes its strategy or first op), the
 #: temporary directory (``tempfile`` forgets the starter's at the fork), gRPC's port reuse
-#: (read when a server starts), the shell's own, what sshd sets per connection (a node
-#: agent's session and the warm starter's are two connections), and pytest's name of the
-#: test running (a run started from a test).
+#: (read when a server starts), the shell's own, and what sshd sets per connection (a node
+#: agent's session and the warm starter's are two connections). Its user may name more
+#: (``contract.WARM_STARTER_IGNORES``).
 AFTER_IMPORT = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_NUM_INTRAOP_THREADS",
                           "TF_GRPC_REUSE_PORT", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_",
-                          "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "PYTEST_CURRENT_TEST"})
+                          "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY"})
 
 #: The namespaces a run starter must share with the launcher it serves.
 _NAMESPACES = ("net", "mnt", "pid", "uts", "ipc", "user", "cgroup")
 
 
-def differences(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
-    """The variables that make an import in ``theirs`` differ from one in ``mine``."""
+def installed_versions() -> dict[str, str | None]:
+    """The installed versions of tfrun, TensorFlow and Keras (their package metadata: read
+    without importing them, so a launcher and a warm starter compare the same thing)."""
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for name in ("tfrun", "tensorflow", "keras", "tf-keras"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def differences(mine: Mapping[str, str], theirs: Mapping[str, str],
+                ignored: frozenset[str] = frozenset()) -> list[str]:
+    """The variables that make an import in ``theirs`` differ from one in ``mine``
+    (``ignored``: more that may differ, as its user said)."""
     from . import collector
     from . import setup as task_setup
     from .compat import deferred_imports
 
     names = {n for n in mine.keys() | theirs.keys()
-             if not n.startswith(contract.ENV_PREFIX) and n not in AFTER_IMPORT}
+             if not n.startswith(contract.ENV_PREFIX) and n not in AFTER_IMPORT | ignored}
     found = sorted(n for n in names if mine.get(n) != theirs.get(n))
     for variable, choice, what in (
             (contract.KERAS, task_setup.legacy_keras_wanted, "which Keras an import gives"),
@@ -94,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     listener = _listen(path)
     me = os.getpid()
     at_start = dict(os.environ)  # (TensorFlow's import sets some: TF2_BEHAVIOR, ...)
+    versions = installed_versions()  # what it imports: an upgrade after this is refused
     try:
         signal.signal(signal.SIGTERM, _exit_on_signal)
         signal.signal(signal.SIGINT, _exit_on_signal)
@@ -103,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tfrun warm starter: TensorFlow imported; listening on {path}", flush=True)
         while True:
             connection, _ = listener.accept()
-            _answer(connection, listener, me, at_start)
+            _answer(connection, listener, me, at_start, versions)
     finally:
         if os.getpid() == me:
             listener.close()
@@ -138,7 +155,7 @@ def _listen(path: str) -> socket.socket:
 
 
 def _answer(connection: socket.socket, listener: socket.socket, me: int,
-            at_start: Mapping[str, str]) -> None:
+            at_start: Mapping[str, str], versions: Mapping[str, str | None]) -> None:
     """Serve one launcher: fork a run starter (which never returns), or say why not."""
     fds: list[int] = []
     try:
@@ -146,7 +163,7 @@ def _answer(connection: socket.socket, listener: socket.socket, me: int,
         message, fds, _flags, _address = socket.recv_fds(connection, task_starter.MAX_MESSAGE, 1)
         connection.settimeout(None)
         hello = json.loads(message)
-        why = _why_not(connection, hello, at_start)
+        why = _why_not(connection, hello, at_start, versions)
     except (OSError, ValueError) as exc:
         why = f"its request could not be read ({exc})"
     if why:
@@ -164,7 +181,8 @@ def _answer(connection: socket.socket, listener: socket.socket, me: int,
     _run_starter(connection, hello, fds[0] if fds else None, me)
 
 
-def _why_not(connection: socket.socket, hello: dict, at_start: Mapping[str, str]) -> str:
+def _why_not(connection: socket.socket, hello: dict, at_start: Mapping[str, str],
+             versions: Mapping[str, str | None]) -> str:
     """Why this process may not start the run's tasks ('' when it may)."""
     pid, uid, _gid = struct.unpack("3i", connection.getsockopt(
         socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
@@ -181,7 +199,11 @@ def _why_not(connection: socket.socket, hello: dict, at_start: Mapping[str, str]
         return f"the launcher's namespaces could not be read ({exc})"
     if hello.get("python") != sys.executable:
         return f"the run's Python is {hello.get('python')}, the warm starter's {sys.executable}"
-    differ = differences(at_start, hello.get("env") or {})
+    if hello.get("versions") != dict(versions):
+        return (f"the run's packages are {hello.get('versions')}, the warm starter imported "
+                f"{dict(versions)} (restart it after an upgrade)")
+    ignored = frozenset(n for n in at_start.get(contract.WARM_STARTER_IGNORES, "").split(",") if n)
+    differ = differences(at_start, hello.get("env") or {}, ignored)
     if differ:
         return ("the run's environment differs where TensorFlow's import may read it: "
                 + ", ".join(differ))

@@ -26,6 +26,7 @@ import queue
 import re
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -116,6 +117,26 @@ class ForkedTask:
         self._ended.set()
 
 
+class NotMine(OSError):
+    """The warm starter's socket is another user's: nothing is sent to it."""
+
+
+def _uid_of_peer_is_mine(channel: socket.socket, path: str) -> None:
+    """Raise ``NotMine`` unless the process listening at ``path`` and the socket file are
+    this user's (another local user could have made the path first).
+
+        >>> a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        >>> _uid_of_peer_is_mine(a, "")  # a pair of this process's: its own user
+        >>> a.close(); b.close()
+    """
+    _pid, uid, _gid = struct.unpack("3i", channel.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    owner = os.lstat(path).st_uid if path else uid
+    if uid != os.geteuid() or owner != os.geteuid():
+        raise NotMine(f"its socket is user {owner}'s and its process user {uid}'s, not this "
+                      f"user's ({os.geteuid()}): nothing was sent to it")
+
+
 class TaskStarter:
     """One starter process and the socket to it. ``start`` returns None when it cannot
     serve (it could not import TensorFlow); ``fork`` raises OSError when it has ended."""
@@ -173,13 +194,18 @@ class TaskStarter:
         """Have the warm starter listening at ``path`` (``contract.WARM_STARTER``) fork a
         starter for this run; None when there is none or it may not serve the run (its
         reason, then, is the first line of ``log``)."""
+        from ..in_task.warm_starter import installed_versions
+
         channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         out = open(log, "ab") if log is not None else None
         answer: dict = {}
         try:
             channel.settimeout(30)
             channel.connect(path)
-            hello = json.dumps({"python": python, "env": dict(env), "cwd": cwd}).encode()
+            # It is sent the run's whole environment: only to a process of this user.
+            _uid_of_peer_is_mine(channel, path)
+            hello = json.dumps({"python": python, "env": dict(env), "cwd": cwd,
+                                "versions": installed_versions()}).encode()
             socket.send_fds(channel, [hello], [out.fileno()] if out is not None else [])
             answer = json.loads(channel.recv(1 << 16) or b"{}")
         except (OSError, ValueError) as exc:

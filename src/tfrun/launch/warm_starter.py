@@ -17,7 +17,7 @@ the host's address -- start that one the way the agents start (over ``ssh`` for 
 launch: its environment is the session's). A run may name several (``contract.WARM_STARTER``
 with paths joined by ``:``): the first that may serve it does.
 
-    python -m tfrun.launch.warm_starter /tmp/$USER-tfrun.sock
+    python -m tfrun.launch.warm_starter "$XDG_RUNTIME_DIR/tfrun.sock"
     ssh node-2 'python3 -m tfrun.launch.warm_starter --runs multi-host /tmp/tfrun-warm.sock'
 """
 
@@ -30,7 +30,7 @@ import sys
 from .. import contract
 from .loopback import LoopbackNetwork, LoopbackUnavailable
 
-__all__ = ["RUNS", "main", "task_start_env"]
+__all__ = ["RUNS", "default_socket", "main", "task_start_env"]
 
 #: What ``--runs`` may say: which runs' tasks the warm starter is to start.
 RUNS = ("local", "single-task", "multi-host")
@@ -62,7 +62,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Import TensorFlow once and start the tasks of later tfrun runs of this "
                     "user on this host from it (runs whose environment has "
                     f"{contract.WARM_STARTER}=PATH).")
-    parser.add_argument("path", help="where its Unix socket is made (0600; removed at its end)")
+    parser.add_argument("path", nargs="?", default=None,
+                        help="where its Unix socket is made (0600; removed at its end). "
+                             "Default: tfrun-warm.sock in $XDG_RUNTIME_DIR, else in a "
+                             "directory of this user's only under the temporary directory")
+    parser.add_argument("--ignore-env", action="append", default=[], metavar="NAME",
+                        help="a variable your runs set that TensorFlow's import does not read "
+                             "(repeatable): runs may differ from the warm starter in it")
     parser.add_argument("--runs", choices=RUNS, default="local",
                         help="the runs it serves. local (default): local clusters of two "
                              "tasks or more (their servers kept on loopback); single-task: "
@@ -71,11 +77,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_socket(environ=os.environ) -> str:
+    """Where the warm starter listens when no path is given: ``$XDG_RUNTIME_DIR`` (this
+    user's only, by its definition), else ``tfrun-<uid>`` under the temporary directory,
+    made 0700 and refused when another user owns it.
+
+        >>> default_socket({"XDG_RUNTIME_DIR": "/run/user/1000"})
+        '/run/user/1000/tfrun-warm.sock'
+    """
+    import tempfile
+
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "tfrun-warm.sock")
+    directory = os.path.join(tempfile.gettempdir(), f"tfrun-{os.geteuid()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if os.lstat(directory).st_uid != os.geteuid():
+        raise SystemExit(f"tfrun warm starter: {directory} belongs to another user; expected "
+                         "this user's. Fix: pass a socket path in a directory of yours.")
+    return os.path.join(directory, "tfrun-warm.sock")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    os.execve(sys.executable, [sys.executable, "-m", "tfrun.in_task.warm_starter",
-                               os.path.abspath(args.path), _TITLE_ROOM],
-              task_start_env(dict(os.environ), args.runs))
+    path = os.path.abspath(args.path) if args.path else default_socket()
+    env = task_start_env(dict(os.environ), args.runs)
+    if args.ignore_env:
+        env[contract.WARM_STARTER_IGNORES] = ",".join(args.ignore_env)
+    os.execve(sys.executable, [sys.executable, "-m", "tfrun.in_task.warm_starter", path,
+                               _TITLE_ROOM], env)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def culprits(log_text: str) -> list[TaskId]:
 #: <...>/tfrun/in_task/..., launch/..., cli/..., or one of its top-level modules.
 _OWN_MODULE = re.compile(r"[/\\]tfrun[/\\](?:(?:in_task|launch|cli)[/\\][\w/\\]+|(\w+))\.py$")
 _TOP_LEVEL = frozenset(p.stem for p in Path(__file__).resolve().parents[2].glob("*.py"))
-#: TensorFlow's words for an error a remote task's runtime returned over gRPC (ci89: a
+#: TensorFlow's words for an error a remote task's runtime returned over gRPC (e.g. a
 #: parameter server's, raised in a worker through tfrun's step iterator).
 _REMOTE_ERROR = re.compile(r"from remote target /job:")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)(?:, in (.+))?')

@@ -62,11 +62,11 @@ _SAMPLES = 2
 _MIN_SLOWER = 1.3
 _MIN_EXTRA_SECONDS = 0.001
 #: ... in each window of its last ones that span this many seconds of steps (two at least):
-#: more than a busy machine's hiccup (a second of it named a clean run in stop 67's CI).
+#: more than a busy machine's hiccup (one second of it can make a clean run look uneven).
 _MIN_EVIDENCE_SECONDS = 1.2
 #: ... and this many steps: a window of one or two steps that spans the tracing of a new
-#: function (a second fit, an evaluation) is no straggler's evidence (ci84: a clean
-#: two-host run named its chief 10.2x slower at its 14th step).
+#: function (a second fit, an evaluation) is no straggler's evidence (a clean
+#: two-host run's slower trace once read as 10x slower steps).
 _MIN_EVIDENCE_STEPS = 8
 #: Seconds at least between two looks at the samples (they come every 2 s by default).
 _CHECK_GAP = 0.2
@@ -251,8 +251,8 @@ def _mean_known(values: list) -> float | None:
 
 
 #: A window from a sample in one of these phases holds a fit's start (its tracing): no
-#: evidence of a task's pace (ci95: fits of 6 and 8 steps, a slower trace on a busy host
-#: made a clean run's worker a straggler).
+#: evidence of a task's pace (with fits of a few steps each, a slower trace on a busy
+#: host would make a clean run's worker a straggler).
 _FIT_STARTS = (contract.PHASE_SETUP, contract.PHASE_FIRST_STEP, contract.PHASE_AFTER_TRAINING)
 
 
@@ -322,7 +322,7 @@ class StragglerWatch:
         """From the running chiefs' and workers' records (their loggers' samples): as soon
         as a new sample arrives (at most every ``_CHECK_GAP`` seconds), else once a second.
         (Once a second alone named a straggler up to a second after its evidence came:
-        20 steps more of a 50 ms step, ci88.)"""
+        20 steps more of a 50 ms step.)"""
         now = time.monotonic()
         since = now - self._checked_at
         if since < _CHECK_GAP:  # the supervisor calls ten times a second: most end here

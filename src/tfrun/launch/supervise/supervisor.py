@@ -560,7 +560,7 @@ class Supervisor:
                     exited.append((record, code))
         # A lost host first of all: a survivor whose TensorFlow coordination service gave up
         # on the lost peer ("infrastructure") can exit in the same round, and decided first
-        # it failed the run instead of the re-form (ci93: a spare run failed so).
+        # it failed the run instead of the re-form, with a spare ready.
         return sorted(exited, key=lambda item: (
             classify_exit(item[1], note=item[0].handle.note) is not FailureClass.NODE_LOST,
             not 128 < item[1] < 160))
@@ -631,7 +631,7 @@ class Supervisor:
         from outside), its exit handled with the decision; or None. While a host misses
         heartbeats (its loss under way), the wait goes on for up to ``seconds`` more: a
         loss declared a second late on a busy machine made a survivor's collateral error
-        the run's failure (ci89: a spare left unused; an extra restart charged)."""
+        the run's failure (a spare left unused; an extra restart charged)."""
         start = time.monotonic()
         deadline = start + seconds
         while self._signal is None and (time.monotonic() < deadline or (
