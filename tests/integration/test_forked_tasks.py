@@ -90,7 +90,8 @@ def warm_starter(tmp_path):
     path = tmp_path / "warm.sock"
     log = tmp_path / "warm.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "tfrun.launch.warm_starter", str(path)],
+        process = subprocess.Popen([sys.executable, "-m", "tfrun.launch.warm_starter",
+                                     "--ignore-env", "PYTEST_CURRENT_TEST", str(path)],
                                    env={k: v for k, v in os.environ.items()
                                         if k != warm_tasks.VARIABLE},
                                    cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
