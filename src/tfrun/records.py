@@ -2,8 +2,7 @@
 
 A task writes each record as one ``tfrun:metrics {json}`` line on its output (the
 contract's ``METRICS_LINE``: it travels wherever the task's output goes, for every
-engine); the launcher parses it back into the same type and decides from its fields,
-never from their positions or from the task's log text.
+engine); the launcher parses it back into the same type and reads its fields by name.
 
 ``TaskSample`` is the task's periodic sample: its progress (steps completed, what it is
 doing and since when) always, and its resource measurements (CPU, memory, CPU others
