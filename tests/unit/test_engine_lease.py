@@ -74,7 +74,9 @@ def test_my_engine_lives_until_my_test_ends(engine):
 '''
 
 
-def _two_sessions_at_once(tmp_path: Path, held: bool, overlap_s: float) -> list[str]:
+def _two_sessions_at_once(tmp_path: Path, held: bool,
+                          overlap_s: float) -> tuple[list[str], list[tuple[float, ...]]]:
+    """The two sessions' outputs, and each engine's (up, down) times, earliest first."""
     home, code = tmp_path / "home", tmp_path / "code"
     home.mkdir()
     code.mkdir()
