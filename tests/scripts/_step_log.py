@@ -1,9 +1,12 @@
 """The per-step log the resume tests read: "<restart count> <global step>" per trained batch.
 
-    callbacks=[..., step_log(keras, f"{out}-steps-worker-0.log", pause=0.05)]
+    callbacks=[step_log(keras, f"{out}-steps-worker-0.log", pause=0.05), backup, ...]
 
-A batch a resume reads past (fetched, no step taken) is not logged; ``pause`` seconds are
-slept after each logged step (so a test can stop a task mid-epoch).
+Put it before the backup callback: a step is then logged before it is backed up, so a task
+stopped between the two leaves a log that reaches at least the step a resume starts after
+(after the backup it could miss the backed-up step, and a resume would look like a jump
+ahead). A batch a resume reads past (fetched, no step taken) is not logged; ``pause``
+seconds are slept after each logged step (so a test can stop a task mid-epoch).
 """
 
 import os
@@ -16,8 +19,11 @@ def step_log(keras, path: str, pause: float = 0.0):
     log = open(path, "a")
 
     class StepLog(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.last = int(self.model.optimizer.iterations.numpy())  # after a restore
+        last = None
+
+        def on_train_batch_begin(self, step, logs=None):
+            if self.last is None:  # after every callback's on_train_begin: after a restore
+                self.last = int(self.model.optimizer.iterations.numpy())
 
         def on_train_batch_end(self, step, logs=None):
             now = int(self.model.optimizer.iterations.numpy())

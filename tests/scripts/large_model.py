@@ -54,7 +54,7 @@ backup_dir = (os.path.join(os.environ["TFRUN_RUN_DIR"], f"disk-of-{info.role}-{i
               if "--private-backups" in switches else None)
 callbacks = [step_log(keras, f"{out}-steps-{info.role}-{info.index}.log")]
 if "--no-backups" not in switches:
-    callbacks.insert(0, tfrun.backup_and_restore(backup_dir))
+    callbacks.append(tfrun.backup_and_restore(backup_dir))  # after the step log: _step_log
 model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
 np.savez(f"{out}-{info.role}-{info.index}.npz", *[np.asarray(w) for w in model.get_weights()])
 print("trained", flush=True)

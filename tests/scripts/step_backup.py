@@ -57,8 +57,8 @@ if private_backups:
         print("lost my backups", flush=True)
 data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(batch)
 model.fit(data, epochs=epochs, verbose=0,
-          callbacks=[tfrun.backup_and_restore(backup_dir, save_freq=save_freq,
-                                              preemption_check=check),
-                     step_log(keras, f"{out}-steps-{info.role}-{info.index}.log", slow)])
+          callbacks=[step_log(keras, f"{out}-steps-{info.role}-{info.index}.log", slow),
+                     tfrun.backup_and_restore(backup_dir, save_freq=save_freq,
+                                              preemption_check=check)])
 np.savez(f"{out}-{info.role}-{info.index}.npz", *[np.array(w) for w in model.get_weights()])
 print("trained", flush=True)

@@ -203,24 +203,25 @@ def test_a_host_missing_heartbeats_is_reported_silent_until_it_is_lost():
 
 
 def test_a_survivor_s_failure_waits_while_a_host_misses_heartbeats():
-    """ci89: a survivor's collective failed first; its host fault window (heartbeat timeout
-    + 1 s) passed a moment before the silent host was declared lost, and the survivor's
-    error became the run's failure. While a host misses heartbeats the wait goes on (up to
-    twice the window); with every host heard, it ends at the window as before."""
+    """A survivor's collective failed first; its host fault window (heartbeat timeout + 1 s)
+    passed a moment before the silent host was declared lost, and the survivor's error
+    became the run's failure. While a host misses heartbeats the wait goes on (up to twice
+    the window); with every host heard, it ends at the window as before."""
     from types import SimpleNamespace
 
-    from tfrun.launch.supervise.policy import Decision, TaskState
-    from tfrun.launch.supervise.supervisor import Supervisor
+    from tfrun.launch.supervise.exits import ExitJudge
+    from tfrun.launch.supervise.policy import Decision
 
     def waiting(lost_after: float, silent: bool):
         started = time.monotonic()
-        record = SimpleNamespace(state=TaskState.RUNNING, handle=SimpleNamespace(note="lost"))
+        record = SimpleNamespace(handle=SimpleNamespace(note="lost"))
         backend = SimpleNamespace(
             poll=lambda handle: 255 if time.monotonic() - started > lost_after else None)
-        me = SimpleNamespace(_signal=None, records=[record], _backend=lambda r: backend,
-                             _silent_hosts=lambda: ["node-2"] if silent else [],
-                             _on_exit=lambda r, code: Decision.REFORM)
-        return Supervisor._host_fault_within(me, 0.5)
+        ctx = SimpleNamespace(signal=None, running=lambda: [record], backend=lambda r: backend,
+                              silent_hosts=lambda: ["node-2"] if silent else [])
+        judge = ExitJudge(ctx, policy=None, elastic=None)
+        judge.on_exit = lambda r, code: Decision.REFORM
+        return judge.host_fault_within(0.5)
 
     assert waiting(0.8, silent=True) is not None  # after the window, within twice it
     assert waiting(0.8, silent=False) is None     # every host heard: the window as before
@@ -228,21 +229,17 @@ def test_a_survivor_s_failure_waits_while_a_host_misses_heartbeats():
 
 
 def test_a_lost_host_s_exit_is_decided_before_a_survivor_s_in_the_same_round():
-    """ci93: the survivor's exit 1 (TensorFlow's coordination service gave up on the lost
-    peer) and the lost host's came in one round; decided first, the survivor's failed the
-    run instead of the re-form. A lost host's exit comes first, then signals, then the rest."""
+    """The survivor's exit 1 (TensorFlow's coordination service gave up on the lost peer)
+    and the lost host's came in one round; decided first, the survivor's failed the run
+    instead of the re-form. A lost host's exit comes first, then signals, then the rest."""
     from types import SimpleNamespace
 
     from tfrun.launch.remote.protocol import LOST_EXIT_CODE
-    from tfrun.launch.supervise.policy import TaskState
-    from tfrun.launch.supervise.supervisor import Supervisor
+    from tfrun.launch.supervise.exits import in_deciding_order
 
-    def record(name, code, note=None):
-        return SimpleNamespace(name=name, state=TaskState.RUNNING,
-                               handle=SimpleNamespace(code=code, note=note))
+    def record(name, note=None):
+        return SimpleNamespace(name=name, handle=SimpleNamespace(note=note))
 
-    records = [record("worker:0", 1), record("worker:1", 137),
-               record("worker:2", LOST_EXIT_CODE, "lost contact with node-3: no heartbeat")]
-    backend = SimpleNamespace(poll=lambda handle: handle.code)
-    me = SimpleNamespace(records=records, _backend=lambda r: backend)
-    assert [r.name for r, _ in Supervisor._exits(me)] == ["worker:2", "worker:1", "worker:0"]
+    exited = [(record("worker:0"), 1), (record("worker:1"), 137),
+              (record("worker:2", "lost contact with node-3: no heartbeat"), LOST_EXIT_CODE)]
+    assert [r.name for r, _ in in_deciding_order(exited)] == ["worker:2", "worker:1", "worker:0"]

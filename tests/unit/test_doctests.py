@@ -32,7 +32,7 @@ MODULES = _modules_with_examples()
 
 def test_the_modules_with_examples_are_found():
     # a broken search would pass every test below by finding nothing
-    assert {"tfrun.cluster", "tfrun.launch.supervise.supervisor",
+    assert {"tfrun.cluster", "tfrun.launch.supervise.exits",
             "tfrun.launch.remote.protocol"} <= set(MODULES), MODULES
 
 
