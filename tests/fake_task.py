@@ -17,6 +17,8 @@ Rules are ``selector=action,action,...`` separated by ``;``; the selector is
   | ignore_sigterm (a task whose backup takes longer than any grace)
   | tempfile (make a file with Python's tempfile and write its path to the run dir's
   ``tempfile-<role>-<index>.path``)
+  | raise_layer_error (a Keras-like ValueError: a coloured first line, the arguments
+  after it, and a line printed at exit after the traceback)
 """
 
 import json
@@ -63,6 +65,13 @@ def run(action: str) -> None:
         sys.exit(2)
     if name == "raise":
         raise RuntimeError(f"fake failure in {role}:{index}")
+    if name == "raise_layer_error":
+        import atexit
+
+        atexit.register(print, "[cellrun] cell 95 OK", flush=True)
+        raise ValueError("\x1b[1mInput 0 of layer 'dense' is incompatible\x1b[0m: expected "
+                         "shape (None, 6)\n\nArguments received by Sampling.call():\n"
+                         "  - inputs=tf.Tensor(shape=(8, 4), dtype=float32)")
     if name == "sleep":
         time.sleep(float(arg))
     if name == "forever":

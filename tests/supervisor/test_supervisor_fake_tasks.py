@@ -1,5 +1,6 @@
 """Tier 2: the real supervisor and CLI with fake tasks (tiny Python children, no TensorFlow)."""
 
+import json
 import os
 import re
 import signal
@@ -43,6 +44,26 @@ def test_crash_gives_root_cause_with_traceback_and_stops_the_others(fake_run):
     assert "RuntimeError: fake failure in worker:1" in run.stdout.split("root cause")[1]
     states = {t: v["state"] for t, v in run.tasks().items()}
     assert states == {"worker:0": "stopped", "worker:1": "failed", "worker:2": "stopped"}
+    assert_nothing_left(run)
+
+
+def test_the_first_failure_line_quotes_the_exception_the_task_reported(fake_run):
+    """The task's bootstrap reports the exception that ended it (a TaskError record): the
+    first-failure line quotes its class, its first line and where it was raised -- not the
+    message's last line (Keras appends the call's arguments), not the last line printed
+    (at exit, after the traceback), and without the terminal's escape codes."""
+    run = fake_run(["--workers", "2", *FAST], "worker:1=sleep:0.3,raise_layer_error;*=forever")
+    assert run.run() == 1, run.stdout
+    line = next(l for l in run.stdout.splitlines() if "first failure:" in l)
+    assert "first failure: worker:1 on localhost: script-error, exit code 1: ValueError: " \
+           "Input 0 of layer 'dense' is incompatible: expected shape (None, 6) (" in line, line
+    assert "fake_task.py:" in line and "Arguments received" not in line and "cellrun" not in line
+    verdict = run.summary["verdict"]
+    assert verdict["what"].startswith("exit code 1: ValueError: Input 0 of layer"), verdict
+    assert "\x1b" not in verdict["what"] and "\x1b" not in run.summary["root_cause"]["traceback"]
+    errors = [json.loads(l) for l in (run.run_dir / "metrics" / "worker-1.jsonl").open()
+              if '"event": "error"' in l]
+    assert [(e["type"], e["inside_tfrun"]) for e in errors] == [("ValueError", False)], errors
     assert_nothing_left(run)
 
 

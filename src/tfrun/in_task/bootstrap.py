@@ -176,14 +176,26 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _print_user_traceback(exc: BaseException) -> None:
-    """Print the traceback as ``python script.py`` would: without bootstrap/runpy frames."""
+    """Print the traceback as ``python script.py`` would: without bootstrap/runpy frames;
+    then tell the launcher what ended the script (a ``TaskError`` record: it classifies
+    the failure and quotes it from that, not from the log's text)."""
+    import json
+    import time
     import traceback
+
+    from ..records import TaskError
 
     tb = exc.__traceback__
     while tb is not None and _is_launcher_frame(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb)
     sys.stderr.flush()
+    try:
+        record = TaskError.of(exc.with_traceback(tb), time.time()).to_record()
+        sys.stdout.write(f"{contract.METRICS_LINE}{json.dumps(record, separators=(',', ':'))}\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):  # stdout closed: the log's traceback still says it
+        pass
 
 
 def _is_launcher_frame(filename: str) -> bool:

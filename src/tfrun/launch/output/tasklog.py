@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from ...contract import DEVICES_REPLACED, TRAINING_EVENTS
-from ...records import TaskSample
+from ...records import TaskError, TaskSample
 from .console import ConsoleSink
 from .noise import NoiseFilter
 from .splitter import OutputSplitter, read_chunks
@@ -88,6 +88,8 @@ class TaskLogger:
     work: deque = field(default_factory=lambda: deque(maxlen=16))
     #: the measurements its newest sample that lacked any could not make (empty: all made)
     unmeasured: tuple[str, ...] = ()
+    #: the exception that ended its script, as its bootstrap reported it (this start's)
+    error: TaskError | None = None
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -166,6 +168,7 @@ class TaskLogger:
         sample = TaskSample.from_record(record)
         if sample is not None:
             self._note_sample(sample)
+        self.error = TaskError.from_record(record) or self.error
         if self.metrics_path is not None:
             try:
                 self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -213,6 +216,7 @@ class TaskLogger:
         self.cpu_taken.clear()
         self.exchanges = None
         self.work.clear()
+        self.error = None
 
     def _open_log(self) -> IO[bytes] | None:
         try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from ..output import last_traceback
+from ..output import last_traceback, strip_ansi
 from .policy import FailureClass, TaskState
 from .records import TaskRecord
 from .summary import describe_code, log_tail
@@ -127,14 +127,18 @@ def verdict_for(root: TaskRecord | None, failure_class: str, what: str, records:
 def evidence_of(record: TaskRecord) -> str:
     """A failed task's exit in a few words: its code, and its exception's line if any.
 
-    ``signal SIGSEGV (exit 139)``; ``exit code 1: RuntimeError: boom``."""
+    ``signal SIGSEGV (exit 139)``; ``exit code 1: RuntimeError: boom (train.py:9 in
+    <module>)``: the exception the task reported (its ``TaskError``), else its log's last
+    traceback's."""
     what = describe_code(record.exit_code)
+    if record.logger.error is not None:
+        return strip_ansi(f"{what}: {record.logger.error.line()}")
     traceback = last_traceback(log_tail(record.logger.path).splitlines())
     if traceback:
         exception = next((l for l in reversed(traceback.splitlines())
                           if l.strip() and not l.startswith((" ", "\t"))), "")
         if exception and not exception.startswith("Traceback"):
-            what += f": {exception[:200]}"
+            what += f": {strip_ansi(exception)[:200]}"
     return what
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from ..output import fatal_error_stack, last_traceback
+from ..output import fatal_error_stack, last_traceback, strip_ansi
 from .attribution import failure_verdict, hang_verdict, join_verdict
 from .context import RunContext
 from .explain import explain
@@ -58,7 +58,8 @@ def _evidence(status: RunStatus, root: TaskRecord | None,
             traceback = (record.failure is FailureClass.CRASH and fatal_error_stack(lines)) \
                 or last_traceback(lines)
             if traceback is not None:
-                traceback_of = record
+                # a terminal's colours (Keras' own tracebacks) would be noise in the summary
+                traceback, traceback_of = strip_ansi(traceback), record
                 break
     for record in (root, failed_because):
         if record is not None:

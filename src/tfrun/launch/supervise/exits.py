@@ -121,13 +121,18 @@ class ExitJudge:
         if code != 0:
             record.logger.join(timeout=2.0)  # its last lines (a traceback) are in the log
         log_text = log_tail(record.logger.path) if code != 0 else ""
+        raised = record.logger.error if code != 0 else None
         record.failure = classify_exit(code, note=record.note, log_tail=log_text,
-                                       stopped_by_watch=ctx.marks.stopped_by_watch(record))
+                                       stopped_by_watch=ctx.marks.stopped_by_watch(record),
+                                       error=raised)
         error = None
         if record.failure in EXCEPTION_CLASSES:
-            traceback = last_traceback(log_text.splitlines())
-            if traceback:
-                error = (record.task.role, traceback.strip().splitlines()[-1])
+            if raised is not None:
+                error = (record.task.role, f"{raised.name}: {raised.headline}")
+            else:
+                traceback = last_traceback(log_text.splitlines())
+                if traceback:
+                    error = (record.task.role, traceback.strip().splitlines()[-1])
         repeated = ctx.ledger.repeated(error)
         nodes_left, streak = None, 0
         if self.elastic is not None and record.host is not None:

@@ -21,6 +21,7 @@ import enum
 import re
 from dataclasses import dataclass
 
+from ...records import TaskError
 from ..oom import OOM_KILLED_NOTE
 from .diagnose import raised_inside_tfrun
 
@@ -74,6 +75,8 @@ _INFRASTRUCTURE_LINES = re.compile(
 _OUT_OF_MEMORY_LINES = re.compile(
     r"ResourceExhaustedError|OOM when allocating|^MemoryError\b|Out of memory while trying "
     r"to allocate", re.M)
+#: The exceptions of a failed allocation (TensorFlow's and Python's).
+_OUT_OF_MEMORY_ERRORS = frozenset({"ResourceExhaustedError", "MemoryError"})
 DISK_FULL_LINES = re.compile(r"No space left on device|\[Errno 28\]|errno = 28\b|ENOSPC")
 
 #: Exceptions in a task: the same one again after a restart fails the run.
@@ -84,10 +87,13 @@ _ERROR_TAIL = 16 * 1024
 
 
 def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = "",
-                  stopped_by_watch: bool = False) -> FailureClass | None:
+                  stopped_by_watch: bool = False,
+                  error: TaskError | None = None) -> FailureClass | None:
     """The class of a task's exit (None for exit 0), from its code, the backend's note,
-    the end of its log and whether tfrun's watch in the task reported ending it
-    (``contract.STOPPED_EVENT``: its 143 is then not a preemption).
+    whether tfrun's watch in the task reported ending it (``contract.STOPPED_EVENT``: its
+    143 is then not a preemption), the exception its script ended with (``error``, the
+    task's own record: read first) and the end of its log (TensorFlow's runtime messages;
+    and the script's error when no record came: a script run without tfrun's bootstrap).
 
     >>> classify_exit(1), classify_exit(255, note="connection lost"), classify_exit(137)
     (<FailureClass.SCRIPT_ERROR: 'script-error'>, <FailureClass.NODE_LOST: 'node-lost'>, <FailureClass.INFRASTRUCTURE: 'infrastructure'>)
@@ -97,6 +103,8 @@ def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = ""
     (<FailureClass.CRASH: 'crash'>, <FailureClass.OUT_OF_MEMORY: 'out-of-memory'>)
     >>> classify_exit(1, log_tail="OSError: [Errno 28] No space left on device: '/ckpt'")
     <FailureClass.DISK_FULL: 'disk-full'>
+    >>> classify_exit(1, error=TaskError(time=0, type="MemoryError", message=""))
+    <FailureClass.OUT_OF_MEMORY: 'out-of-memory'>
     """
     if exit_code == 0:
         return None
@@ -112,17 +120,40 @@ def classify_exit(exit_code: int, *, note: str | None = None, log_tail: str = ""
         return FailureClass.INFRASTRUCTURE
     if exit_code in _CRASH_EXITS:
         return FailureClass.CRASH
-    # The task's own last error: the end of its log (a traceback ends it).
-    error = log_tail[-_ERROR_TAIL:]
-    if _OUT_OF_MEMORY_LINES.search(error):
+    if error is not None:
+        return _class_of_error(error, log_tail)
+    # No record (a script run without tfrun's bootstrap): the end of its log, where a
+    # traceback ends it.
+    last = log_tail[-_ERROR_TAIL:]
+    if _OUT_OF_MEMORY_LINES.search(last):
         return FailureClass.OUT_OF_MEMORY
-    if DISK_FULL_LINES.search(error):
+    if DISK_FULL_LINES.search(last):
         return FailureClass.DISK_FULL
     if _INFRASTRUCTURE_LINES.search(log_tail):
         return FailureClass.INFRASTRUCTURE
     if raised_inside_tfrun(log_tail):
         return FailureClass.OWN_ERROR
     return FailureClass.SCRIPT_ERROR
+
+
+def _class_of_error(error: TaskError, log_tail: str) -> FailureClass:
+    """The class of an exit whose script ended with ``error``.
+
+    >>> _class_of_error(TaskError(time=0, type="OSError", message="full", errno=28), "")
+    <FailureClass.DISK_FULL: 'disk-full'>
+    >>> _class_of_error(TaskError(time=0, type="ValueError", message="x", inside_tfrun=True), "")
+    <FailureClass.OWN_ERROR: 'tfrun-error'>
+    """
+    names = {error.name} | {c.rsplit(".", 1)[-1] for c in error.chain}
+    if names & _OUT_OF_MEMORY_ERRORS or _OUT_OF_MEMORY_LINES.search(error.message):
+        return FailureClass.OUT_OF_MEMORY
+    if error.disk_full or DISK_FULL_LINES.search(error.message):
+        return FailureClass.DISK_FULL
+    # TensorFlow's coordination service says a peer is gone in its own log lines, before
+    # (and apart from) the exception the collective raises in Python.
+    if _INFRASTRUCTURE_LINES.search(error.message) or _INFRASTRUCTURE_LINES.search(log_tail):
+        return FailureClass.INFRASTRUCTURE
+    return FailureClass.OWN_ERROR if error.inside_tfrun else FailureClass.SCRIPT_ERROR
 
 
 def backoff_seconds(attempt: int, *, base: float = 1.0, cap: float = 60.0) -> float:
