@@ -38,7 +38,7 @@ import math
 import os
 from dataclasses import dataclass
 
-__all__ = ["ERROR_EVENT", "SAMPLE_EVENT", "TaskError", "TaskSample"]
+__all__ = ["ERROR_EVENT", "REMOTE_ERROR_MARK", "SAMPLE_EVENT", "TaskError", "TaskSample"]
 
 #: The ``event`` of a sample record (its name predates the progress it also carries).
 SAMPLE_EVENT = "resources"
@@ -49,7 +49,7 @@ ERROR_EVENT = "error"
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: TensorFlow's words for an error another task's runtime sent back over gRPC: it passed
 #: through the frames shown, it was not raised there.
-_REMOTE_ERROR = "from remote target /job:"
+REMOTE_ERROR_MARK = "from remote target /job:"
 _MESSAGE_CHARS = 4000
 
 
@@ -152,7 +152,7 @@ class TaskError:
             from .errors import TfrunError
 
             inside = (os.path.abspath(code.co_filename).startswith(_PACKAGE)
-                      and not isinstance(exc, TfrunError) and _REMOTE_ERROR not in message)
+                      and not isinstance(exc, TfrunError) and REMOTE_ERROR_MARK not in message)
         chain, seen, link = [], {id(exc)}, exc.__cause__ or exc.__context__
         while link is not None and id(link) not in seen and len(chain) < 8:
             chain.append(_qualified(type(link)))

@@ -179,23 +179,18 @@ def _print_user_traceback(exc: BaseException) -> None:
     """Print the traceback as ``python script.py`` would: without bootstrap/runpy frames;
     then tell the launcher what ended the script (a ``TaskError`` record: it classifies
     the failure and quotes it from that, not from the log's text)."""
-    import json
     import time
     import traceback
 
     from ..records import TaskError
+    from .metrics import record_error
 
     tb = exc.__traceback__
     while tb is not None and _is_launcher_frame(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb)
     sys.stderr.flush()
-    try:
-        record = TaskError.of(exc.with_traceback(tb), time.time()).to_record()
-        sys.stdout.write(f"{contract.METRICS_LINE}{json.dumps(record, separators=(',', ':'))}\n")
-        sys.stdout.flush()
-    except (OSError, ValueError):  # stdout closed: the log's traceback still says it
-        pass
+    record_error(TaskError.of(exc.with_traceback(tb), time.time()))
 
 
 def _is_launcher_frame(filename: str) -> bool:

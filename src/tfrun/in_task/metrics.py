@@ -39,11 +39,11 @@ from . import arrivals, breakdown, progress
 from .checkpoint_phase import mark_saving_callbacks
 from .contention import CpuContention, RunQueueWait
 from ..contract import METRICS_LINE
-from ..records import TaskSample
+from ..records import TaskError, TaskSample
 from ._post_import import when_imported
 
 __all__ = ["log_metrics", "install", "enabled", "batch_size_of", "with_recorder",
-           "sample_resources", "record_training_event", "note_step", "report_step"]
+           "sample_resources", "record_training_event", "record_error", "note_step", "report_step"]
 
 
 def enabled() -> bool:
@@ -93,6 +93,12 @@ def record_training_event(event: str, **fields: int) -> None:
     """
     if os.environ.get(contract.RUN_DIR):
         _write({"event": event, **fields})
+
+
+def record_error(error: TaskError) -> None:
+    """Tell the launcher which exception ended the script (a ``TaskError`` record), even
+    with metrics recording off: it classifies and quotes the failure from it."""
+    _write(error.to_record())
 
 
 def log_metrics(step: int | None = None, **values: float) -> None:

@@ -119,11 +119,11 @@ class RunContext:
 
     def end_attempt(self, record: TaskRecord | None, how: str,
                     failure: FailureClass | None = None) -> dict:
-        """Note the attempt that just ended (summary.json's ``attempts``); returns it."""
+        """Note the attempt that just ended (summary.json's ``attempts``), of ``failure``
+        (default: ``record``'s); returns it."""
         return self.ledger.end(how, task=None if record is None else str(record.task),
                                exit_code=None if record is None else record.exit_code,
-                               failure=failure if failure is not None or record is None
-                               else record.failure)
+                               failure=failure or (record and record.failure))
 
     # ------------------------------------------------------------------ the run dir
 

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from ...cluster import TaskId
+from ...records import REMOTE_ERROR_MARK
 from ..output import last_traceback
 
 __all__ = ["culprits", "raised_inside_tfrun", "TAIL_BYTES"]
@@ -61,7 +62,7 @@ _OWN_MODULE = re.compile(r"[/\\]tfrun[/\\](?:(?:in_task|launch|cli)[/\\][\w/\\]+
 _TOP_LEVEL = frozenset(p.stem for p in Path(__file__).resolve().parents[2].glob("*.py"))
 #: TensorFlow's words for an error a remote task's runtime returned over gRPC (e.g. a
 #: parameter server's, raised in a worker through tfrun's step iterator).
-_REMOTE_ERROR = re.compile(r"from remote target /job:")
+_REMOTE_ERROR = re.compile(re.escape(REMOTE_ERROR_MARK))
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)(?:, in (.+))?')
 #: Exceptions tfrun raises on purpose for the script's misuse (tfrun.errors): not its bugs.
 _OWN_ERRORS = re.compile(r"^(?:tfrun\.errors\.)?(?:ConfigError|TfrunError|ClusterTimeout|"
