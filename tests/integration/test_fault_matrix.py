@@ -79,9 +79,9 @@ MATRIX = {
     "oom": (_oom, "out-of-memory", "signal SIGKILL (exit 137)", 137),
     "disk-full": (_disk_full, "disk-full", "No space left on device", 1),
     "stuck-in-step": (None, "hang", "sends no progress samples", 124),
-    # alive and sampling, at the same step count as worker:0: only the arrival counts of
-    # tfrun's exchange tell which one the other waits for
-    "blocked-in-step": (None, "hang", "never arrived at all-reduce #", 124),
+    # (blocked inside a step, alive and sampling, named by the arrival counts of tfrun's
+    # exchange: tests/integration/test_hangs.py's stuck worker asserts the same evidence,
+    # and tests/unit/test_decision_table.py the rule)
     "before-strategy": (None, "never-joined", "never started its TensorFlow server", 124),
     "import": (None, "script-error",
                "ModuleNotFoundError: No module named 'tfrun_fault_matrix_missing_module'", 1),

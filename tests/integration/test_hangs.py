@@ -6,8 +6,10 @@ and .contention)."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,32 +18,6 @@ from conftest import REPORT_ON, Run, assert_nothing_left
 pytestmark = pytest.mark.tf
 
 SCRIPT = "tests/scripts/stuck_worker.py"
-
-
-#: The defaults' test: its run waits a minute by design (the default step limit, 60 s, with
-#: nothing for the CPU to do), so it starts with the first of the two tests above it
-#: (``stuck_with_the_defaults``), which run meanwhile. None of them measures CPU shares;
-#: the straggler tests, which do, run apart from it (``alone``: before them, see
-#: tests/conftest.py's ``ALONE_GROUP``).
-WITH_THE_DEFAULTS = "test_a_worker_stuck_in_its_callback_with_the_defaults_is_named_with_its_stack"
-
-
-@pytest.fixture(scope="module")
-def stuck_with_the_defaults(request, tmp_path_factory):
-    """The keras 3 run of ``SCRIPT`` with the defaults, started (only where its test is
-    selected); the test waits for it and asserts on its own run directory."""
-    if not any(item.originalname == WITH_THE_DEFAULTS for item in request.session.items):
-        yield None
-        return
-    tmp = tmp_path_factory.mktemp("stuck-with-the-defaults")
-    run = Run(tmp, ["--workers", "2", "--keras", "3", SCRIPT, "worker:1", "30"])
-    run.start(console=tmp / "console.txt")
-    try:
-        yield run
-    finally:
-        if run.proc.poll() is None:  # its test failed before the end: no orphan
-            run.proc.kill()
-            run.proc.wait()
 
 
 def _assert_the_stuck_worker_is_named(run: Run, flavour: str, limit: float) -> None:
@@ -77,9 +53,10 @@ def _assert_the_stuck_worker_is_named(run: Run, flavour: str, limit: float) -> N
     assert_nothing_left(run)
 
 
-@pytest.mark.usefixtures("stuck_with_the_defaults")
 def test_a_worker_stuck_in_its_callback_is_named_with_its_stack(tmp_path):
-    """tf_keras, with --step-timeout 15 (the defaults are the test below). Samples every
+    """tf_keras, with --step-timeout 15 (the default limit, max(60 s, 20x the median step),
+    is a row of tests/unit/test_decision_table.py; a run that waits a minute for it showed
+    nothing more). Samples every
     0.5 s: the report's step-rate chart needs two during the 30 steps, which a task forked
     on a quiet machine ran between its first two samples at the default 2 s (no chart)."""
     run = Run(tmp_path, ["--workers", "2", "--keras", "2", "--step-timeout", "15", SCRIPT,
@@ -89,7 +66,6 @@ def test_a_worker_stuck_in_its_callback_is_named_with_its_stack(tmp_path):
     _assert_the_stuck_worker_is_named(run, "2", 15.0)
 
 
-@pytest.mark.usefixtures("stuck_with_the_defaults")
 def test_a_hang_with_restarts_left_restarts_the_group_which_then_finishes(tmp_path):
     """Issue 44.2: the restart policy acts on the class hang: with --max-restarts 1, the
     hang (worker:1 stuck in the first attempt only) stops and restarts the group, charged
@@ -105,14 +81,6 @@ def test_a_hang_with_restarts_left_restarts_the_group_which_then_finishes(tmp_pa
     assert [c["task"] for c in first["hang"]["culprits"]] == ["worker:1"]
     assert second["ended"] == "success" and run.summary["restarts"] == 1
     assert_nothing_left(run)
-
-
-def test_a_worker_stuck_in_its_callback_with_the_defaults_is_named_with_its_stack(
-        stuck_with_the_defaults):
-    """keras 3 and no flag: the step limit is max(60 s, 20 x the median step)."""
-    run = stuck_with_the_defaults
-    assert run.wait(timeout=400) == 124, run.stdout[-5000:]
-    _assert_the_stuck_worker_is_named(run, "3", 60.0)
 
 
 def test_a_slow_checkpoint_the_script_s_own_work_and_a_slow_first_step_are_no_hang(tmp_path):
@@ -140,32 +108,56 @@ def test_a_slow_checkpoint_the_script_s_own_work_and_a_slow_first_step_are_no_ha
 STEADY = "tests/scripts/steady_steps.py"
 
 
+def _straggler_named(run: Run, timeout: float) -> dict:
+    """The run's first ``straggler`` event, waited for while it runs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in run.events() if e["event"] == "straggler"] \
+            if (run.run_dir / "events.jsonl").exists() else []
+        if found:
+            return found[0]
+        assert run.proc.poll() is None, run._output()[-3000:]
+        assert time.monotonic() < deadline, run._output()[-3000:]
+        time.sleep(0.5)
+
+
 @pytest.mark.alone
-def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler(tmp_path):
-    """A busy loop (no tfrun in it) pinned to worker:1's CPU: worker:1 is named within 50
-    steps, about 2x slower, with the cause; a clean run (the workers sharing the CPUs) names
-    nobody."""
+@pytest.mark.parametrize("width, step", [(600, "10 ms"), (5000, "0.5 s")])
+def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler_within_50_steps(
+        tmp_path, width, step):
+    """A busy loop (no tfrun in it) pinned to worker:1's CPU, tfrun's default settings, a
+    400-step job: worker:1 is named within 50 of its steps, about 2x slower, with the cause,
+    whether a step takes about 10 ms (the whole job, about 8 s) or about half a second (the
+    job is stopped with Ctrl-C once worker:1 is named: its 400 steps would take minutes)."""
     cpu = sorted(os.sched_getaffinity(0))[1]  # --cpus-per-task 1 places worker:1 there
-    env = {"TFRUN_METRICS_INTERVAL": "0.5", **REPORT_ON}
-    flags = ["--workers", "2", "--cpus-per-task", "1"]
     competitor = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c",
                                    "while True: pass"])
+    slowed = Run(tmp_path, ["--workers", "2", "--cpus-per-task", "1", STEADY, "400",
+                            str(width)], env=REPORT_ON, name="slowed")
     try:
-        # 60 steps, the busy loop beside all of them: enough to be named within 50 (ci108:
-        # at step 12), the run then over (alone, every step of it idles the other workers).
-        slowed = Run(tmp_path, [*flags, STEADY, "60"], env=env, name="slowed")
-        assert slowed.run(300) == 0, slowed.stdout[-3000:]
+        slowed.start(console=tmp_path / "console.txt")
+        named = _straggler_named(slowed, 300)
+        if step == "10 ms":
+            assert slowed.wait(300) == 0, slowed.stdout[-3000:]
+        else:
+            slowed.proc.send_signal(signal.SIGINT)
+            assert slowed.wait(120) == 130, slowed.stdout[-3000:]
     finally:
         competitor.kill()
         competitor.wait()
+    # its CPUs taken (over a second of samples: the slow steps' evidence), or, within
+    # the first second of fast steps, its threads waiting for the CPU the busy loop holds
+    assert named["task"] == "worker:1" and named["cause"] in ("cpu-taken", "cpu-wait"), named
+    assert named["slower"] >= 1.3 and 0 < named["steps_done"] <= 50, named
     assert f"placement  : worker:0 CPU {sorted(os.sched_getaffinity(0))[0]}, worker:1 CPU {cpu}" \
         in slowed.stdout
     findings = slowed.summary["stragglers"]
-    assert findings and findings[0]["task"] == "worker:1", (findings, slowed.stdout[-3000:])
-    assert findings[0]["cause"] == "cpu-taken" and findings[0]["slower"] >= 1.3
-    assert findings[0]["steps_done"] <= 50, findings
+    assert [f["task"] for f in findings] == ["worker:1"], findings
     assert "straggler: worker:1 (host " in slowed.stdout
-    assert all(f["task"] == "worker:1" for f in findings)
+    assert "no straggler any more" not in slowed.stdout, slowed.stdout[-3000:]
+    assert_nothing_left(slowed)
+    if step != "10 ms":
+        return
     page = (slowed.run_dir / "report.html").read_text()
     assert "<b>Straggler</b>: worker:1 (host " in page.split("<h2>Numbers</h2>")[0], page[:3000]
     from tfrun.launch.report import load_run
@@ -178,11 +170,15 @@ def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler(tmp_
     median = {task: values[len(values) // 2] for task, values in taken.items()}
     assert median["worker:1"] > median["worker:0"] + 0.2, median  # the chart shows who
 
-    # The clean run shares both CPUs between the workers: pinned, a CPU that serves more of
-    # the machine's other processes makes its worker slower every step, and rightly named
-    # (ci69, with the engine tests' daemons beside it: worker:0's own work 40 ms a step and
-    # 46 ms of CPU, worker:1's 26 and 34).
-    clean = Run(tmp_path, ["--workers", "2", STEADY, "300"], env=env, name="clean")
+
+@pytest.mark.alone
+def test_a_clean_run_of_fast_steps_names_no_straggler(tmp_path):
+    """The same 400 steps of about 10 ms with nothing beside them, the defaults: the
+    workers share both CPUs (pinned, a CPU that serves more of the machine's other
+    processes makes its worker slower every step, and rightly named); samples come every
+    few steps, and nobody is named."""
+    clean = Run(tmp_path, ["--workers", "2", STEADY, "400", "600"], env=REPORT_ON,
+                name="clean")
     assert clean.run(300) == 0, clean.stdout[-3000:]
     assert clean.summary["stragglers"] == [] and "straggler:" not in clean.stdout
     assert "<h2>Findings</h2>" not in (clean.run_dir / "report.html").read_text()
@@ -203,7 +199,7 @@ def test_a_worker_with_a_slower_input_pipeline_is_named_a_straggler_by_its_own_w
     disk) is input-wait: its extra time is no CPU time; a busy loop (a heavy decode) is
     compute."""
     run = Run(tmp_path, ["--workers", "2", "--cpus-per-task", "1", "tests/scripts/fault.py",
-                         fault, "worker:1", "150"], env={"TFRUN_METRICS_INTERVAL": "0.5"})
+                         fault, "worker:1", "150"])
     assert run.run(300) == 0, run.stdout[-3000:]
     findings = run.summary["stragglers"]
     assert [(f["task"], f["cause"]) for f in findings] == [("worker:1", cause)], findings

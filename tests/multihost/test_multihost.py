@@ -170,8 +170,7 @@ def test_ssh_a_worker_with_a_slower_input_is_named_a_straggler_over_tcp(fake_hos
     run = HostRun(fake_hosts, 1, [*ssh_flags(fake_hosts), "--run-dir", str(tmp_path / "run"),
                                   "--hosts", "node-1,node-2",
                                   str(ROOT / "tests" / "scripts" / "fault.py"), "slow-input",
-                                  "worker:1", "150"],
-                  extra_env={"TFRUN_METRICS_INTERVAL": "0.5"})
+                                  "worker:1", "150"])
     assert run.wait(300) == 0, run.stdout[-4000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     findings = summary["stragglers"]
@@ -195,8 +194,7 @@ def _run_on_a_cpu_each(hosts, tmp_path: Path, name: str, steps: int,
     if len(cpus) < 2:
         pytest.skip("needs two CPUs")
     run = HostRun(hosts, 1, [*ssh_flags(hosts), "--run-dir", str(tmp_path / name),
-                             "--hosts", "node-1,node-2", STEADY, str(steps)],
-                  extra_env={"TFRUN_METRICS_INTERVAL": "0.5"})
+                             "--hosts", "node-1,node-2", STEADY, str(steps)])
     run.wait_for("cluster formed")
     for host, cpu in ((1, cpus[0]), (2, cpus[1])) if pinned else ():
         (task,) = [p for p in hosts.tfrun_processes(host)
@@ -228,8 +226,8 @@ def test_ssh_a_worker_whose_cpu_another_process_takes_is_named_a_straggler_over_
         fake_hosts, tmp_path):
     """Issue 44.3's competitor across hosts, over the TCP exchange. Each worker on a CPU of
     its own (the tasks' meters follow the move), then a busy loop no tfrun knows of starts
-    on node-2, pinned to worker:1's CPU: worker:1 on node-2 is named within 50 steps of it,
-    cause cpu-taken, and worker:0 never; the busy loop then ends, the run too. 300 steps
+    on node-2, pinned to worker:1's CPU: worker:1 on node-2 is named within 50 steps of it
+    (tfrun's default settings), cause cpu-taken or cpu-wait, and worker:0 never; the busy loop then ends, the run too. 300 steps
     without the busy loop, the workers sharing the CPUs: nobody is named."""
     run, cpus = _run_on_a_cpu_each(fake_hosts, tmp_path, "slowed", 150)
     competitor = fake_hosts.popen(2, ["taskset", "-c", str(cpus[1]), sys.executable, "-c",
@@ -253,7 +251,8 @@ def test_ssh_a_worker_whose_cpu_another_process_takes_is_named_a_straggler_over_
     findings = summary["stragglers"]
     assert findings and all(f["task"] == "worker:1" for f in findings), findings
     first = findings[0]
-    assert (first["host"], first["cause"]) == ("node-2", "cpu-taken"), findings
+    # its CPUs taken; or, first, its threads waiting for the CPU the loop holds
+    assert first["host"] == "node-2" and first["cause"] in ("cpu-taken", "cpu-wait"), findings
     assert first["slower"] >= 1.3 and first["steps_done"] - at_start <= 50, (findings, at_start)
     assert "straggler: worker:1 (host node-2) runs about " in run.stdout
 

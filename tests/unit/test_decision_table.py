@@ -218,13 +218,25 @@ HANGS = [
 
 
 def samples(exchange: float, *, cpu: float | None = 60.0, wait: float = 0.0) -> list:
-    """Three samples 2 s apart, 100 steps between each: ``exchange`` seconds a window
-    inside all-reduces, ``cpu`` percent of a core, ``wait`` seconds a window waiting for
-    a CPU."""
-    return [TaskSample(t, s, CALLBACKS, last_step_at=t, exchange_seconds=e, cpu_percent=cpu,
-                       run_wait_seconds=w)
-            for t, s, e, w in ((0.0, 0, 0.0, 0.0), (2.0, 100, exchange, wait),
-                               (4.0, 200, 2 * exchange, 2 * wait))]
+    """Four samples 2 s apart, 100 steps between each (three windows, the evidence):
+    ``exchange`` seconds a window inside all-reduces, ``cpu`` percent of a core, ``wait``
+    seconds a window waiting for a CPU."""
+    return [TaskSample(2.0 * n, 100 * n, CALLBACKS, last_step_at=2.0 * n,
+                       exchange_seconds=n * exchange, cpu_percent=cpu, run_wait_seconds=n * wait)
+            for n in range(4)]
+
+
+def fast_steps(per_step: float, steps: int = 5) -> list:
+    """Samples every ``steps`` steps, 0.25 s apart (a task samples every few steps, not
+    sooner than a floor), ``per_step`` seconds of each step inside all-reduces."""
+    at = 0.0
+    out = []
+    for n in range(4):
+        out.append(TaskSample(at, steps * n, CALLBACKS, last_step_at=at,
+                              exchange_seconds=n * steps * per_step, cpu_percent=60.0,
+                              run_wait_seconds=0.0))
+        at += 0.25
+    return out
 
 
 def stragglers(*loads: TaskLoad) -> list:
@@ -256,8 +268,14 @@ STRAGGLERS = [
         lambda: stragglers(load("w0", samples(1.5)), load("w1", samples(1.5))), []),
     Row("a clean run", lambda: stragglers(load("w0", samples(0.8)), load("w1", samples(0.8))),
         []),
-    Row("one window is no evidence",
-        lambda: stragglers(load("w0", samples(0.8)[:2]), load("w1", samples(0.0)[:2])), []),
+    Row("two windows are no evidence",
+        lambda: stragglers(load("w0", samples(0.8)[:3]), load("w1", samples(0.0)[:3])), []),
+    Row("three windows of 5 steps (15) are: counted in steps, 10 ms steps",
+        lambda: stragglers(load("w0", fast_steps(0.02)), load("w1", fast_steps(0.0))),
+        [("w1", "input-wait")]),
+    Row("three windows of 4 steps (12) are not",
+        lambda: stragglers(load("w0", fast_steps(0.02, steps=4)),
+                           load("w1", fast_steps(0.0, steps=4))), []),
 ]
 
 # ---------------------------------------------------------------------------- ordering

@@ -378,3 +378,41 @@ def test_the_task_logger_reads_a_sample_without_measurements_as_progress(tmp_pat
     assert logger.progress[1:] == (9, "in a training step") and logger.advanced_at is not None
     assert [s.steps_done for s in logger.work] == [5, 9]
     assert logger.unmeasured == ("cpu and memory",) and not logger.cpu_taken
+
+
+def test_a_fast_job_asks_for_a_sample_every_few_steps_but_not_sooner_than_the_floor(
+        monkeypatch):
+    """The straggler finder's evidence is counted in steps: steps of 10 ms ask for a sample
+    every 0.2 s (not 2 s, when 200 steps are over); slower steps every 5 steps; a sample
+    taken meanwhile (the interval's) starts the count again."""
+    from tfrun.in_task import progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    woken = []
+    progress.reset()
+
+    def sample_now():  # the sampler, woken, takes its sample at once (and notes it)
+        woken.append(progress.snapshot()["steps_done"])
+        progress.sampled(woken[-1])
+
+    progress.sample_when_due(sample_now)
+    try:
+        def steps(count, seconds_each):
+            for _ in range(count):
+                clock[0] += seconds_each
+                progress.step_began()
+                progress.step_ended()
+
+        steps(40, 0.01)       # 10 ms steps: one sample per 0.2 s, 20 steps
+        assert woken == [20, 40], woken
+        steps(10, 0.5)        # 0.5 s steps: every 5 steps
+        assert woken[2:] == [45, 50], woken
+        steps(2, 0.5)
+        woken.clear()
+        progress.sampled(52)  # the interval's sample at step 52 (the sampler notes it) ...
+        steps(5, 0.5)         # ... so the next is due at 57, not at 55
+        assert woken == [57], woken
+    finally:
+        progress.sample_when_due(None)
+        progress.reset()

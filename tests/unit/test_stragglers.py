@@ -118,14 +118,14 @@ def slowed(task, *per_step_inside):
 @pytest.mark.parametrize("tasks, named", [
     # steps of 20 ms: worker:0 waits 8 ms of each in the all-reduce, worker:1 none:
     # worker:1's own work is 20 ms against 12 ms
-    ([slowed("worker:0", 0.008, 0.008), slowed("worker:1", 0.0, 0.0)], ["worker:1"]),
+    ([slowed("worker:0", 0.008, 0.008, 0.008), slowed("worker:1", 0.0, 0.0, 0.0)], ["worker:1"]),
     # the same wait on both: nobody
-    ([slowed("worker:0", 0.004, 0.004), slowed("worker:1", 0.004, 0.0045)], []),
-    # one window is not consistent
-    ([slowed("worker:0", 0.008, 0.0), slowed("worker:1", 0.0, 0.0)], []),
+    ([slowed("worker:0", 0.004, 0.004, 0.004), slowed("worker:1", 0.004, 0.0045, 0.004)], []),
+    # one window of three is not consistent
+    ([slowed("worker:0", 0.008, 0.008, 0.0), slowed("worker:1", 0.0, 0.0, 0.0)], []),
     # 1.8x of tiny steps (2 ms: 1.1 ms of own work against 2) is under the 1 ms that counts
-    ([TaskLoad("worker:0", "h", [0, 0], 9, work(0.0009, 0.0009, steps=1000)),
-      TaskLoad("worker:1", "h", [0, 0], 9, work(0.0, 0.0, steps=1000))], []),
+    ([TaskLoad("worker:0", "h", [0, 0], 9, work(0.0009, 0.0009, 0.0009, steps=1000)),
+      TaskLoad("worker:1", "h", [0, 0], 9, work(0.0, 0.0, 0.0, steps=1000))], []),
     # without tfrun's exchange (no samples of it) there is nothing to compare
     ([TaskLoad("worker:0", "h", [0, 0], 9), TaskLoad("worker:1", "h", [0, 0], 9)], []),
 ])
@@ -138,8 +138,8 @@ def test_a_straggler_is_a_task_whose_own_work_the_others_wait_for(tasks, named):
 
 
 def test_a_task_whose_cpu_is_taken_is_named_for_that_not_twice():
-    both = TaskLoad("worker:1", "h", [0.6, 0.6], 300, work(0.0, 0.0))
-    found = find_stragglers([TaskLoad("worker:0", "h", [0.0, 0.0], 300, work(0.008, 0.008)),
+    both = TaskLoad("worker:1", "h", [0.6, 0.6], 300, work(0.0, 0.0, 0.0))
+    found = find_stragglers([TaskLoad("worker:0", "h", [0.0, 0.0], 300, work(0.008, 0.008, 0.008)),
                              both])
     assert [(s.task, s.cause) for s in found] == [("worker:1", "cpu-taken")]
 
@@ -149,8 +149,8 @@ def test_a_busy_cpu_that_slows_nobody_is_no_straggler():
     waits 50 ms for each batch (own work about 23x worker:0's) while worker:0's CPUs look
     40% taken -- by worker:1's own input threads. The others wait for worker:1, not for
     worker:0: only worker:1 is named."""
-    fast = TaskLoad("worker:0", "node-1", [0.4, 0.4], 30, work(0.019, 0.019))
-    slow = TaskLoad("worker:1", "node-2", [0.1, 0.1], 30, work(0.0, 0.0))
+    fast = TaskLoad("worker:0", "node-1", [0.4, 0.4], 30, work(0.019, 0.019, 0.019))
+    slow = TaskLoad("worker:1", "node-2", [0.1, 0.1], 30, work(0.0, 0.0, 0.0))
     found = find_stragglers([fast, slow])
     assert [(s.task, s.cause) for s in found] == [("worker:1", "own-work")]
     # one window of records is enough to see whom the others wait for; none is not
@@ -177,13 +177,13 @@ def test_a_busy_cpu_that_slows_nobody_is_no_straggler():
     (60.0, "input-wait", "it waits, most likely for its input"),
 ])
 def test_a_straggler_by_its_own_work_is_told_computing_from_waiting(slow_cpu, cause, words):
-    fast = TaskLoad("worker:0", "h", [0, 0], 200, work(0.008, 0.008, cpu=[55.0, 55.0]))
-    slow = TaskLoad("worker:1", "h", [0, 0], 200, work(0.0, 0.0, cpu=[slow_cpu, slow_cpu]))
+    fast = TaskLoad("worker:0", "h", [0, 0], 200, work(0.008, 0.008, 0.008, cpu=[55.0] * 3))
+    slow = TaskLoad("worker:1", "h", [0, 0], 200, work(0.0, 0.0, 0.0, cpu=[slow_cpu] * 3))
     (found,) = find_stragglers([fast, slow])
     assert (found.task, found.cause, found.slower) == ("worker:1", cause, 1.7)
     assert words in found.why and "the others' 12 ms" in found.why, found.why
     # a window whose sample has no CPU share: the cause stays own-work
-    unknown = TaskLoad("worker:1", "h", [0, 0], 200, work(0.0, 0.0, cpu=[slow_cpu, None]))
+    unknown = TaskLoad("worker:1", "h", [0, 0], 200, work(0.0, 0.0, 0.0, cpu=[slow_cpu, slow_cpu, None]))
     (found,) = find_stragglers([fast, unknown])
     assert found.cause == "own-work"
 
@@ -201,9 +201,9 @@ def test_a_straggler_waiting_for_a_cpu_is_told_from_one_waiting_for_its_input(
     input-wait, its extra time neither CPU time nor exchange wait. Its threads' run delay
     (``run_wait_seconds``) tells that wait apart."""
     fast = TaskLoad("worker:0", "h", [0, 0], 200,
-                    work(0.008, 0.008, cpu=[60.0, 60.0], run_wait=[0.001, 0.001]))
+                    work(0.008, 0.008, 0.008, cpu=[60.0] * 3, run_wait=[0.001] * 3))
     slow = TaskLoad("worker:1", "h", [0, 0], 200,
-                    work(0.0, 0.0, cpu=[60.0, 60.0], run_wait=[slow_wait, slow_wait]))
+                    work(0.0, 0.0, 0.0, cpu=[60.0] * 3, run_wait=[slow_wait] * 3))
     (found,) = find_stragglers([fast, slow])
     assert (found.task, found.cause, found.slower) == ("worker:1", cause, 1.7)
     assert words in found.why, found.why
@@ -220,20 +220,20 @@ def test_one_window_s_wait_for_a_cpu_does_not_make_an_input_straggler_cpu_wait()
     high in one window of its start), then ``input-wait``. The wait must explain its extra
     time in each window, not only on average."""
     fast = TaskLoad("worker:0", "h", [0, 0], 200,
-                    work(0.008, 0.008, cpu=[60.0, 60.0], run_wait=[0.001, 0.001]))
+                    work(0.008, 0.008, 0.008, cpu=[60.0] * 3, run_wait=[0.001] * 3))
     spike = TaskLoad("worker:1", "h", [0, 0], 200,   # 16 ms in one window: 8.5 on average
-                     work(0.0, 0.0, cpu=[60.0, 60.0], run_wait=[0.016, 0.001]))
+                     work(0.0, 0.0, 0.0, cpu=[60.0] * 3, run_wait=[0.001, 0.016, 0.001]))
     (found,) = find_stragglers([fast, spike])
     assert (found.task, found.cause) == ("worker:1", "input-wait"), found.why
     steady = TaskLoad("worker:1", "h", [0, 0], 200,  # 8.5 ms in each: cpu-wait
-                      work(0.0, 0.0, cpu=[60.0, 60.0], run_wait=[0.0085, 0.0085]))
+                      work(0.0, 0.0, 0.0, cpu=[60.0] * 3, run_wait=[0.0085] * 3))
     assert find_stragglers([fast, steady])[0].cause == "cpu-wait"
 
 
 def test_a_second_s_hiccup_is_no_straggler_longer_ones_are():
-    """Samples every 0.5 s (TFRUN_METRICS_INTERVAL=0.5), 20 steps of 25 ms each: worker:1's
-    own work 1.7x worker:0's in its last two windows only (1 s: a busy machine's hiccup,
-    the clean run of stop 67's CI) names nobody; over its last three (1.5 s), it is named."""
+    """Samples 0.5 s apart, 20 steps of 25 ms each: worker:1's own work 1.7x worker:0's in
+    its last two windows only (a busy machine's hiccup, the clean run of stop 67's CI)
+    names nobody; over its last three (60 steps), it is named."""
     def windows(*waits):
         return work(*waits, seconds=0.5, steps=20)
 
@@ -248,12 +248,12 @@ def test_a_second_s_hiccup_is_no_straggler_longer_ones_are():
     assert [(s.task, s.cause, s.slower) for s in found] == [("worker:1", "own-work", 1.7)]
 
 
-def test_a_slower_trace_over_a_step_or_two_is_no_straggler_eight_slow_steps_are():
+def test_a_slower_trace_over_a_few_steps_is_no_straggler_fifteen_slow_steps_are():
     """ci84's clean two-host run: worker:0 traced a new function more slowly than worker:1
     on a busy machine, one step in each of two 2 s windows -- 1738 ms of own work a step
-    against 170 -- and was named at its 14th step. Fewer than 8 steps are no evidence;
-    8 slow steps in a row are (samples every 2 s, one step each, nothing inside the
-    exchange for it, 1.8 s a step inside it for the other)."""
+    against 170 -- and was named at its 14th step. The evidence is counted in steps: fewer
+    than 15 are none; 15 slow steps in a row are (samples every 2 s, one step each,
+    nothing inside the exchange for it, 1.8 s a step inside it for the other)."""
     def one_step_windows(count, inside):
         return [TaskSample(2.0 * n, 12 + n, "", exchange_seconds=inside * n)
                 for n in range(count + 1)]
@@ -262,8 +262,8 @@ def test_a_slower_trace_over_a_step_or_two_is_no_straggler_eight_slow_steps_are(
         return [TaskLoad("worker:0", "h", [0, 0], 12 + count, one_step_windows(count, 0.0)),
                 TaskLoad("worker:1", "h", [0, 0], 12 + count, one_step_windows(count, 1.8))]
 
-    assert find_stragglers(tasks(2)) == [] and find_stragglers(tasks(7)) == []
-    assert [(s.task, s.cause) for s in find_stragglers(tasks(8))] == [("worker:0", "own-work")]
+    assert find_stragglers(tasks(2)) == [] and find_stragglers(tasks(14)) == []
+    assert [(s.task, s.cause) for s in find_stragglers(tasks(15))] == [("worker:0", "own-work")]
 
 
 def test_the_time_after_a_task_s_last_step_is_no_step_time():
@@ -274,15 +274,16 @@ def test_the_time_after_a_task_s_last_step_is_no_step_time():
     def at(time, steps, inside, ended):
         return TaskSample(time, steps, "", exchange_seconds=inside, last_step_at=ended)
 
-    worker0 = [at(0.0, 0, 0.0, None), at(2.0, 100, 0.5, 2.0),
-               at(4.0, 200, 1.4, 4.0), at(4.25, 210, 1.45, 4.2)]
+    worker0 = [at(0.0, 0, 0.0, None), at(2.0, 100, 0.5, 2.0), at(4.0, 200, 1.4, 4.0),
+               at(6.0, 300, 2.3, 6.0), at(6.25, 310, 2.35, 6.2)]
     worker1 = [at(0.0, 0, 0.0, None), at(2.0, 100, 0.5, 2.0),
                at(4.0, 200, 0.6, 4.0),   # the hiccup: own work 19 ms against 11
-               at(6.0, 210, 0.65, 4.2)]  # ten steps of 15 ms, then 1.8 s after them
-    timed = [TaskLoad("worker:0", "h", [0, 0], 210, worker0),
-             TaskLoad("worker:1", "h", [0, 0], 210, worker1)]
+               at(6.0, 300, 0.7, 6.0),   # ... twice
+               at(8.0, 310, 0.75, 6.2)]  # ten steps of 15 ms, then 1.8 s after them
+    timed = [TaskLoad("worker:0", "h", [0, 0], 310, worker0),
+             TaskLoad("worker:1", "h", [0, 0], 310, worker1)]
     assert find_stragglers(timed) == []
-    untimed = [TaskLoad(t.task, "h", [0, 0], 210,
+    untimed = [TaskLoad(t.task, "h", [0, 0], 310,
                         [dataclasses.replace(w, last_step_at=None) for w in t.work])
                for t in timed]
     assert [s.task for s in find_stragglers(untimed)] == ["worker:1"]
@@ -307,3 +308,97 @@ def test_windows_that_hold_a_fit_s_start_are_no_evidence():
     assert [s.task for s in find_stragglers(tasks("a training step"))] == ["worker:1"]
     for starting in ("setup", "the first step of a fit (tracing)", "after training"):
         assert find_stragglers(tasks(starting)) == [], starting
+
+
+def test_a_finding_stands_when_training_ends_it_is_not_taken_back(monkeypatch):
+    """The 10 ms run's straggler was followed by "no straggler any more: every task keeps
+    pace again" at its end: worker:0 had left, worker:1 alone named nobody. Once a task's
+    training is over (after training, or no longer running), nothing is looked at."""
+    from types import SimpleNamespace
+
+    from tfrun import contract
+    from tfrun.cluster import TaskId
+    from tfrun.launch.supervise import stragglers
+    from tfrun.launch.supervise.policy import TaskState
+
+    clock = [100.0]
+    monkeypatch.setattr(stragglers.time, "monotonic", lambda: clock[0])
+
+    def record(index, taken, doing="a training step", state=TaskState.RUNNING):
+        logger = SimpleNamespace(cpu_taken=list(taken), progress=(clock[0], 40, doing), work=[])
+        return SimpleNamespace(task=TaskId("worker", index), tracked=True, host="h",
+                               handle=None, state=state, logger=logger)
+
+    said = []
+    watch = StragglerWatch(say=said.append)
+    watch.check([record(0, [0.0, 0.0]), record(1, [0.5, 0.5])])
+    assert watch.named == ("worker:1",)
+    clock[0] += 2
+    watch.check([record(0, [0.0, 0.0], contract.PHASE_AFTER_TRAINING), record(1, [0.5, 0.0])])
+    clock[0] += 2
+    watch.check([record(0, [0.0, 0.0], state=TaskState.SUCCEEDED), record(1, [0.9, 0.9])])
+    assert watch.named == ("worker:1",) and len(said) == 1, said
+    clock[0] += 2   # both training again, and even: taken back
+    watch.check([record(0, [0.0, 0.0]), record(1, [0.0, 0.0])])
+    assert watch.named == () and said[-1].startswith("no straggler any more")
+
+
+def test_windows_measured_as_samples_come_are_the_windows_measured_afresh():
+    """The watch measures each window once (``_MeasuredWindows``), for thousands of
+    tasks; what it finds must be what measuring every sample again finds: samples slide
+    through a logger's 32, phases come and go, the task starts again."""
+    import random
+    from collections import deque
+
+    from tfrun.launch.supervise.stragglers import _measure, _MeasuredWindows
+
+    rng = random.Random(7)
+    kept, recent = _MeasuredWindows(), deque(maxlen=32)
+    t = steps = inside = wait = 0.0
+    for n in range(300):
+        if n == 150:  # the task starts again: its logger forgets its samples
+            recent.clear()
+            steps = inside = wait = 0.0
+        t += rng.uniform(0.2, 2.0)
+        steps += rng.choice([0, 1, 5, 7])
+        inside += rng.uniform(0.0, 0.1)
+        wait += rng.uniform(0.0, 0.01)
+        doing = rng.choice(["a training step"] * 5 + ["setup", "after training"])
+        recent.append(TaskSample(t, int(steps), doing, last_step_at=t - 0.01,
+                                 exchange_seconds=inside, run_wait_seconds=wait,
+                                 cpu_percent=rng.choice([None, 50.0, 90.0])))
+        assert kept.of(list(recent)) == _measure(list(recent)), n
+
+
+def test_the_tick_benchmark_runs_and_names_its_slower_task():
+    """benchmarks/bench_supervisor_tick.py at a small size: its simulated records mean
+    what it says (nobody hung, worker:7 the straggler), so its timings time real rounds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_supervisor_tick.py"
+    done = subprocess.run([sys.executable, str(bench), "--sizes", "16", "32", "--ticks", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.strip()[:2] in ("16", "32")]
+    assert [r[0] for r in rows] == ["16", "32"] and all("['worker:7']" in r for r in rows), \
+        done.stdout
+
+
+def test_the_cpu_others_take_is_kept_per_second_of_samples(tmp_path):
+    """A task of fast steps samples every 0.2 s: each value the straggler finder compares
+    is the time-weighted mean of one second of samples at least (0.2 s of /proc/stat is
+    too coarse); samples 2 s apart give one value each, as before; the first sample,
+    with no span to weigh, gives none."""
+    from tfrun.launch.output import TaskLogger
+
+    logger = TaskLogger("worker:1", 1, tmp_path / "worker-1.log", None)
+    for n, taken in enumerate([0.9, 0.5, 0.5, 0.1, 0.6, 0.3, 0.5, 0.5, 0.5, 0.5, 0.5]):
+        logger._note_sample(TaskSample(100.0 + 0.2 * n, 5 * n, "a training step",
+                                       cpu_taken=taken))
+    assert list(logger.cpu_taken) == [0.4, 0.5], list(logger.cpu_taken)
+    for n, taken in enumerate([0.7, 0.8], start=1):
+        logger._note_sample(TaskSample(102.0 + 2.0 * n, 60 + n, "a training step",
+                                       cpu_taken=taken))
+    assert list(logger.cpu_taken) == [0.4, 0.5, 0.7, 0.8]

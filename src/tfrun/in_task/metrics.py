@@ -16,10 +16,12 @@ whatever backend started the task. The task's log file keeps them (it keeps ever
 Records are printed only at clean points -- the start of the next epoch, the end of
 training -- never in the middle of Keras' redrawn progress line.
 
-Every few seconds (``contract.METRICS_INTERVAL``, default 2) a daemon thread also records the
-CPU and memory of the task's whole process tree (psutil), through the same lines: sampled
-where the task runs, so it works for remote tasks too. Each sample also carries the steps the
-task completed and what it is doing (``tfrun.in_task.progress``): the launcher's hang clock.
+Every few seconds (``contract.METRICS_INTERVAL``, default 2), and every few steps of a fast
+job (``tfrun.in_task.progress.SAMPLE_STEPS``, at most five a second), a daemon thread also
+records the CPU and memory of the task's whole process tree (psutil), through the same
+lines: sampled where the task runs, so it works for remote tasks too. Each sample also
+carries the steps the task completed and what it is doing (``tfrun.in_task.progress``): the
+launcher's hang clock and its straggler finder's evidence.
 
 ``contract.METRICS=0`` switches the recording off (``benchmarks/bench_recording.py`` measures
 its cost that way). Outside tfrun nothing is installed, and ``log_metrics`` prints nothing.
@@ -440,9 +442,15 @@ class _Measurements:
         (None, ['cpu'])
     """
 
+    #: Seconds between two listings of the process tree: listing reads every process of
+    #: the host, too much for the samples paced by steps (several a second).
+    TREE_EVERY = 1.5
+
     def __init__(self) -> None:
         self.failed_now: list[str] = []
         self._said: set[str] = set()
+        self._members: list = []
+        self._listed_at = float("-inf")
 
     def attempt(self, name: str, measure):
         try:
@@ -461,7 +469,14 @@ class _Measurements:
         measurement as far as it goes."""
         self.failed_now = []
         state, counts = progress.snapshot(), arrivals.snapshot()
-        members = self.attempt("process tree", lambda: _tree(process)) or [process]
+        progress.sampled(state["steps_done"])
+        if time.monotonic() - self._listed_at >= self.TREE_EVERY:
+            self._listed_at = time.monotonic()
+            listed = self.attempt("process tree", lambda: _tree(process)) or [process]
+            # the objects already measured keep their CPU clocks (a new one reads 0 first)
+            known = {member.pid: member for member in self._members}
+            self._members = [known.get(member.pid, member) for member in listed]
+        members = self._members
         usage = self.attempt("cpu and memory", lambda: sample_resources(process, members)) or {}
         cpu = usage.get("cpu_percent")
         taken = None if cpu is None else self.attempt(
@@ -478,10 +493,11 @@ class _Measurements:
 
 
 def _start_resource_sampler(interval: float) -> None:
-    """A daemon thread that records a ``TaskSample`` every ``interval`` seconds, and one
-    last sample as the task exits: a task shorter than one interval (a forked task starts
-    without importing TensorFlow) still has its CPU and memory in the report. The thread
-    never ends while the task runs: the launcher's hang clock reads the progress it sends."""
+    """A daemon thread that records a ``TaskSample`` every ``interval`` seconds or sooner,
+    when the steps ask for one (``progress.sample_when_due``), and one last sample as the
+    task exits: a task shorter than one interval (a forked task starts without importing
+    TensorFlow) still has its CPU and memory in the report. The thread never ends while the
+    task runs: the launcher's hang clock reads the progress it sends."""
     import atexit
     import threading
 
@@ -494,6 +510,8 @@ def _start_resource_sampler(interval: float) -> None:
     contention = CpuContention()
     run_wait = RunQueueWait()
     lock = threading.Lock()  # the thread's sample and the last one share both clocks
+    due = threading.Event()
+    progress.sample_when_due(due.set)
 
     def record_one() -> None:
         with lock:
@@ -502,7 +520,8 @@ def _start_resource_sampler(interval: float) -> None:
     def sample() -> None:
         said = False
         while True:
-            time.sleep(interval)
+            due.wait(interval)
+            due.clear()
             try:
                 record_one()
             except Exception as exc:  # noqa: BLE001 - never disturb the task for a sample

@@ -12,6 +12,12 @@ sample happens to fall after a step (after the last one, the whole tail of the r
 nobody's step time. Marking costs a dictionary store and a clock read: cheap enough for
 every step.
 
+Samples are also paced by steps: the resources sampler asks (``sample_when_due``) to be
+woken every ``SAMPLE_STEPS`` steps, but not sooner than ``SAMPLE_FLOOR`` seconds after its
+last sample. A straggler's evidence is then a count of steps whatever the step time: a job
+of 10 ms steps sends a sample every 0.2 s (not one every 2 s, when 200 steps are over), one
+of 4 s steps a sample every interval as before.
+
     >>> reset()
     >>> step_began(); step_ended(); doing("the backup")
     >>> sorted(snapshot())
@@ -27,8 +33,9 @@ import time
 
 from .. import contract
 
-__all__ = ["IN_STEP", "BETWEEN_STEPS", "FIRST_STEP", "busy", "doing", "fit_began",
-           "loop_reported", "reset", "snapshot", "step_began", "step_ended"]
+__all__ = ["IN_STEP", "BETWEEN_STEPS", "FIRST_STEP", "SAMPLE_STEPS", "SAMPLE_FLOOR", "busy",
+           "doing", "fit_began", "loop_reported", "reset", "sample_when_due", "sampled",
+           "snapshot", "step_began", "step_ended"]
 
 # The phases' names are the contract's: the launcher's hang clock reads them.
 IN_STEP = contract.PHASE_IN_STEP
@@ -40,6 +47,25 @@ _state = {"steps_done": 0, "doing": SETUP}
 _reported = [None]  # the newest step a custom loop reported (tfrun.log_metrics)
 _first_step = [False]  # a fit began and its first step has not ended (it traces)
 
+#: A sample is due after this many steps ...
+SAMPLE_STEPS = 5
+#: ... and this many seconds since the last one at least: at most five samples a second
+#: (each is one line of the task's output and a few ``/proc`` reads).
+SAMPLE_FLOOR = 0.2
+_on_due: list = [None]  # the sampler's wake-up, when one runs
+_last_sample = [0, 0.0]  # steps done and time.monotonic() at the last sample
+
+
+def sample_when_due(wake) -> None:
+    """Call ``wake()`` (from the main thread, at a step's end: it must only signal) when a
+    sample is due by steps; None: never."""
+    _on_due[0] = wake
+
+
+def sampled(steps_done: int) -> None:
+    """A sample was taken with ``steps_done``: the next one is due by steps from here."""
+    _last_sample[0], _last_sample[1] = steps_done, time.monotonic()
+
 
 def reset() -> None:
     """Back to no step and ``setup`` (tests; a process runs one task)."""
@@ -47,6 +73,7 @@ def reset() -> None:
     _state.pop("last_step_at", None)
     _reported[0] = None
     _first_step[0] = False
+    _last_sample[0], _last_sample[1] = 0, 0.0
 
 
 def loop_reported(step: int) -> None:
@@ -80,9 +107,15 @@ def step_began() -> None:
 
 def step_ended() -> None:
     _first_step[0] = False
-    _state["steps_done"] += 1
+    steps = _state["steps_done"] = _state["steps_done"] + 1
     _state["last_step_at"] = time.time()
     _state["doing"] = BETWEEN_STEPS
+    wake = _on_due[0]
+    if wake is not None and steps - _last_sample[0] >= SAMPLE_STEPS:
+        now = time.monotonic()
+        if now - _last_sample[1] >= SAMPLE_FLOOR:
+            _last_sample[0] = steps  # asked once: the sample itself notes when it was taken
+            wake()
 
 
 def doing(what: str) -> None:

@@ -22,6 +22,8 @@ from .splitter import OutputSplitter, read_chunks
 __all__ = ['TaskLogger', 'describe_write_error', 'replaced_device_count']
 
 
+#: Seconds of samples in each ``TaskLogger.cpu_taken`` value, at least.
+TAKEN_SPAN = 1.0
 _DEVICES_REPLACED = re.compile(re.escape(DEVICES_REPLACED) + r"(\d+) logical CPU")
 
 
@@ -79,13 +81,17 @@ class TaskLogger:
     seconds_per_step: float | None = None
     #: ... and since when (monotonic) it does what it does now: leaving a phase is progress
     doing_since: float | None = None
-    #: the share of its CPUs other processes took, one per recent sample (oldest first)
+    #: the share of its CPUs other processes took, oldest first: one value per
+    #: ``TAKEN_SPAN`` seconds of samples at least (their mean, weighted by their time)
     cpu_taken: deque = field(default_factory=lambda: deque(maxlen=4))
+    #: (weighted sum, seconds) of the samples not in ``cpu_taken`` yet; the newest's time
+    _taken_part: tuple[float, float] = (0.0, 0.0)
+    _sampled_at: float | None = None
     #: (collectives of tfrun's exchange entered, left) at the newest sample; None: none yet
     exchanges: tuple[int, int] | None = None
     #: recent samples with arrival records, oldest first: the straggler finder's own
     #: work per step
-    work: deque = field(default_factory=lambda: deque(maxlen=16))
+    work: deque = field(default_factory=lambda: deque(maxlen=32))
     #: the measurements its newest sample that lacked any could not make (empty: all made)
     unmeasured: tuple[str, ...] = ()
     #: the exception that ended its script, as its bootstrap reported it (this start's)
@@ -189,10 +195,25 @@ class TaskLogger:
             self.exchanges = (sample.exchanges_entered, sample.exchanges_left)
             if sample.exchange_seconds is not None:
                 self.work.append(sample)
-        if sample.cpu_taken is not None:
-            self.cpu_taken.append(sample.cpu_taken)
+        self._note_taken(sample)
         if sample.unmeasured:
             self.unmeasured = sample.unmeasured
+
+    def _note_taken(self, sample: TaskSample) -> None:
+        """The share of its CPUs others took, over one second of samples at least: a task
+        of fast steps samples five times a second, and 0.2 s of ``/proc/stat`` (20 ticks
+        a CPU) is too coarse to compare two tasks by (a clean run's unpinned workers read
+        0.39 and 0.19 of the same CPUs)."""
+        before, self._sampled_at = self._sampled_at, sample.time
+        if sample.cpu_taken is None or before is None or sample.time <= before:
+            return
+        span = sample.time - before
+        total, seconds = self._taken_part
+        total, seconds = total + sample.cpu_taken * span, seconds + span
+        if seconds >= TAKEN_SPAN:
+            self.cpu_taken.append(round(total / seconds, 3))
+            total = seconds = 0.0
+        self._taken_part = (total, seconds)
 
     def _note_progress(self, steps_done: int, doing: str) -> None:
         now = time.monotonic()
@@ -214,6 +235,7 @@ class TaskLogger:
         self.progress, self.advanced_at, self.seconds_per_step = None, None, None
         self.doing_since = None
         self.cpu_taken.clear()
+        self._taken_part, self._sampled_at = (0.0, 0.0), None
         self.exchanges = None
         self.work.clear()
         self.error = None

@@ -2,7 +2,7 @@
 
 In synchronous training every step waits for the slowest task, so one slow task slows the
 whole run -- and nothing says which. Two kinds of evidence come with each resources sample
-(every 2 s), and a task is named a straggler when either sets it apart in its last samples:
+(every 2 s, and every few steps of a fast job), and a task is named a straggler when either sets it apart in its last samples:
 
 * **its CPUs are taken** (``cpu-taken``): ``cpu_taken``, the share of the task's own CPUs
   other processes used (``tfrun.in_task.contention``), is at least ``1 - 1/1.3`` (it runs at
@@ -16,9 +16,11 @@ whole run -- and nothing says which. Two kinds of evidence come with each resour
   (``tfrun.in_task.arrivals``: the seconds each task spent inside all-reduces), a task's
   own work per step is its step time minus that wait. The others wait in every all-reduce
   for a task whose own work -- its compute, or its input pipeline -- takes at least 1.3x
-  theirs (and 1 ms more) in each of its last windows, over 1.2 s and 8 steps at least:
-  more work, a slower CPU, a slower input -- not a second's hiccup of a busy machine, nor
-  one slower trace of a new function. Steps are
+  theirs (and 1 ms more) in each of its last windows, three at least, over 15 steps
+  and 0.6 s at least: more work, a slower CPU, a slower input -- not a busy machine's
+  hiccup, nor one slower trace of a new function. The windows are counted in steps (a
+  task samples every few steps: ``tfrun.in_task.progress``), so a straggler is named
+  within 50 of its steps whether a step takes 10 ms or 4 s. Steps are
   timed from step end to step end (``last_step_at``), so the time a sample falls after a
   step -- after the last one, the tail of the run -- counts for nobody. What the extra
   time is tells the cause: CPU time (``compute``), time its threads were ready to run
@@ -33,8 +35,7 @@ printed once and again when it changes, and kept for summary.json.
     >>> [(s.task, s.slower, s.cause) for s in found]
     [('worker:1', 2.0, 'cpu-taken')]
     >>> at = lambda t, steps, inside: TaskSample(t, steps, "", exchange_seconds=inside)
-    >>> work = lambda exchange: [at(0.0, 0, 0.0), at(2.0, 100, 100 * exchange),
-    ...                          at(4.0, 200, 200 * exchange)]
+    >>> work = lambda exchange: [at(2.0 * n, 100 * n, 100 * n * exchange) for n in range(4)]
     >>> found = find_stragglers([TaskLoad("worker:0", "h", [0, 0], 200, work(0.008)),
     ...                          TaskLoad("worker:1", "h", [0, 0], 200, work(0.0))])
     >>> [(s.task, s.slower, s.cause) for s in found]  # own work 20 ms vs 12 ms a step
@@ -61,13 +62,17 @@ _SAMPLES = 2
 #: Own work per step this many times the slowest other task's, and this much longer.
 _MIN_SLOWER = 1.3
 _MIN_EXTRA_SECONDS = 0.001
-#: ... in each window of its last ones that span this many seconds of steps (two at least):
-#: more than a busy machine's hiccup (one second of it can make a clean run look uneven).
-_MIN_EVIDENCE_SECONDS = 1.2
-#: ... and this many steps: a window of one or two steps that spans the tracing of a new
-#: function (a second fit, an evaluation) is no straggler's evidence (a clean
-#: two-host run's slower trace once read as 10x slower steps).
-_MIN_EVIDENCE_STEPS = 8
+#: ... in each window of its last ones that span this many steps (three windows at least):
+#: counted in steps, so a task is named within 50 of them whatever its step time (the
+#: task samples every few steps: ``tfrun.in_task.progress.SAMPLE_STEPS``). A window of one
+#: or two steps that spans the tracing of a new function (a second fit, an evaluation) is
+#: no straggler's evidence (a clean two-host run's slower trace once read as 10x slower
+#: steps).
+_MIN_EVIDENCE_STEPS = 15
+_MIN_WINDOWS = 3
+#: ... and this many seconds at least, only against noise: a busy machine's hiccup of a
+#: few hundred milliseconds can make a clean run's fast steps look uneven.
+_MIN_EVIDENCE_SECONDS = 0.6
 #: Seconds at least between two looks at the samples (they come every 2 s by default).
 _CHECK_GAP = 0.2
 
@@ -103,9 +108,12 @@ class Straggler:
                 "steps_done": self.steps_done}
 
 
-def find_stragglers(tasks: list[TaskLoad]) -> list[Straggler]:
-    """The tasks that stand out (see the module docstring); none with fewer than two."""
-    measured = {t.task: _measure(t.work) for t in tasks}
+def find_stragglers(tasks: list[TaskLoad], measured: dict | None = None) -> list[Straggler]:
+    """The tasks that stand out (see the module docstring); none with fewer than two.
+    ``measured``: each task's windows measured already (``StragglerWatch`` keeps them,
+    measuring each window once), else measured here from ``TaskLoad.work``."""
+    if measured is None:
+        measured = {t.task: _measure(t.work) for t in tasks}
     windows = {name: m.work for name, m in measured.items()}
     per_task = {name: w for name, w in windows.items() if len(w) >= _SAMPLES}
     recorded = {t.task for t in tasks if t.work}
@@ -123,9 +131,9 @@ def _clearly_longer(slow: list[float], fast: list[float]) -> bool:
 
 def _evidence(seconds: list[float], steps: list[int]) -> int | None:
     """How many of the last windows (``seconds`` long each, with ``steps`` steps each)
-    make the evidence: two at least, with ``_MIN_EVIDENCE_SECONDS`` and
-    ``_MIN_EVIDENCE_STEPS`` together; None while there are not that many."""
-    for count in range(_SAMPLES, len(seconds) + 1):
+    make the evidence: ``_MIN_WINDOWS`` at least, with ``_MIN_EVIDENCE_STEPS`` and
+    ``_MIN_EVIDENCE_SECONDS`` together; None while there are not that many."""
+    for count in range(_MIN_WINDOWS, len(seconds) + 1):
         if sum(seconds[-count:]) >= _MIN_EVIDENCE_SECONDS and \
                 sum(steps[-count:]) >= _MIN_EVIDENCE_STEPS:
             return count
@@ -143,16 +151,34 @@ def _others_wait_for(task: str, windows: dict) -> bool:
     return all(mine[-k] >= max(w[-k] for w in others) for k in range(1, count + 1))
 
 
+def _top_two(values) -> tuple[tuple[float, str | None], tuple[float, str | None]]:
+    """The largest two (value, name) of ``values`` ((value, name) pairs): the largest of
+    the others of any one is then one look away, which keeps the finder linear in the
+    number of tasks (``benchmarks/bench_supervisor_tick.py``)."""
+    first = second = (float("-inf"), None)
+    for pair in values:
+        if pair[0] > first[0]:
+            first, second = pair, first
+        elif pair[0] > second[0]:
+            second = pair
+    return first, second
+
+
+def _largest_of_others(top: tuple, name: str) -> float:
+    return top[1][0] if top[0][1] == name else top[0][0]
+
+
 def _cpu_taken(tasks: list[TaskLoad]) -> list[Straggler]:
     # Training tasks only: before the first step nobody waits for anyone's steps (and a
     # task's own build of tfrun's native exchange is no competitor).
     ready = [t for t in tasks if len(t.taken) >= _SAMPLES and t.steps_done > 0]
     if len(ready) < 2:
         return []
+    top = _top_two((max(t.taken[-_SAMPLES:]), t.task) for t in ready)
     out = []
     for task in ready:
         recent = task.taken[-_SAMPLES:]
-        others = max(max(o.taken[-_SAMPLES:]) for o in ready if o is not task)
+        others = _largest_of_others(top, task.task)
         if min(recent) >= _MIN_TAKEN and min(recent) - others >= _MARGIN:
             share = round(sum(recent) / len(recent), 2)
             why = (f"other processes take {share:.0%} of its CPUs (the host's CPU is shared "
@@ -162,51 +188,90 @@ def _cpu_taken(tasks: list[TaskLoad]) -> list[Straggler]:
     return out
 
 
+class _PerWindow(dict):
+    """``function(k)`` for window ``k`` from the end, worked out once and only when asked:
+    most tasks' evidence is their last three or four windows."""
+
+    def __init__(self, function) -> None:
+        super().__init__()
+        self._function = function
+
+    def __missing__(self, k: int):
+        value = self[k] = self._function(k)
+        return value
+
+
+class _Totals:
+    """One measure of every task's window ``k`` from the end: the sum of the known values
+    and how many are unknown (a task's own is taken out of both for "the others")."""
+
+    def __init__(self, series: dict[str, list]) -> None:
+        def totals(k: int) -> tuple[float, int]:
+            values = [s[-k] for s in series.values()]
+            return sum(v for v in values if v is not None), sum(v is None for v in values)
+
+        self._at = _PerWindow(totals)
+
+    def others(self, mine: list, k: int, count: int) -> float | None:
+        """The others' mean at window ``k`` from the end; None when one is unknown."""
+        total, unknown = self._at[k]
+        own = mine[-k]
+        if unknown - (own is None) > 0:
+            return None
+        return (total - (own or 0.0)) / count
+
+
 def _own_work(tasks: list[TaskLoad], per_task: dict, measured: dict) -> list[Straggler]:
     """Own work per step (step time minus the wait inside tfrun's exchange, ``per_task``)
     in each task's last sample windows that make the evidence; a task slower than every
     other in each window. Its CPU time per step (``measured``) tells computing from
-    waiting."""
+    waiting. Linear in the tasks: the others' largest and mean values per window are
+    found once for all."""
     if len(per_task) < 2:
         return []
+    shortest = min(len(w) for w in per_task.values())
+    tops = _PerWindow(lambda k: _top_two((w[-k], name) for name, w in per_task.items()))
+    cpu = _Totals({name: measured[name].cpu for name in per_task})
+    waits = _Totals({name: measured[name].run_wait for name in per_task})
+    others_count = len(per_task) - 1
     out = []
     for task in tasks:
         mine = per_task.get(task.task)
         if mine is None:
             continue
-        count = _evidence(measured[task.task].seconds, measured[task.task].steps)
-        if count is None or any(len(w) < count for w in per_task.values()):
+        mine_measured = measured[task.task]
+        count = _evidence(mine_measured.seconds, mine_measured.steps)
+        if count is None or count > shortest:
             continue
-        others = [max(w[-count + i] for name, w in per_task.items() if name != task.task)
-                  for i in range(count)]
+        offsets = range(count, 0, -1)  # the windows, oldest first
+        others = [_largest_of_others(tops[k], task.task) for k in offsets]
         recent = mine[-count:]
-        if _clearly_longer(recent, others):
-            own, other = sum(recent) / count, sum(others) / count
-            mine_measured = measured[task.task]
-            theirs = [m for name, m in measured.items() if name != task.task and name in per_task]
-            cause, why = _why_own_work(
-                own, other, _mean_known(mine_measured.cpu[-count:]),
-                _mean_known([c for m in theirs for c in m.cpu[-count:]]),
-                _mean_known(mine_measured.run_wait[-count:]),
-                _mean_known([w for m in theirs for w in m.run_wait[-count:]]),
-                _waits_in_each(recent, others, mine_measured.run_wait[-count:],
-                               [[m.run_wait[-count + i] for m in theirs] for i in range(count)]))
-            out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
-                                 task.steps_done, cause, why))
+        if not _clearly_longer(recent, others):
+            continue
+        own, other = sum(recent) / count, sum(others) / count
+        their_cpu = [cpu.others(mine_measured.cpu, k, others_count) for k in offsets]
+        their_waits = [waits.others(mine_measured.run_wait, k, others_count) for k in offsets]
+        cause, why = _why_own_work(
+            own, other, _mean_known(mine_measured.cpu[-count:]), _mean_known(their_cpu),
+            _mean_known(mine_measured.run_wait[-count:]), _mean_known(their_waits),
+            _waits_in_each(recent, others, mine_measured.run_wait[-count:], their_waits))
+        out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
+                             task.steps_done, cause, why))
     return out
 
 
 def _waits_in_each(mine: list[float], others: list[float], my_waits: list,
-                   others_waits: list[list]) -> bool:
+                   others_waits: list) -> bool:
     """In each window, its threads' wait for a CPU per step exceeds the others' (their
-    mean) by half its extra own work at least. A sum over a task's threads, the wait is
-    noisy: a busy machine's start-up gave one window 26 ms more wait a step than the other
-    task's and the next 5 ms less (measured: the slow-input test beside two busy loops),
-    and CI named a task that waited for its input ``cpu-wait`` from such a window."""
+    mean, ``others_waits``; None: one of theirs unknown) by half its extra own work at
+    least. A sum over a task's threads, the wait is noisy: a busy machine's start-up gave
+    one window 26 ms more wait a step than the other task's and the next 5 ms less
+    (measured: the slow-input test beside two busy loops), and CI named a task that waited
+    for its input ``cpu-wait`` from such a window."""
     for own, other, wait, theirs in zip(mine, others, my_waits, others_waits):
-        if wait is None or not theirs or any(w is None for w in theirs):
+        if wait is None or theirs is None:
             return False
-        if wait - sum(theirs) / len(theirs) < 0.5 * (own - other):
+        if wait - theirs < 0.5 * (own - other):
             return False
     return True
 
@@ -292,17 +357,70 @@ def _measure(samples: list[TaskSample]) -> _Measured:
     """The windows of ``samples``, measured. The wait inside the exchange is counted up to
     the sample: a step under way then counts its wait so far, at most one step's in a
     window of many. The CPU per step is the later sample's CPU share over the window."""
-    windows = _windows(samples)
-    seconds = [_step_span(a, b) for a, b in windows]
-    steps = [b.steps_done - a.steps_done for a, b in windows]
-    work = [max(span - ((b.exchange_seconds or 0.0) - (a.exchange_seconds or 0.0)), 0.0) / n
-            for span, n, (a, b) in zip(seconds, steps, windows)]
-    cpu = [None if b.cpu_percent is None else b.cpu_percent / 100 * (b.time - a.time) / n
-           for n, (a, b) in zip(steps, windows)]
-    run_wait = [None if a.run_wait_seconds is None or b.run_wait_seconds is None
-                else max(b.run_wait_seconds - a.run_wait_seconds, 0.0) / n
-                for n, (a, b) in zip(steps, windows)]
-    return _Measured(seconds, work, cpu, run_wait, steps)
+    measured = _Measured([], [], [], [], [])
+    for a, b in _windows(samples):
+        _add_window(measured, a, b)
+    return measured
+
+
+def _add_window(measured: _Measured, a: TaskSample, b: TaskSample) -> None:
+    span, steps = _step_span(a, b), b.steps_done - a.steps_done
+    measured.seconds.append(span)
+    measured.steps.append(steps)
+    inside = (b.exchange_seconds or 0.0) - (a.exchange_seconds or 0.0)
+    measured.work.append(max(span - inside, 0.0) / steps)
+    measured.cpu.append(None if b.cpu_percent is None
+                        else b.cpu_percent / 100 * (b.time - a.time) / steps)
+    measured.run_wait.append(None if a.run_wait_seconds is None or b.run_wait_seconds is None
+                             else max(b.run_wait_seconds - a.run_wait_seconds, 0.0) / steps)
+
+
+class _MeasuredWindows:
+    """A task's windows, measured as its samples come: each window once (a look at
+    thousands of tasks' samples must not measure every window again).
+
+        >>> at = lambda t, steps: TaskSample(t, steps, "", exchange_seconds=0.0)
+        >>> samples = [at(0.0, 0), at(2.0, 10)]
+        >>> kept = _MeasuredWindows()
+        >>> kept.of(samples).steps
+        [10]
+        >>> kept.of(samples + [at(4.0, 30)]).steps
+        [10, 20]
+        >>> kept.of([at(4.0, 30), at(6.0, 35)]).steps  # the older ones dropped out
+        [5]
+    """
+
+    def __init__(self) -> None:
+        self._last: TaskSample | None = None
+        self._starts: list[float] = []  # the time of each window's earlier sample
+        self._measured = _Measured([], [], [], [], [])
+
+    def of(self, samples: list[TaskSample]) -> _Measured:
+        """The windows of ``samples`` (the task's recent ones, oldest first), as
+        ``_measure(samples)`` has them; valid until the next call (the lists are kept)."""
+        last, count = self._last, len(samples)
+        if count and samples[-1] is last:
+            at = count - 1  # nothing new
+        elif count > 1 and samples[-2] is last:
+            at = count - 2  # one new sample: the common case
+        else:
+            at = next((i for i in range(count - 1, -1, -1) if samples[i] is last), None)
+        if at is None:  # a task started again, or no sample in common: measure afresh
+            self._starts, self._measured = [], _Measured([], [], [], [], [])
+            at = 0
+        for a, b in _windows(samples[at:]):
+            _add_window(self._measured, a, b)
+            self._starts.append(a.time)
+        starts, gone = self._starts, 0
+        first = samples[0].time if count else float("inf")
+        while gone < len(starts) and starts[gone] < first:
+            gone += 1
+        if gone:
+            del starts[:gone]
+            for values in self._measured:
+                del values[:gone]
+        self._last = samples[-1] if count else None
+        return self._measured
 
 
 class StragglerWatch:
@@ -317,6 +435,7 @@ class StragglerWatch:
         self._say, self._event = say, event
         self._checked_at = 0.0
         self._newest_seen = 0.0   # when the newest sample looked at arrived (monotonic)
+        self._windows: dict[str, _MeasuredWindows] = {}  # each task's, measured as they come
 
     def check(self, records) -> None:
         """From the running chiefs' and workers' records (their loggers' samples): as soon
@@ -333,12 +452,18 @@ class StragglerWatch:
         if newest <= self._newest_seen and since < 1.0:
             return
         self._checked_at, self._newest_seen = now, newest
+        # Once a task's training is over, the others' pace says nothing new: the finding
+        # stands (a straggler that ends last is no task "keeping pace again").
+        if any(r.logger.progress and r.logger.progress[2] == contract.PHASE_AFTER_TRAINING
+               for r in running) or len(running) < len([r for r in records if r.tracked
+                                                         and r.task.role != "evaluator"]):
+            return
         loads = [TaskLoad(str(r.task), r.handle.host if r.handle and r.handle.host else r.host,
                           list(r.logger.cpu_taken),
                           r.logger.progress[1] if r.logger.progress else 0,
                           list(r.logger.work))
                  for r in running]
-        changed = self.update(loads)
+        changed = self.update(loads, self._measure(loads))
         if changed is None or self._say is None:
             return
         for straggler in changed:
@@ -348,9 +473,17 @@ class StragglerWatch:
         if not changed:
             self._say("no straggler any more: every task keeps pace again")
 
-    def update(self, tasks: list[TaskLoad]) -> list[Straggler] | None:
+    def _measure(self, loads: list[TaskLoad]) -> dict[str, _Measured]:
+        kept = self._windows
+        for gone in kept.keys() - {load.task for load in loads}:
+            del kept[gone]
+        return {load.task: kept.setdefault(load.task, _MeasuredWindows()).of(load.work)
+                for load in loads}
+
+    def update(self, tasks: list[TaskLoad], measured: dict | None = None
+               ) -> list[Straggler] | None:
         """The stragglers when the named set changed (``[]``: none any more), else None."""
-        found = find_stragglers(tasks)
+        found = find_stragglers(tasks, measured)
         names = tuple(s.task for s in found)
         if names == self.named:
             return None
