@@ -195,3 +195,32 @@ def test_no_test_is_defined_twice_in_a_module():
         if repeated:
             twice[str(path.relative_to(tests))] = repeated
     assert twice == {}
+
+
+def test_no_function_is_over_100_lines_and_no_class_over_300():
+    """Rooms a reader can hold in mind: a longer function is several steps to name, a
+    longer class several concerns to part (docs/internals.md)."""
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            limit = 100 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else \
+                300 if isinstance(node, ast.ClassDef) else None
+            if limit is not None and node.end_lineno - node.lineno + 1 > limit:
+                too_long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} "
+                                f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not too_long, too_long
+
+
+def test_nothing_the_supervisor_builds_on_imports_it():
+    """The engines, the output layer, the remote protocol and the plan's modules sit below
+    the supervisor (``tfrun.launch.supervise``): they never import it. What both sides
+    read (exit codes, a task's spec) lives below both (``tfrun.launch.exit_codes``)."""
+    modules = _modules()
+    known = set(modules)
+    above = {"tfrun.launch", "tfrun.launch.run"}  # the package's face, and the orchestrator
+    upward = sorted(f"{name} -> {target}" for name, path in modules.items()
+                    if name.startswith("tfrun.launch.") and name not in above
+                    and not name.startswith("tfrun.launch.supervise")
+                    for target in _imports(name, path, known)
+                    if target.startswith("tfrun.launch.supervise"))
+    assert not upward, upward

@@ -79,6 +79,24 @@ def test_a_non_chief_output_dir_lives_in_the_scratch_dir_tfrun_gives_the_task(en
     assert (tmp_path / "scratch" / "output" / "ckpt").is_dir()
 
 
+def test_a_file_name_in_the_output_dir_is_a_path_to_write_not_a_directory(env, tmp_path):
+    """The docs' first save line, ``tfrun.save(model, tfrun.output_dir("model.keras"))``,
+    once made ``model.keras`` a directory and the save failed with IsADirectoryError: a
+    name that ends like a file is the file's path, its directory made; others stay
+    directories."""
+    env.setenv("TFRUN_RUN_DIR", str(tmp_path))
+    env.setenv("TFRUN_SCRATCH_DIR", str(tmp_path / "scratch"))
+    for index, base in ((0, tmp_path / "output"), (1, tmp_path / "scratch" / "output")):
+        env.setenv("TF_CONFIG", tf_config({"worker": ["a:1", "b:1"]}, "worker", index))
+        path = runtime.output_dir("model.keras")
+        assert path == str(base / "model.keras") and not os.path.exists(path), path
+        assert base.is_dir()
+        nested = runtime.output_dir("exports/weights.weights.h5")
+        assert not os.path.exists(nested) and (base / "exports").is_dir()
+        assert os.path.isdir(runtime.output_dir("saved_model"))
+        assert os.path.isdir(runtime.output_dir("run.v2"))  # no file type: a directory
+
+
 def test_training_done_marker(env, tmp_path):
     assert not runtime.training_done()
     env.setenv("TFRUN_RUN_DIR", str(tmp_path))

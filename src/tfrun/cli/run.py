@@ -114,6 +114,18 @@ def build_launch_parser(prog: str = "tfrun", description: str | None = None
 
 def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_topology_flags(parser)
+    _add_run_flags(parser)
+    _add_host_flags(parser)
+    _add_device_flags(parser)
+    _add_tensorflow_flags(parser)
+    _add_output_flags(parser)
+    parser.add_argument("target", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the run goes, its restart budgets, timeouts and name."""
     run = parser.add_argument_group("run")
     run.add_argument("-m", dest="module", default=None, help="run a module, like python -m")
     run.add_argument("--max-restarts", type=non_negative_int, default=0,
@@ -152,6 +164,10 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     run.add_argument("--run-dir", default=None,
                      help="run directory (default runs/<time>-<name>)")
     run.add_argument("--name", default=None, help="run name (default: the script's name)")
+
+
+def _add_host_flags(parser: argparse.ArgumentParser) -> None:
+    """Several machines: hosts, ports, ranks, elastic limits, and each engine's own flags."""
     hosts = parser.add_argument_group(
         "several machines", "with --hosts naming other machines, tfrun starts each host's tasks "
         "over ssh; with --node-rank, run tfrun on every machine and it starts that machine's "
@@ -192,6 +208,10 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                             + ": chosen by name only")
     for engine in ENGINES:
         engine.add_arguments(parser)
+
+
+def _add_device_flags(parser: argparse.ArgumentParser) -> None:
+    """Each task's CPUs and GPUs."""
     devices = parser.add_argument_group(
         "devices per task", "local tasks get their own GPUs/CPUs; with --backend ray, the "
         "resources Ray reserves for each task (fractions allowed)")
@@ -204,6 +224,10 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                          help="give each training task G GPUs of its own via "
                               "CUDA_VISIBLE_DEVICES; 0: none (default: one per training "
                               "task when the machine has enough; Ray: 0)")
+
+
+def _add_tensorflow_flags(parser: argparse.ArgumentParser) -> None:
+    """The strategy, the Keras flavour, the exchange and the roles."""
     tf = parser.add_argument_group("tensorflow")
     tf.add_argument("--strategy", choices=STRATEGIES, default="auto",
                     help="strategy tfrun.strategy() builds (default auto: from the topology)")
@@ -225,6 +249,10 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     tf.add_argument("--roles", choices=ROLE_MODES, default="auto",
                     help="auto: with ps, tfrun runs ps/workers as servers and the script on the "
                          "chief; script: every task runs the script (UAI Train's convention)")
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """What the console shows, and TensorBoard."""
     out = parser.add_argument_group("output")
     out.add_argument("--show", default=None, metavar="TASKS",
                      help="only show these tasks on the console (a comma list of role:index or "
@@ -237,9 +265,6 @@ def _add_launch_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     out.add_argument("--tensorboard", action="store_true", default=False,
                      help="serve TensorBoard on the run dir's tensorboard/ (where "
                           "tfrun.tensorboard_dir() points) on 127.0.0.1 while the run lasts")
-    parser.add_argument("target", nargs="?", help=argparse.SUPPRESS)
-    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return parser
 
 
 def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = None,

@@ -174,8 +174,19 @@ def global_batch_size(per_replica: int) -> int:
 _private_dirs: list[str] = []
 
 
+#: A name ending so is a file to write in the output directory, not a directory to make
+#: (``tfrun.save(model, tfrun.output_dir("model.keras"))``).
+FILE_SUFFIXES = (".keras", ".h5", ".hdf5", ".json", ".yaml", ".csv", ".txt", ".npz", ".npy",
+                 ".pkl", ".pickle", ".tflite", ".onnx", ".png", ".ckpt")
+
+
 def output_dir(subdir: str = "") -> str:
-    """Where this task writes models, checkpoints and TensorBoard logs.
+    """Where this task writes models, checkpoints and TensorBoard logs; with ``subdir``, that
+    path in it: a directory, made if need be, or for a file's name (one ending in
+    ``FILE_SUFFIXES``, e.g. ``"model.keras"``) the file's path, its directory made.
+
+        >>> os.path.basename(output_dir("model.keras"))  # doctest: +SKIP
+        'model.keras'
 
     The chief gets the shared, real directory (``contract.OUTPUT_DIR``, else
     ``contract.RUN_DIR/output``, else ``./output``); every other task gets a private
@@ -194,7 +205,8 @@ def output_dir(subdir: str = "") -> str:
             _private_dirs.append(tempfile.mkdtemp(prefix=f"tfrun-{info.role}-{info.index}-"))
             atexit.register(shutil.rmtree, _private_dirs[0], True)
         path = os.path.join(_private_dirs[0], subdir) if subdir else _private_dirs[0]
-    Path(path).mkdir(parents=True, exist_ok=True)
+    is_file = subdir.lower().endswith(FILE_SUFFIXES) and not os.path.isdir(path)
+    (Path(path).parent if is_file else Path(path)).mkdir(parents=True, exist_ok=True)
     return path
 
 

@@ -122,6 +122,16 @@ class LaunchConfig:
     gpus_per_task: float | None = None
 
     def __post_init__(self) -> None:
+        """Every field checked: a ``ConfigError`` names the first bad value and its fix."""
+        self._check_entrypoint_and_budgets()
+        self._check_timeouts()
+        self._check_choices()
+        self._check_resources()
+        self._check_names_and_ports()
+        self._check_elastic()
+
+    def _check_entrypoint_and_budgets(self) -> None:
+        """Something to run; restart and preemption budgets of 0 or more."""
         kind, target = self.entrypoint
         if kind not in ("script", "module") or not target:
             raise ConfigError("Nothing to run", expected="a script path or -m module",
@@ -131,6 +141,9 @@ class LaunchConfig:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} is negative", expected="0 or more",
                                   fix=f"Pass e.g. {flag} 2", received=getattr(self, name))
+
+    def _check_timeouts(self) -> None:
+        """The timeouts and graces: seconds > 0 (the step limit also auto or off)."""
         for name in ("join_timeout", "stop_grace", "preemption_grace", "evaluator_grace",
                      "heartbeat_timeout"):
             if getattr(self, name) <= 0:
@@ -148,6 +161,9 @@ class LaunchConfig:
                               expected="a number of seconds > 0 (or no --hang-timeout: off)",
                               fix="Pass e.g. --hang-timeout 600 (above the longest time a "
                                   "task may print nothing)", received=self.hang_timeout)
+
+    def _check_choices(self) -> None:
+        """The strategy, Keras flavour and network mode: one of theirs, and a strategy that fits the topology."""
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"Unknown strategy {self.strategy!r}",
                               expected=f"one of {', '.join(STRATEGIES)}",
@@ -173,6 +189,9 @@ class LaunchConfig:
                               expected=f"one of {', '.join(NETWORK_MODES)}",
                               fix="Pass --network auto (the default), loopback, private or host",
                               received=repr(self.network))
+
+    def _check_resources(self) -> None:
+        """Each task's CPUs, GPUs and devices, the exchange's options and the memory-map threshold."""
         for name in ("cpus_per_task", "gpus_per_task"):
             value = getattr(self, name)
             if value is None:
@@ -190,6 +209,12 @@ class LaunchConfig:
             comm.check_hosts(hosts, expected="one host in --hosts",
                              received=f"--hosts {','.join(hosts)}")
         parse_threshold(self.mmap_threshold)  # a ConfigError that names the bad size
+        if self.devices is not None and self.devices < 1:
+            raise ConfigError("--devices must be at least 1", expected="1, 2, ...",
+                              fix="Pass e.g. --devices 2", received=self.devices)
+
+    def _check_names_and_ports(self) -> None:
+        """The role mode, node rank, ports, run names and forwarded variables."""
         if self.roles not in ROLE_MODES:
             raise ConfigError(f"Unknown role mode {self.roles!r}", expected="auto or script",
                               fix="Pass --roles auto or --roles script", received=self.roles)
@@ -223,6 +248,9 @@ class LaunchConfig:
                 raise ConfigError(f"--env {entry!r} does not start with a variable name",
                                   expected="NAME or NAME=VALUE (letters, digits, '_')",
                                   fix="Pass e.g. --env WANDB_MODE=offline", received=repr(entry))
+
+    def _check_elastic(self) -> None:
+        """The elastic limits: the hosts a run needs, and the failures that exclude one."""
         if self.min_nodes is not None and (isinstance(self.min_nodes, bool)
                                            or not isinstance(self.min_nodes, int)
                                            or self.min_nodes < 1):
@@ -236,9 +264,6 @@ class LaunchConfig:
                               expected="how many infrastructure failures in a row exclude a "
                                        "host, e.g. 2", fix="Pass e.g. --exclude-after 2",
                               received=repr(self.exclude_after))
-        if self.devices is not None and self.devices < 1:
-            raise ConfigError("--devices must be at least 1", expected="1, 2, ...",
-                              fix="Pass e.g. --devices 2", received=self.devices)
 
     @property
     def display_name(self) -> str:

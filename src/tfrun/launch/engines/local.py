@@ -47,7 +47,7 @@ from ..ports import PortReservation
 from ..run_tmp import RunTemporaryDirectory
 from ..rundir import run_dir_for
 from ..specs import spec_factory
-from ..supervise.policy import exit_code_of
+from ..exit_codes import exit_code_of
 from ..ports import hold_port
 from .base import CONTROLLED_ENV, Backend, Engine, TaskHandle, TaskSpec
 

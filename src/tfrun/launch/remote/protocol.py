@@ -37,7 +37,7 @@ from typing import IO
 
 # The exit code of a task whose host was lost (like ssh's own failure code), defined with
 # the policy that classifies it.
-from ..supervise.policy import LOST_EXIT_CODE
+from ..exit_codes import LOST_EXIT_CODE
 
 __all__ = ["Channel", "ProtocolError", "HEARTBEAT_INTERVAL", "LOST_EXIT_CODE", "MAX_LINE"]
 

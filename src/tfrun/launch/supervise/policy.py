@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from ...records import TaskError
+from ..exit_codes import LOST_EXIT_CODE, USAGE_ERROR_EXIT_CODE, exit_code_of
 from ..oom import OOM_KILLED_NOTE
 from .diagnose import raised_inside_tfrun
 
@@ -30,10 +31,8 @@ __all__ = ["TaskState", "Decision", "FailureClass", "TaskExit", "FailurePolicy",
            "backoff_seconds", "classify_exit",
            "exit_code_of"]
 
-#: Exit code a script (or tfrun) uses for usage/configuration errors: never worth a restart.
-USAGE_ERROR_EXIT_CODE = 2
-#: Exit code a backend gives a task whose host, agent or actor was lost (ssh's own 255).
-LOST_EXIT_CODE = 255
+# (exit codes: defined where the engines read them too; a usage error is never worth a
+# restart, a lost host's task is not its script's failure)
 _SIGTERM_EXIT, _SIGKILL_EXIT = 128 + 15, 128 + 9
 #: Deaths by a signal a process raises on itself when its native code goes wrong.
 _CRASH_EXITS = frozenset(128 + s for s in (4, 6, 7, 8, 11))  # ILL ABRT BUS FPE SEGV
@@ -301,10 +300,3 @@ class FailurePolicy:
         return Decision.RESTART if restarts < self.max_restarts else Decision.FAIL
 
 
-def exit_code_of(returncode: int) -> int:
-    """Shell convention: a negative Popen returncode (signal n) becomes 128+n.
-
-    >>> exit_code_of(-9), exit_code_of(3)
-    (137, 3)
-    """
-    return 128 - returncode if returncode < 0 else returncode

@@ -15,16 +15,13 @@ from pathlib import Path
 
 from ...cluster import TaskId
 from ..engines.base import TaskHandle
+from ..exit_codes import HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE
 from ..output import TaskLogger
 from .policy import FailureClass, TaskState
 
 __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "RunStatus",
            "TaskRecord"]
 
-#: Exit code when the cluster never formed (the same as timeout(1)).
-JOIN_TIMEOUT_EXIT_CODE = 124
-#: Exit code when a task made no progress for --hang-timeout (timeout(1)'s too).
-HANG_TIMEOUT_EXIT_CODE = 124
 
 
 class RunStatus(str, enum.Enum):

@@ -38,7 +38,7 @@ from ...remote.protocol import Channel, ProtocolError
 from ...rendezvous import distinct_hosts, resolve_node_rank
 from ...rundir import run_dir_for
 from ...specs import spec_factory, task_hosts
-from ...supervise import JOIN_TIMEOUT_EXIT_CODE
+from ...exit_codes import JOIN_TIMEOUT_EXIT_CODE
 
 __all__ = ["PerNodeEngine", "cluster_digest", "make_hub", "run_node_agent"]
 
