@@ -3,8 +3,6 @@ marks (in_task.progress) and the launcher's reading of them (TaskLogger)."""
 
 import io
 import json
-from dataclasses import replace
-
 import time
 
 import pytest
@@ -107,17 +105,17 @@ def test_time_after_training_or_in_a_long_phase_counts_against_no_step_once_it_i
     # then began a new fit: its first step (tracing) has the phase limit, from 500.0.
     tracing = [task(f"worker:{i}", doing=progress.FIRST_STEP, sampled_at=1099.0,
                     advanced_at=20.0) for i in (0, 1)]
-    tracing = [replace(t, doing_since=500.0) for t in tracing]
+    tracing = [t._replace(doing_since=500.0) for t in tracing]
     assert clock.check(1099.0, tracing) is None
     hang = clock.check(1101.0, tracing)
     assert hang is not None and hang.limit == 600.0 and hang.idle == 601.0
     # An evaluation of 10 minutes ended at 700.0: the step limit counts from its end.
-    after = [replace(t, doing="callbacks", doing_since=700.0)
+    after = [t._replace(doing="callbacks", doing_since=700.0)
              for t in tracing]
     assert clock.check(759.0, after) is None
     assert clock.check(761.0, after).limit == 60.0
     # Without the move (the old clock's view) the same tasks were hung long before.
-    assert clock.check(759.0, [replace(t, doing_since=None)
+    assert clock.check(759.0, [t._replace(doing_since=None)
                                for t in after]) is not None
     # One task tracing while the other waits in the step's collective: the tracer is
     # inside a step too (no "stuck outside a step" blame), like any task inside one.

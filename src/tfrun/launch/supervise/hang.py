@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ... import contract
 
@@ -77,9 +78,9 @@ def step_limit(median_step_seconds: float | None, step_timeout: float | None) ->
     return max(_MIN_STEP_LIMIT, _STEP_FACTOR * (median_step_seconds or 0.0))
 
 
-@dataclass(frozen=True)
-class TaskProgress:
-    """What the launcher knows of one running task's progress."""
+class TaskProgress(NamedTuple):
+    """What the launcher knows of one running task's progress (a tuple: one is made per
+    task in every round of the watch loop)."""
 
     task: str
     host: str | None

@@ -65,7 +65,12 @@ class TaskRecord:
 
     @property
     def host(self) -> str | None:
-        return self.address.rsplit(":", 1)[0] if self.address else None
+        # Read for every task in every round of the watch loop: split once per address.
+        address, host = self.__dict__.get("_host_of", (None, None))
+        if address is not self.address or host is None:
+            host = self.address.rsplit(":", 1)[0] if self.address else None
+            self.__dict__["_host_of"] = (self.address, host)
+        return host
 
     def to_dict(self) -> dict:
         code = self.exit_code

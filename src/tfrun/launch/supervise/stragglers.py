@@ -45,7 +45,7 @@ printed once and again when it changes, and kept for summary.json.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from ... import contract
@@ -77,14 +77,15 @@ _MIN_EVIDENCE_SECONDS = 0.6
 _CHECK_GAP = 0.2
 
 
-@dataclass(frozen=True)
-class TaskLoad:
+class TaskLoad(NamedTuple):
+    """One task as the finder sees it (a tuple: one is made per task in every look)."""
+
     task: str
     host: str | None
-    taken: list[float]        # recent cpu_taken samples, oldest first
+    taken: list[float]        # recent cpu_taken values, oldest first
     steps_done: int = 0
     #: its recent samples with arrival records (``exchange_seconds`` set), oldest first
-    work: list[TaskSample] = field(default_factory=list)
+    work: list[TaskSample] = []  # (never changed: a tuple's default is shared)
 
 
 @dataclass(frozen=True)
@@ -234,8 +235,11 @@ def _own_work(tasks: list[TaskLoad], per_task: dict, measured: dict) -> list[Str
     cpu = _Totals({name: measured[name].cpu for name in per_task})
     waits = _Totals({name: measured[name].run_wait for name in per_task})
     others_count = len(per_task) - 1
+    # Only the task with the most own work in the newest window can be 1.3x every other
+    # there: the others need not be looked at (one look per round, not one per task).
+    slowest = tops[1][0][1]
     out = []
-    for task in tasks:
+    for task in (t for t in tasks if t.task == slowest):
         mine = per_task.get(task.task)
         if mine is None:
             continue
@@ -400,17 +404,21 @@ class _MeasuredWindows:
         ``_measure(samples)`` has them; valid until the next call (the lists are kept)."""
         last, count = self._last, len(samples)
         if count and samples[-1] is last:
-            at = count - 1  # nothing new
-        elif count > 1 and samples[-2] is last:
-            at = count - 2  # one new sample: the common case
+            pass  # nothing new
+        elif count > 1 and samples[-2] is last:  # one new sample: the common case
+            b = samples[-1]
+            if b.steps_done > last.steps_done and b.time > last.time \
+                    and last.doing not in _FIT_STARTS:  # (as _windows has it)
+                _add_window(self._measured, last, b)
+                self._starts.append(last.time)
         else:
             at = next((i for i in range(count - 1, -1, -1) if samples[i] is last), None)
-        if at is None:  # a task started again, or no sample in common: measure afresh
-            self._starts, self._measured = [], _Measured([], [], [], [], [])
-            at = 0
-        for a, b in _windows(samples[at:]):
-            _add_window(self._measured, a, b)
-            self._starts.append(a.time)
+            if at is None:  # a task started again, or no sample in common: afresh
+                self._starts, self._measured = [], _Measured([], [], [], [], [])
+                at = 0
+            for a, b in _windows(list(samples)[at:]):
+                _add_window(self._measured, a, b)
+                self._starts.append(a.time)
         starts, gone = self._starts, 0
         first = samples[0].time if count else float("inf")
         while gone < len(starts) and starts[gone] < first:
@@ -477,8 +485,13 @@ class StragglerWatch:
         kept = self._windows
         for gone in kept.keys() - {load.task for load in loads}:
             del kept[gone]
-        return {load.task: kept.setdefault(load.task, _MeasuredWindows()).of(load.work)
-                for load in loads}
+        out = {}
+        for load in loads:
+            windows = kept.get(load.task)
+            if windows is None:
+                windows = kept[load.task] = _MeasuredWindows()
+            out[load.task] = windows.of(load.work)
+        return out
 
     def update(self, tasks: list[TaskLoad], measured: dict | None = None
                ) -> list[Straggler] | None:
