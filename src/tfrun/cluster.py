@@ -342,6 +342,11 @@ def parse_tf_config(source: str | Mapping) -> TaskConfig:
     {'cluster': {'chief': ['a:1'], 'worker': ['b:1']}, 'task': {'type': 'chief', 'index': 0}}
     """
     if isinstance(source, str):
+        if not source.strip():
+            raise ConfigError("TF_CONFIG is empty", expected="a JSON object with 'cluster' "
+                              "and 'task'", fix="Set TF_CONFIG to the task's JSON (tfrun config "
+                              "prints one per task), or unset it for a single process",
+                              received=repr(source))
         try:
             data = json.loads(source)
         except (RecursionError, ValueError) as exc:

@@ -400,6 +400,9 @@ def test_sigterm_to_a_worker_saves_everyone_at_one_step_and_costs_no_restart(
     for i in range(2):
         worker_log = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
         assert f"tfrun: preempted: every worker saved at step {saved}" in worker_log
+        # tfrun's own eager collectives (the stop checks, the agreement on a backup) add
+        # no TensorFlow advice to run them in a tf.function (10 lines a run, before)
+        assert "eagerly has significant overhead" not in worker_log
         # (a backup after epoch 2's last step: tf_keras resumes at the next epoch's start)
         resumed = ("tfrun: resuming from the backup of epoch 2" if saved == 60 and flavour == "2"
                    else "tfrun: resuming at epoch 2, after its batch")

@@ -32,6 +32,10 @@ CASES = [
     ("ps-negative", ["--ps", "-2", GOOD], "-2"),
     ("ps-without-workers", ["--workers", "0", "--ps", "1", GOOD], "ps=1"),
     ("no-chief-no-worker", ["--workers", "0", GOOD], "no chief and no worker"),
+    # (it hung for ever: every task a server, nobody coordinating)
+    ("script-is-a-directory", [*W2, "adir"], "'adir' is a directory, not a script"),
+    ("ps-without-chief", ["--workers", "2", "--ps", "1", GOOD],
+     "needs a chief: with --ps, tfrun runs the ps and workers as servers"),
     ("devices-zero", [*W2, "--devices", "0", GOOD], "Received: 0"),
     ("devices-negative", [*W2, "--devices", "-1", GOOD], "-1"),
     # ---- seconds
@@ -114,6 +118,7 @@ CASES = [
                                  f'"index":{HUGE}}}}}'], "TF_CONFIG"),
     ("config-nested-json", ["config", "--check", NESTED], "nested too deeply"),
     ("config-not-json", ["config", "--check", "{cluster: 1}"], "not valid JSON"),
+    ("config-empty", ["config", "--check", ""], "TF_CONFIG is empty"),
     # ---- Slurm
     ("tasks-per-node-zero", ["--tasks-per-node", "0", GOOD], "Received: 0"),
     ("tasks-per-node-and-workers", ["--tasks-per-node", "2", *W2, GOOD], "--workers 2"),

@@ -157,3 +157,22 @@ def test_help_texts_are_whole_and_plain(capsys):
     assert "``" not in bench_help and "contract." not in bench_help and "TFRUN_REPORT=0" in bench_help
     k8s_help = _build_k8s_parser().format_help()
     assert "--hosts HOSTS" not in k8s_help and "--layout" not in k8s_help
+
+
+def test_a_cluster_flag_after_the_script_is_the_script_s_and_tfrun_says_so(capsys):
+    """``tfrun train.py --workers 2`` ran one process and gave ``--workers 2`` to the script
+    without a word. The flag still goes to the script (it may take one), and tfrun says
+    where tfrun's own go; before the script too, nothing is said."""
+    from tfrun.cli.run import config_from_args
+
+    config = config_from_args(["train.py", "--lr", "1", "--workers", "2"])
+    assert config.script_args == ("--lr", "1", "--workers", "2")
+    assert config.topology.workers == 1
+    said = capsys.readouterr().err
+    assert "--workers comes after train.py, so it is your script's argument" in said, said
+    assert "put tfrun's options before the script: tfrun --workers 2 train.py" in said
+    config_from_args(["train.py", "--chief"])
+    assert "before the script: tfrun --chief train.py" in capsys.readouterr().err
+    config_from_args(["--workers", "2", "train.py", "--workers", "2"])
+    config_from_args(["train.py", "--epochs", "3"])
+    assert capsys.readouterr().err == ""

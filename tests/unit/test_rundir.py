@@ -96,6 +96,9 @@ def test_a_failed_run_prints_the_command_that_resumes_it(tmp_path):
     run = Run(tmp_path, ["--workers", "2", str(FAKE_TASK), "*=exit:3", "--token", "s3cr3t"])
     assert run.run(60) == 3, run.stdout
     line = next(l for l in run.stdout.splitlines() if "resume: tfrun --run-dir" in l)
+    # it wrote no backups: the line does not promise to resume from them
+    assert line.endswith("this run wrote no backups, so the script starts over; "
+                         "tfrun.backup_and_restore() makes a run resumable)"), line
     command = shlex.split(line.split("resume: ", 1)[1].split("  (the same command")[0])
     assert command[:3] == ["tfrun", "--run-dir", str(run.run_dir)]
     assert command[3:] == ["--color", "never", "--workers", "2", str(FAKE_TASK), "*=exit:3",
@@ -131,3 +134,17 @@ def test_a_job_named_run_dir_is_found_again_until_its_run_succeeds(tmp_path):
                          resume_key="slurm-42", run_id="slurm-42-train")
     with pytest.raises(ConfigError, match="already holds a finished run"):
         run_dir_for(named)
+
+
+def test_the_resume_line_promises_backups_only_to_a_run_that_has_some(tmp_path):
+    """A script error or a hang in a run without tfrun.backup_and_restore was told the same
+    command "resumes from its backups"; only a run with a backup file is."""
+    from tfrun.launch.run import _has_backups, resume_line
+
+    assert not _has_backups(tmp_path)
+    (tmp_path / "backup" / "worker-0").mkdir(parents=True)
+    assert not _has_backups(tmp_path)  # folders of tasks that never saved
+    (tmp_path / "backup" / "worker-0" / "epoch-1.weights").write_bytes(b"x")
+    assert _has_backups(tmp_path)
+    line = resume_line(tmp_path, ["tfrun", "train.py"], backed_up=_has_backups(tmp_path))
+    assert line.endswith("resumes from its backups)")

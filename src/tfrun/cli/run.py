@@ -283,6 +283,7 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
     elif args.target:
         entrypoint = ("script", args.target)
         script_args = list(args.args)
+        _hint_misplaced_cluster_flags(args.target, script_args, own[:own.index(args.target)])
     elif not script_required:
         entrypoint, script_args = ("module", "tfrun"), []
     else:
@@ -322,6 +323,29 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
     config = LaunchConfig(**{**values, **engine_values, "from_environment": from_env})
     check_options(config)  # a bad or misplaced engine flag fails here, before anything runs
     return config
+
+
+#: tfrun's flags that shape the cluster: after the script they are the script's, and
+#: tfrun runs one process (a newcomer's ``tfrun train.py --workers 2``).
+_CLUSTER_FLAGS = ("--workers", "--chief", "--ps", "--evaluator", "--hosts", "--devices")
+
+
+def _hint_misplaced_cluster_flags(script: str, script_args: list[str],
+                                  before: list[str]) -> None:
+    """Say so, once, when a cluster flag comes after the script and none before it: it
+    goes to the script (which may well take it), and tfrun starts a single process.
+
+        >>> _hint_misplaced_cluster_flags("train.py", ["--workers", "2"], [])  # doctest: +SKIP
+    """
+    misplaced = [a for a in script_args if a.split("=", 1)[0] in _CLUSTER_FLAGS]
+    if not misplaced or any(a.split("=", 1)[0] in _CLUSTER_FLAGS for a in before):
+        return
+    at = script_args.index(misplaced[0])
+    takes_value = "=" not in misplaced[0] and misplaced[0] != "--chief"
+    flags = " ".join(script_args[at:at + (2 if takes_value else 1)])
+    print(f"tfrun: note: {misplaced[0]} comes after {script}, so it is your script's argument, "
+          f"not tfrun's: this runs one process. To launch the cluster, put tfrun's options "
+          f"before the script: tfrun {flags} {script}", file=sys.stderr, flush=True)
 
 
 def run_launch(argv: Sequence[str]) -> int:

@@ -41,6 +41,7 @@ import time
 from .. import contract
 from . import progress
 from .metrics import record_training_event, report_step
+from .notes import eager_by_design
 
 __all__ = ["PreemptionWatch", "PREEMPTED_EXIT", "DEFAULT_GRACE", "die_of_sigterm",
            "next_interval", "stop_preempted"]
@@ -277,7 +278,7 @@ class PreemptionWatch:
         now = time.monotonic()
         seconds_per_step = (now - last_time) / max(step - last_step, 1)
         mine = tf.constant([1.0 if self.stop_asked else 0.0, seconds_per_step])
-        with self.busy(contract.PHASE_AGREEMENT, with_peers=True):
+        with self.busy(contract.PHASE_AGREEMENT, with_peers=True), eager_by_design():
             total = strategy.reduce(tf.distribute.ReduceOp.SUM,
                                     strategy.run(lambda: tf.identity(mine)), axis=None).numpy()
         self._checked = (step, now)

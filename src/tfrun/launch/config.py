@@ -180,6 +180,18 @@ class LaunchConfig:
                     f"ParameterServerStrategy for the cluster), or run --strategy "
                     f"{self.strategy} with --devices N and no --workers/--chief/--ps",
                 received=f"--strategy {self.strategy} with {self.topology}")
+        topology = self.topology
+        if topology.ps and not topology.chief and self.roles == "auto":
+            # The ps and workers run as servers; the script, the coordinator, runs on the
+            # chief: without one nothing schedules a step, and every task waits for ever.
+            raise ConfigError(
+                "A parameter-server cluster needs a chief: with --ps, tfrun runs the ps and "
+                "workers as servers and your script on the chief, which coordinates them",
+                expected="--chief with --ps",
+                fix=f"Add --chief: tfrun --chief --workers {topology.workers} --ps "
+                    f"{topology.ps} ... (or --roles script, when every task runs the script "
+                    "and picks its role from TF_CONFIG)",
+                received=f"--workers {topology.workers} --ps {topology.ps} without --chief")
         if self.keras not in KERAS_FLAVOURS:
             raise ConfigError(f"Unknown Keras flavour {self.keras!r}", expected="3 or 2",
                               fix="Pass --keras 3 (Keras 3) or --keras 2 (tf_keras)",

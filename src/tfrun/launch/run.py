@@ -61,6 +61,16 @@ def check_entrypoint(config: LaunchConfig) -> None:
                           f"--to script {target}, then run the .py it writes",
                           received=repr(target))
     if kind == "script":
+        if Path(target).is_dir():
+            scripts = sorted(p.name for p in Path(target).glob("*.py")
+                             if not p.name.startswith("_"))[:3]
+            raise ConfigError(f"{target!r} is a directory, not a script",
+                              expected="a path to a Python file",
+                              fix=("Pass one of its scripts, e.g. "
+                                   + ", ".join(str(Path(target) / n) for n in scripts)
+                                   if scripts else "Pass the path of a Python file") +
+                                  " (or -m package to run a package's __main__)",
+                              received=repr(target))
         if not Path(target).is_file():
             raise ConfigError(f"Script {target!r} not found", expected="a path to a Python file",
                               fix="Check the path (relative to the current directory "
@@ -253,14 +263,16 @@ def supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
     console.end_progress()  # a bar whose task ended mid-line is not redrawn under the summary
     console.info(describe_result(result, started))
     if result.status.value in RESUMABLE:
-        console.info(resume_line(run_dir, sys.argv))
+        console.info(resume_line(run_dir, sys.argv, backed_up=_has_backups(run_dir)))
     _write_report(run_dir, console)
     return result
 
 
-def resume_line(run_dir: Path, argv: Sequence[str]) -> str:
+def resume_line(run_dir: Path, argv: Sequence[str], backed_up: bool = True) -> str:
     """How to go on with a run that failed or was stopped: the same command in the same run
     directory (a command without --run-dir gets a new directory each time, and starts over).
+    ``backed_up``: whether the run has backups of ``tfrun.backup_and_restore`` to resume
+    from; without, the line says the script starts as it starts.
 
     >>> resume_line(Path("/r/runs/x"), ["/venv/bin/tfrun", "--workers", "2", "train.py"])
     'resume: tfrun --run-dir /r/runs/x --workers 2 train.py  (the same command in the same run directory resumes from its backups)'
@@ -268,8 +280,12 @@ def resume_line(run_dir: Path, argv: Sequence[str]) -> str:
     'resume: tfrun --run-dir /r/x tra'
     >>> resume_line(Path("/r/x"), ["my_launcher.py"])[:42]
     'resume: the same launch with run_dir=/r/x '
+    >>> resume_line(Path("/r/x"), ["tfrun", "t.py"], backed_up=False).split("  ")[1][:44]
+    '(the same command in the same run directory:'
     """
-    why = "(the same command in the same run directory resumes from its backups)"
+    why = ("(the same command in the same run directory resumes from its backups)" if backed_up
+           else "(the same command in the same run directory: this run wrote no backups, so "
+                "the script starts over; tfrun.backup_and_restore() makes a run resumable)")
     if not argv or Path(argv[0]).name not in ("tfrun", "__main__.py"):
         return f"resume: the same launch with run_dir={run_dir} {why}"  # the Python API
     rest, skip = [], False
@@ -285,6 +301,16 @@ def resume_line(run_dir: Path, argv: Sequence[str]) -> str:
         rest.append(arg)
     return " ".join(["resume: tfrun", "--run-dir", shlex.quote(str(run_dir)),
                      *(shlex.quote(a) for a in redact_args(rest))]) + f"  {why}"
+
+
+def _has_backups(run_dir: Path) -> bool:
+    """Whether the run directory holds a backup of ``tfrun.backup_and_restore`` (its
+    ``backup/`` folder, with a file in it)."""
+    backups = run_dir / "backup"
+    try:
+        return any(path.is_file() for path in backups.rglob("*"))
+    except OSError:
+        return False
 
 
 def _write_report(run_dir: Path, console: ConsoleSink) -> None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..notes import eager_by_design
+
 __all__ = ["Choice", "choose", "gather_positions", "broadcast_state", "broadcast_numbers"]
 
 
@@ -54,8 +56,9 @@ def gather_positions(strategy, keys: list[int], width: int) -> list[list[int]]:
     padded[:len(newest)] = newest
     # tf.identity: one tensor per replica (MirroredStrategy hands a value every replica
     # returned as the same object back undistributed, and refuses it).
-    gathered = strategy.gather(strategy.run(lambda: tf.identity(padded[None, :])),
-                               axis=0).numpy()
+    with eager_by_design():
+        gathered = strategy.gather(strategy.run(lambda: tf.identity(padded[None, :])),
+                                   axis=0).numpy()
     return [[int(k) for k in row if k >= 0] for row in gathered]
 
 
@@ -69,7 +72,9 @@ def _from_source(strategy, source: int, value):
         mine = tf.convert_to_tensor(value)  # a variable: this replica's copy
         return tf.where(tf.equal(replica, source), mine, tf.zeros_like(mine))
 
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(contribution), axis=None)
+    with eager_by_design():
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(contribution),
+                               axis=None)
 
 
 def broadcast_numbers(strategy, source: int, numbers: list[int]) -> list[int]:

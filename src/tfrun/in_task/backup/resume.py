@@ -14,6 +14,7 @@ import contextlib
 
 from ... import contract
 from ..metrics import record_training_event
+from ..notes import eager_by_design
 from . import agree, store
 from .position import ResumePoint, skip_batches
 
@@ -116,8 +117,9 @@ class Resume:
         import tensorflow as tf
 
         strategy = self.model.distribute_strategy
-        ids = strategy.experimental_local_results(strategy.run(
-            lambda: tf.identity(tf.distribute.get_replica_context().replica_id_in_sync_group)))
+        with eager_by_design():
+            ids = strategy.experimental_local_results(strategy.run(lambda: tf.identity(
+                tf.distribute.get_replica_context().replica_id_in_sync_group)))
         return any(int(i) == choice.source for i in ids)
 
     def _where_to_start(self, save: dict) -> dict:
