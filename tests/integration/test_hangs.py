@@ -181,6 +181,7 @@ def test_a_clean_run_of_fast_steps_names_no_straggler(tmp_path):
                 name="clean")
     assert clean.run(300) == 0, clean.stdout[-3000:]
     assert clean.summary["stragglers"] == [] and "straggler:" not in clean.stdout
+    assert "without forming a cluster" not in clean.stdout  # a real cluster formed
     assert "<h2>Findings</h2>" not in (clean.run_dir / "report.html").read_text()
     assert_nothing_left(clean)
 

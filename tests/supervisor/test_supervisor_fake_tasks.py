@@ -27,6 +27,11 @@ def test_success_runs_every_task_and_exits_0(fake_run):
     assert "hello" in (run.run_dir / "logs" / "worker-1.log").read_text()
     assert "launch configuration" in run.stdout  # resolved config logged once
     assert run.stdout.count("launch configuration") == 1
+    # No task ever served (a script that makes no strategy): it "succeeds", each task
+    # alone on all of its data, and tfrun says so once (issue 70.3: it said nothing).
+    assert run.stdout.count("tfrun: warning: the 2 tasks ended without forming a cluster "
+                            "(no task's TensorFlow server came up)") == 1, run.stdout
+    assert [e["tasks"] for e in run.events() if e["event"] == "never_formed"] == [2]
     assert_nothing_left(run)
 
 
@@ -414,6 +419,7 @@ def test_join_success_is_detected_when_every_server_listens(fake_run):
     assert run.run() == 0, run.stdout
     assert "cluster formed" in run.stdout
     assert [e for e in run.events() if e["event"] == "joined"]
+    assert "without forming a cluster" not in run.stdout
 
 
 def test_join_timeout_fails_clearly_instead_of_hanging(fake_run):

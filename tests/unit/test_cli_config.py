@@ -176,3 +176,27 @@ def test_a_cluster_flag_after_the_script_is_the_script_s_and_tfrun_says_so(capsy
     config_from_args(["--workers", "2", "train.py", "--workers", "2"])
     config_from_args(["train.py", "--epochs", "3"])
     assert capsys.readouterr().err == ""
+
+
+def test_the_dry_run_refuses_what_the_run_refuses_and_shows_the_ports_it_will_use(tmp_path):
+    """The dry run once showed --base-port's 2222/2223 for a local run that picks free
+    ports, and accepted --workers 1000 and a --node-rank auto the run refuses."""
+    (tmp_path / "train.py").write_text("print('hello')\n")
+
+    def tfrun_in(*argv):
+        return subprocess.run([sys.executable, "-m", "tfrun", *argv], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+
+    for flags in (["--workers", "1000"], ["--node-rank", "auto", "--hosts", "nohost-a,nohost-b"]):
+        planned, started = tfrun_in("--dry-run", *flags, "train.py"), tfrun_in(*flags, "train.py")
+        assert planned.returncode == started.returncode == 2, planned.stdout + planned.stderr
+        assert planned.stderr.strip().splitlines()[-1] == started.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "runs").exists()
+
+    loopback = tfrun_in("--dry-run", "--workers", "2", "--base-port", "3000", "train.py")
+    assert "  ports      : free ones, picked when the run starts" in loopback.stdout
+    assert "localhost:3000" not in loopback.stdout, loopback.stdout
+    private = tfrun_in("--dry-run", "--workers", "2", "--network", "private", "--base-port",
+                       "3000", "train.py")
+    assert '"localhost:3000", "localhost:3001"' in private.stdout, private.stdout
+    assert "  ports      :" not in private.stdout

@@ -179,3 +179,27 @@ def test_every_source_path_a_page_names_exists():
              for m in re.findall(r"src/tfrun/[\w/.]+", page.read_text())}
     assert len(named) >= 5
     assert sorted(p for p in named if not (ROOT / p).exists()) == []
+
+
+def test_every_dockerfile_in_the_docs_has_comments_only_on_lines_of_their_own():
+    """Docker reads ``COPY tfrun/ /src/tfrun/   # a checkout`` as three more sources, not a
+    comment: a comment is a line that starts with ``#``. Every Dockerfile the user pages
+    show (a block whose first instruction is FROM) keeps to that."""
+    import re
+
+    found = 0
+    for page in sorted(DOCS.glob("*.md")):
+        lines = page.read_text().splitlines()
+        for at, line in enumerate(lines):
+            if not re.match(r"\s*FROM \S", line):
+                continue
+            found += 1
+            indent = len(line) - len(line.lstrip())
+            for follow in lines[at:]:
+                text = follow.strip()
+                if not text or text.startswith("```") or (len(follow) - len(follow.lstrip())
+                                                          < indent):
+                    break
+                assert text.startswith("#") or " #" not in text, (page.name, follow)
+                assert re.match(r"(#|[A-Z]+ )", text), (page.name, follow)  # an instruction
+    assert found >= 1

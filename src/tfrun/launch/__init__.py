@@ -68,6 +68,7 @@ def _run(engine: Engine) -> RunResult:
         require_tensorboard()
     plan = run.plan_for(config)
     run.check_show(config, plan)
+    engine.check_plan(config, plan)
     return engine.run(plan)
 
 
@@ -79,4 +80,6 @@ def dry_run(config: LaunchConfig) -> str:
         run.check_entrypoint(config)
     plan = run.plan_for(config)
     run.check_show(config, plan)
-    return plan_text.dry_run(config, plan, engine_class.name)
+    engine_class.check_plan(config, plan)
+    plan, differs = engine_class.planned_as_started(config, plan)
+    return plan_text.dry_run(config, plan, engine_class.name, notes=[differs] if differs else [])

@@ -47,8 +47,10 @@ def network_description(config: LaunchConfig, engine: str, tasks: int) -> str:
         if config.network != "auto" else "auto: " + _LOCAL_NETWORKS["auto"]
 
 
-def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
-    """The plan as text (see the module docstring)."""
+def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str,
+            notes: list[str] = ()) -> str:
+    """The plan as text (see the module docstring); ``notes``: lines the engine adds (how
+    the run will differ from the plan shown, e.g. its ports)."""
     multi = len(plan.tasks) > 1
     run_dir = planned_run_dir(config).absolute()
     remote = engine not in ("local",)
@@ -69,6 +71,7 @@ def dry_run(config: LaunchConfig, plan: ClusterPlan, engine: str) -> str:
              f"  network    : {network_description(config, engine, len(plan.tasks))}"]
     if not remote:
         lines.append(f"  placement  : {placement or 'shared: every task may use every CPU'}")
+    lines.extend(notes)
     serves = config.roles == "auto" and bool(plan.cluster.ps)
     for task in plan.tasks:
         spec = make_spec(task, 0)

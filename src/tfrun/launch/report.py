@@ -41,6 +41,7 @@ __all__ = ["RunData", "load_run", "plot_timeline", "plot_metrics", "plot_through
 
 _STATE_COLORS = {"running": "#4c72b0", "succeeded": "#55a868", "failed": "#c44e52",
                  "stopped": "#8c8c8c"}
+_CULPRIT_COLOR = _STATE_COLORS["failed"]
 _TRAINING_ROLES = ("chief", "worker")
 
 
@@ -86,6 +87,11 @@ def load_run(run_dir: str | Path) -> RunData:
                    events=_read_jsonl(path / "events.jsonl"), metrics=metrics, stats=stats)
 
 
+def _hang_culprits(summary: dict) -> list[str]:
+    return [c["task"] for c in (summary.get("hang") or {}).get("culprits") or []
+            if c.get("task")]
+
+
 def plot_timeline(data: RunData):
     """One row per task: bars while it ran, coloured by how each attempt ended."""
     plt = pyplot()
@@ -97,6 +103,7 @@ def plot_timeline(data: RunData):
     ends = [e["time"] for e in data.events if "time" in e] + [data.summary.get("ended_at") or t0]
     end_of_run = max(ends) - t0
     running_since: dict[str, float] = {}
+    last_bar: dict[str, object] = {}
     for event in data.events:
         if event.get("event") != "state":
             continue
@@ -105,8 +112,14 @@ def plot_timeline(data: RunData):
             running_since[task] = when
         elif task in running_since:
             begin = running_since.pop(task)
-            ax.barh(tasks.index(task) if task in tasks else 0, max(when - begin, 0.05),
-                    left=begin, color=_STATE_COLORS.get(event["new"], "#8c8c8c"), height=0.6)
+            last_bar[task] = ax.barh(tasks.index(task) if task in tasks else 0,
+                                     max(when - begin, 0.05), left=begin, height=0.6,
+                                     color=_STATE_COLORS.get(event["new"], "#8c8c8c"))
+    # A hang's culprit was stopped by tfrun like the others, but it is why: its last bar
+    # is the failure's colour, not the grey of the tasks stopped with it.
+    for task in _hang_culprits(data.summary):
+        for bar in last_bar.get(task) or ():
+            bar.set_color(_CULPRIT_COLOR)
     for task, begin in running_since.items():  # still running when the run ended
         ax.barh(tasks.index(task), max(end_of_run - begin, 0.05), left=begin,
                 color=_STATE_COLORS["running"], height=0.6)
@@ -122,7 +135,8 @@ def plot_timeline(data: RunData):
     ax.set_yticks(range(len(tasks)), tasks)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since launch")
-    ax.set_title("Tasks (green: succeeded, red: failed, grey: stopped by tfrun)")
+    ax.set_title("Tasks (green: succeeded, red: failed or a hang's culprit, grey: stopped "
+                 "by tfrun)")
     fig.tight_layout()
     return fig
 
@@ -278,6 +292,10 @@ def _tasks_html(summary: dict, t0: float) -> str:
     return "\n".join(out + ["</table>"])
 
 
+#: How an attempt ended, in the attempts table's words (summary.json keeps the short ones).
+_ENDED_BY = {"signal": "a signal to tfrun (Ctrl-C, SIGTERM)"}
+
+
 def _attempts_html(summary: dict, t0: float) -> str:
     """One row per attempt (the first run and each gang restart): how it ended and why."""
     columns = ["attempt", "started (s)", "ended (s)", "ended by", "task", "exit code",
@@ -288,7 +306,8 @@ def _attempts_html(summary: dict, t0: float) -> str:
             value = attempt.get(key)
             return f"{value - t0:.1f}" if isinstance(value, (int, float)) else "-"
 
-        cells = [attempt.get("attempt"), at("started_at"), at("ended_at"), attempt.get("ended"),
+        ended = _ENDED_BY.get(attempt.get("ended"), attempt.get("ended"))
+        cells = [attempt.get("attempt"), at("started_at"), at("ended_at"), ended,
                  attempt.get("task"), attempt.get("exit_code"), attempt.get("failure_class"),
                  attempt.get("resumed_at_step"), attempt.get("preempted_at_step")]
         out.append("<tr>" + "".join(f"<td>{html.escape('-' if c is None else str(c))}</td>"
@@ -325,11 +344,19 @@ def write_report(run_dir: str | Path) -> Path:
     parts = [f"<h1>tfrun run {html.escape(data.run_dir.name)}: "
              f"<span class='{html.escape(status)}'>{html.escape(status)}</span></h1>"]
     if summary.get("message"):
-        parts.append(f"<p>{html.escape(str(summary['message']))}</p>")
+        # Its first line says what happened; what follows (a hang's stacks) keeps its lines.
+        first, _, rest = str(summary["message"]).partition("\n")
+        parts.append(f"<p>{html.escape(first)}</p>")
+        if rest.strip():
+            parts.append(f"<pre class='traceback'>{html.escape(rest)}</pre>")
     root = summary.get("root_cause")
     if root:
         parts.append(f"<h2>Root cause: {html.escape(str(root.get('task')))}</h2>")
-        parts.append(f"<pre class='traceback'>{html.escape(str(root.get('traceback') or 'no traceback in its log'))}</pre>")
+        stuck = root.get("task") in _hang_culprits(summary)
+        traceback = root.get("traceback") or (
+            "no traceback: it was stuck, not failed; its stacks are above" if stuck
+            else "no traceback in its log")
+        parts.append(f"<pre class='traceback'>{html.escape(str(traceback))}</pre>")
     parts.append(findings_html(summary))
     if data.stats is not None:
         parts.append("<h2>Numbers</h2>" + _table_html(compare([data.stats])))

@@ -92,7 +92,7 @@ def check_entrypoint(config: LaunchConfig) -> None:
             _check_compiles(config, origin)
     if config.keras == "2" and importlib.util.find_spec("tf_keras") is None:
         raise ConfigError("--keras 2 needs the tf_keras package, which is not installed",
-                          expected="tf_keras importable", fix="pip install 'tfrun[keras2]'",
+                          expected="tf_keras importable", fix="pip install -e '.[keras2]' in tfrun's checkout (or pip install tf_keras)",
                           received="no module named tf_keras")
 
 

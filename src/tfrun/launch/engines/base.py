@@ -220,6 +220,17 @@ class Engine(abc.ABC):
         """Raise ConfigError for this engine's options that are bad, or set where they do
         not apply (``chosen``: whether this engine runs the launch)."""
 
+    @classmethod
+    def check_plan(cls, config: LaunchConfig, plan) -> None:
+        """Raise ConfigError for a plan this engine would refuse to start: asked by the
+        launch and by ``--dry-run`` alike, so the dry run refuses what the run refuses."""
+
+    @classmethod
+    def planned_as_started(cls, config: LaunchConfig, plan):
+        """(the plan as this engine would start it, a line saying what differs) for the dry
+        run; default: the plan as it is, and no line."""
+        return plan, None
+
     # ---- running -------------------------------------------------------------------
     def __init__(self, config: LaunchConfig, console, started: float) -> None:
         self.config, self.console, self.started = config, console, started

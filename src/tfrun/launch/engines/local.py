@@ -399,15 +399,37 @@ class LocalEngine(Engine):
         if chosen:
             run.check_python(config)  # this machine starts the tasks (or some of them)
 
-    def run(self, plan: ClusterPlan):
-        config, console = self.config, self.console
-        multi = len(plan.tasks) > 1
+    @classmethod
+    def check_plan(cls, config, plan: ClusterPlan) -> None:
         if len(plan.tasks) > MAX_LOCAL_TASKS:
             raise ConfigError(f"A local cluster of {len(plan.tasks)} tasks would start "
                               f"{len(plan.tasks)} TensorFlow processes on this machine",
                               expected=f"at most {MAX_LOCAL_TASKS} local tasks",
                               fix="Use fewer --workers, or spread them with --hosts",
                               received=f"{len(plan.tasks)} tasks")
+
+    @classmethod
+    def planned_as_started(cls, config, plan: ClusterPlan):
+        """A local cluster outside a private network gets free ports when it starts (held
+        until its servers take them), not ``--base-port``: the dry run shows ports free
+        now, and says so."""
+        if len(plan.tasks) <= 1 or config.network == "private":
+            return plan, None
+        addresses = plan.cluster.addresses()
+        explicit = {t for t, h in zip(plan.cluster.tasks(), config.hosts or ())
+                    if config.layout == "default" and parse_address(h)[1] is not None}
+        free = [t for t in plan.cluster.tasks() if t not in explicit]
+        with PortReservation.reserve(len(free)) as reservation:
+            ports = reservation.ports
+        given = ", ".join(addresses[t] for t in sorted(explicit))
+        return plan.with_ports(dict(zip(free, ports))), (
+            "  ports      : free ones, picked when the run starts (those shown were free "
+            "now)" + (f"; as given: {given}" if given else "") + "; --base-port applies with "
+            "--network private")
+
+    def run(self, plan: ClusterPlan):
+        config, console = self.config, self.console
+        multi = len(plan.tasks) > 1
         held: list = []
         held_cgroups: cgroups.TaskCgroups | None = None
         # Before anything is made: too few GPUs/CPUs for what was asked is a ConfigError.

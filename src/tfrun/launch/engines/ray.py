@@ -15,7 +15,7 @@ and a note: the failure policy decides, and a gang restart starts a new actor in
 same bundle. ``close`` stops every task, kills every actor and removes the placement
 group, so nothing of the run stays in Ray.
 
-Ray is optional (``pip install 'tfrun[ray]'``); this module imports it only when used.
+Ray is optional (``pip install -e '.[ray]'`` in tfrun's checkout); this module imports it only when used.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def import_ray():
     except ImportError:
         raise ConfigError("--backend ray needs Ray, which is not installed",
                           expected="the ray package importable",
-                          fix="pip install 'tfrun[ray]'", received="no module named ray") from None
+                          fix="pip install -e '.[ray]' in tfrun's checkout (or pip install ray)", received="no module named ray") from None
     return ray
 
 
@@ -345,7 +345,7 @@ class RayEngine(Engine):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(
             "ray", "--backend ray runs every task in a Ray actor on a running Ray cluster "
-            "(pip install 'tfrun[ray]')")
+            "(pip install -e '.[ray]' in tfrun's checkout)")
         group.add_argument("--ray-address", default="auto",
                            help="the Ray cluster (default auto: the one this machine belongs to)")
         group.add_argument("--ray-placement", choices=RAY_PLACEMENTS, default="spread",

@@ -181,6 +181,8 @@ class Supervisor:
                     self._restart_task(record)
             tracked = [r for r in self.records if r.tracked]
             if tracked and all(r.state == TaskState.SUCCEEDED for r in tracked):
+                if not joined and not any(r.joined for r in self.records):
+                    self._never_formed()
                 return Outcome(Watch.SUCCESS)
             if not joined:
                 joined = join.check()
@@ -194,6 +196,18 @@ class Supervisor:
                 self.stragglers.check(self.records)
             self.status.tick()
             time.sleep(_POLL_SECONDS)
+
+    def _never_formed(self) -> None:
+        """Every task ended well, and none was ever seen serving: the script made no
+        strategy of the cluster (each task trained alone, on all the data, and wrote the
+        same files), which a run's success would hide."""
+        size = len(self.ctx.plan.cluster.tasks())
+        self.console.info(
+            f"warning: the {size} tasks ended without forming a cluster (no task's "
+            "TensorFlow server came up): each ran alone, on all of its data. A script that "
+            "never makes a strategy does that: use strategy = tfrun.strategy() and build "
+            "the model in its scope (docs/writing-your-script.md)")
+        self.ctx.event("never_formed", tasks=size)
 
     def _end(self, outcome: Outcome) -> RunResult:
         """Stop what still runs (the coordinator first when interrupted: it backs up) and

@@ -233,6 +233,12 @@ class PerNodeEngine(Engine):
         if chosen:
             run.check_python(config)  # this machine starts the tasks (or some of them)
 
+    @classmethod
+    def check_plan(cls, config, plan) -> None:
+        # --node-rank auto: this machine must be one of the hosts (the dry run asks too)
+        resolve_node_rank(config.hosts or (), None if config.node_rank == "auto"
+                          else config.node_rank)
+
     def __init__(self, config, console, started: float) -> None:
         super().__init__(config, console, started)
         given = None if config.node_rank == "auto" else config.node_rank
