@@ -75,6 +75,11 @@ _MIN_WINDOWS = 3
 _MIN_EVIDENCE_SECONDS = 0.6
 #: Seconds at least between two looks at the samples (they come every 2 s by default).
 _CHECK_GAP = 0.2
+#: The windows over which the CPU-taken evidence must show the others waiting.
+_WAIT_WINDOWS = 5
+#: A straggler is no longer one after this many seconds without the evidence: a look or
+#: two of noise between two findings of the same task is no "keeps pace again".
+_CLEAR_SECONDS = 5.0
 
 
 class TaskLoad(NamedTuple):
@@ -142,14 +147,17 @@ def _evidence(seconds: list[float], steps: list[int]) -> int | None:
 
 
 def _others_wait_for(task: str, windows: dict) -> bool:
-    """The arrival records show ``task``'s own work per step the longest in each of its
-    last windows (up to ``_SAMPLES``; False until it and another task have one)."""
+    """The arrival records show ``task``'s own work per step the longest, on average over
+    its last windows (up to ``_WAIT_WINDOWS``; False until it and another task have one).
+    On average: a task of fast steps samples every 0.2 s, and one such window in which a
+    peer happened to be slower is no sign that nobody waits for it (a CI run lost and took
+    back its finding that way)."""
     mine = windows.get(task) or []
     others = [w for name, w in windows.items() if name != task and w]
     if not mine or not others:
         return False
-    count = min(_SAMPLES, len(mine), *(len(w) for w in others))
-    return all(mine[-k] >= max(w[-k] for w in others) for k in range(1, count + 1))
+    count = min(_WAIT_WINDOWS, len(mine), *(len(w) for w in others))
+    return sum(mine[-count:]) >= max(sum(w[-count:]) for w in others)
 
 
 def _top_two(values) -> tuple[tuple[float, str | None], tuple[float, str | None]]:
@@ -444,6 +452,7 @@ class StragglerWatch:
         self._checked_at = 0.0
         self._newest_seen = 0.0   # when the newest sample looked at arrived (monotonic)
         self._windows: dict[str, _MeasuredWindows] = {}  # each task's, measured as they come
+        self._clearing_since: float | None = None  # since when a named one is not found
 
     def check(self, records) -> None:
         """From the running chiefs' and workers' records (their loggers' samples): as soon
@@ -471,7 +480,7 @@ class StragglerWatch:
                           r.logger.progress[1] if r.logger.progress else 0,
                           list(r.logger.work))
                  for r in running]
-        changed = self.update(loads, self._measure(loads))
+        changed = self.update(loads, self._measure(loads), now)
         if changed is None or self._say is None:
             return
         for straggler in changed:
@@ -493,13 +502,23 @@ class StragglerWatch:
             out[load.task] = windows.of(load.work)
         return out
 
-    def update(self, tasks: list[TaskLoad], measured: dict | None = None
-               ) -> list[Straggler] | None:
-        """The stragglers when the named set changed (``[]``: none any more), else None."""
+    def update(self, tasks: list[TaskLoad], measured: dict | None = None,
+               now: float | None = None) -> list[Straggler] | None:
+        """The stragglers when the named set changed (``[]``: none any more), else None.
+        A new straggler is said at once; one that only drops out is said once it has
+        stayed out ``_CLEAR_SECONDS`` (``now``: time.monotonic())."""
         found = find_stragglers(tasks, measured)
         names = tuple(s.task for s in found)
         if names == self.named:
+            self._clearing_since = None
             return None
+        if set(names) < set(self.named):
+            now = time.monotonic() if now is None else now
+            if self._clearing_since is None:
+                self._clearing_since = now
+            if now - self._clearing_since < _CLEAR_SECONDS:
+                return None
+        self._clearing_since = None
         self.named = names
         for straggler in found:
             self.findings.append({**straggler.to_dict(), "time": time.time()})
