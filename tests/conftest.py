@@ -434,7 +434,7 @@ def ray_cluster():
     its GCS, raylets and workers take about 6% of a core (3.7 CPU s a minute, measured
     here), which the rest of the session's tests would otherwise share.
 
-    Skips where Ray is not installed; CI installs 'tfrun[ray]', so there it always runs.
+    Skips where Ray is not installed; CI installs tfrun's '[ray]' extra, so there it always runs.
     """
     import ray_cluster
 

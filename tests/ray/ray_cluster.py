@@ -35,7 +35,7 @@ def unavailable() -> str | None:
     try:
         import ray  # noqa: F401
     except ImportError:
-        return "Ray is not installed (pip install 'tfrun[ray]')"
+        return "Ray is not installed (pip install -e '.[ray]' in tfrun's checkout)"
     if not shutil.which("ray"):
         return "the ray command is not on PATH"
     return None

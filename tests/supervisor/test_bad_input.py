@@ -139,7 +139,7 @@ CASES = [
     ("gpus-per-task-negative", [*W2, "--backend", "ray", "--gpus-per-task", "-1", GOOD], "'-1'"),
     ("gpus-per-task-nan", [*W2, "--backend", "ray", "--gpus-per-task", "nan", GOOD], "'nan'"),
     ("ray-with-hosts", ["--backend", "ray", "--hosts", "a,b", GOOD], "--hosts a,b"),
-    ("ray-not-installed", [*W2, "--backend", "ray", GOOD], "pip install 'tfrun[ray]'"),
+    ("ray-not-installed", [*W2, "--backend", "ray", GOOD], "pip install -e '.[ray]'"),
     ("ray-unreachable", [*W2, "--backend", "ray", "--ray-address", "127.0.0.9:9", GOOD],
      "127.0.0.9:9"),
     ("ray-address-no-port", [*W2, "--backend", "ray", "--ray-address", "127.0.0.9", GOOD],

@@ -228,7 +228,7 @@ def check_show(config: LaunchConfig, plan: ClusterPlan) -> None:
 
 def console_for(config: LaunchConfig) -> ConsoleSink:
     # Without --show, one task's Keras progress is shown (the supervisor picks it, see
-    # Supervisor.lead_task); --show all (or a task list) shows every task's.
+    # supervisor.lead_task); --show all (or a task list) shows every task's.
     return ConsoleSink(color=config.color, show=parse_task_filter(config.show),
                        quiet=config.quiet_tasks, tf_noise=config.tf_noise,
                        lead=LEAD_AUTO if config.show is None else None)

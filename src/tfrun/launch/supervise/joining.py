@@ -57,6 +57,21 @@ class JoinWatch:
         self.formed = True
         return True
 
+    def never_formed(self) -> bool:
+        """After every task ended well: whether none was ever seen serving. Then the
+        script made no strategy of the cluster (each task trained alone, on all of its
+        data, and wrote the same files), which the run's success would hide: said once,
+        with the fix, and an event."""
+        if self.formed or any(r.joined for r in self._records):
+            return False
+        self._say(f"warning: the {self._size} tasks ended without forming a cluster (no "
+                  "task's TensorFlow server came up): each ran alone, on all of its data. A "
+                  "script that never makes a strategy does that: use strategy = "
+                  "tfrun.strategy() and build the model in its scope "
+                  "(docs/writing-your-script.md)")
+        self._event("never_formed", tasks=self._size)
+        return True
+
     def timed_out(self) -> bool:
         return not self.formed and time.monotonic() - self.started > self._timeout
 

@@ -51,6 +51,12 @@ __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Sup
 _POLL_SECONDS = 0.1
 
 
+def lead_task(records: list[TaskRecord]) -> str:
+    """The task whose training output speaks for the run: the chief, else worker 0."""
+    names = [str(r.task) for r in records]
+    return next((n for n in ("chief:0", "worker:0") if n in names), names[0])
+
+
 class Supervisor:
     def __init__(self, config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
                  backends: Mapping[TaskId, Backend], console: ConsoleSink,
@@ -77,7 +83,7 @@ class Supervisor:
         self._join: JoinWatch | None = None  # this attempt's
         self._start_time = time.time()
         if console.lead == LEAD_AUTO:
-            console.lead = self.lead_task()
+            console.lead = lead_task(self.records)
         #: the hang clocks (--step-timeout, --hang-timeout) and their finding
         self.watchdogs = Watchdogs(config, lambda: ctx.records, ctx.backend, ctx.event)
         self.stragglers = StragglerWatch(say=console.info, event=ctx.event)
@@ -92,11 +98,6 @@ class Supervisor:
     @property
     def records(self) -> list[TaskRecord]:
         return self.ctx.records
-
-    def lead_task(self) -> str:
-        """The task whose training output speaks for the run: the chief, else worker 0."""
-        names = [str(r.task) for r in self.records]
-        return next((n for n in ("chief:0", "worker:0") if n in names), names[0])
 
     def _on_signal(self, signum: int, _frame) -> None:
         if self.ctx.signal is not None:
@@ -181,8 +182,8 @@ class Supervisor:
                     self._restart_task(record)
             tracked = [r for r in self.records if r.tracked]
             if tracked and all(r.state == TaskState.SUCCEEDED for r in tracked):
-                if not joined and not any(r.joined for r in self.records):
-                    self._never_formed()
+                if not joined:
+                    join.never_formed()
                 return Outcome(Watch.SUCCESS)
             if not joined:
                 joined = join.check()
@@ -196,18 +197,6 @@ class Supervisor:
                 self.stragglers.check(self.records)
             self.status.tick()
             time.sleep(_POLL_SECONDS)
-
-    def _never_formed(self) -> None:
-        """Every task ended well, and none was ever seen serving: the script made no
-        strategy of the cluster (each task trained alone, on all the data, and wrote the
-        same files), which a run's success would hide."""
-        size = len(self.ctx.plan.cluster.tasks())
-        self.console.info(
-            f"warning: the {size} tasks ended without forming a cluster (no task's "
-            "TensorFlow server came up): each ran alone, on all of its data. A script that "
-            "never makes a strategy does that: use strategy = tfrun.strategy() and build "
-            "the model in its scope (docs/writing-your-script.md)")
-        self.ctx.event("never_formed", tasks=size)
 
     def _end(self, outcome: Outcome) -> RunResult:
         """Stop what still runs (the coordinator first when interrupted: it backs up) and
