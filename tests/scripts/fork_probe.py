@@ -39,4 +39,12 @@ with open(os.path.join(os.environ["TFRUN_RUN_DIR"], f"probe-{info.role}-{info.in
           "w") as out:
     json.dump(record, out)
 if len(sys.argv) > 1 and info.index == 1:
+    # worker:0 writes its probe too before the exit code stops the run (it may be a few
+    # milliseconds behind: its file is what the test reads, not the race)
+    import time
+
+    other = os.path.join(os.environ["TFRUN_RUN_DIR"], "probe-worker-0.json")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(other) and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.exit(int(sys.argv[1]))

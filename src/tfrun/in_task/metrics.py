@@ -451,6 +451,7 @@ class _Measurements:
         self._said: set[str] = set()
         self._members: list = []
         self._listed_at = float("-inf")
+        self._tree_failed = False
 
     def attempt(self, name: str, measure):
         try:
@@ -472,10 +473,13 @@ class _Measurements:
         progress.sampled(state["steps_done"])
         if time.monotonic() - self._listed_at >= self.TREE_EVERY:
             self._listed_at = time.monotonic()
-            listed = self.attempt("process tree", lambda: _tree(process)) or [process]
+            listed = self.attempt("process tree", lambda: _tree(process))
+            self._tree_failed = listed is None
             # the objects already measured keep their CPU clocks (a new one reads 0 first)
             known = {member.pid: member for member in self._members}
-            self._members = [known.get(member.pid, member) for member in listed]
+            self._members = [known.get(member.pid, member) for member in listed or [process]]
+        elif self._tree_failed:  # the listing this sample reuses failed: it is unmeasured
+            self.failed_now.append("process tree")
         members = self._members
         usage = self.attempt("cpu and memory", lambda: sample_resources(process, members)) or {}
         cpu = usage.get("cpu_percent")
