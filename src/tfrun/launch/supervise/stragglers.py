@@ -344,8 +344,13 @@ def _windows(samples: list[TaskSample]) -> list[tuple[TaskSample, TaskSample]]:
     >>> [(a.time, b.time) for a, b in _windows([at(0.0, 0), after, at(4.0, 12)])]
     [(0.0, 2.0)]
     """
-    return [(a, b) for a, b in zip(samples, samples[1:])
-            if b.steps_done > a.steps_done and b.time > a.time and a.doing not in _FIT_STARTS]
+    return [(a, b) for a, b in zip(samples, samples[1:]) if _is_window(a, b)]
+
+
+def _is_window(a: TaskSample, b: TaskSample) -> bool:
+    """Whether consecutive samples ``a``, ``b`` make a window: steps between them, and
+    ``a`` not before a fit's first step."""
+    return b.steps_done > a.steps_done and b.time > a.time and a.doing not in _FIT_STARTS
 
 
 def _step_span(a: TaskSample, b: TaskSample) -> float:
@@ -415,8 +420,7 @@ class _MeasuredWindows:
             pass  # nothing new
         elif count > 1 and samples[-2] is last:  # one new sample: the common case
             b = samples[-1]
-            if b.steps_done > last.steps_done and b.time > last.time \
-                    and last.doing not in _FIT_STARTS:  # (as _windows has it)
+            if _is_window(last, b):
                 _add_window(self._measured, last, b)
                 self._starts.append(last.time)
         else:
