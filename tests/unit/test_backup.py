@@ -118,21 +118,6 @@ def test_agreement_checks_keep_coming_when_epochs_end_slowly():
     assert any(8 < c <= 20 for c in checks), checks
 
 
-def test_every_guarded_internal_exists_on_the_pinned_versions():
-    """Every private TensorFlow/Keras name of the gate, for every feature that needs one,
-    is on the installed (pinned) versions, and those are the versions it lists as tested."""
-    names = [i.spelled for i in internals.INTERNALS]
-    assert len(names) == len(set(names)) >= 20
-    features = {(i.feature, i.flavour) for i in internals.INTERNALS}
-    assert features == {(internals.EXACT_RESUME, "keras"), (internals.EXACT_RESUME, "tf_keras"),
-                        (internals.EXCHANGE, "tensorflow"), (internals.PS_FIT, "keras")}
-    for feature, flavour in sorted(features):
-        assert internals.missing(flavour, feature) == [], (feature, flavour)
-        assert internals.untested_version(flavour) is None  # the pins are the tested versions
-    for flavour in ("keras", "tf_keras"):
-        assert internals.exact_resume_problem(flavour) is None
-
-
 def test_a_missing_tensorflow_internal_leaves_the_all_reduce_to_tensorflow(monkeypatch, capsys):
     """On a TensorFlow without a name the exchange's hook reads, the hook is not put in:
     the task says why once and its all-reduces stay TensorFlow's (never an AttributeError
@@ -163,7 +148,7 @@ def test_a_missing_internal_turns_exact_resume_off_and_says_so(monkeypatch):
     bogus = internals.Internal("keras", "keras.src.trainers.epoch_iterator", "EpochIterator",
                                "_renamed_in_a_later_keras", "batches read", in_source=True)
     monkeypatch.setattr(internals, "INTERNALS", internals.INTERNALS + (bogus,))
-    monkeypatch.setattr(internals, "_checked", {})
+    monkeypatch.setattr(internals, "_features_checked", {})
     problem = internals.exact_resume_problem("keras")
     assert problem is not None and "EpochIterator._renamed_in_a_later_keras" in problem
     assert "resume at the start of the epoch" in problem

@@ -8,7 +8,6 @@ namespaces are), the second starting while the first is up: held, both pass and 
 lives do not overlap; unheld (the control), one finds its engine swept away.
 """
 
-import json
 import os
 import subprocess
 import sys

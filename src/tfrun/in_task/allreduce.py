@@ -50,12 +50,8 @@ def install(environ=None) -> bool:
 def _hook(module, plan) -> None:
     from .compat import internals
 
-    problem = internals.feature_problem(
-        internals.EXCHANGE, "tensorflow", "this task's all-reduces go through TensorFlow's "
-        "own collectives")
-    if problem is not None:  # (once: TensorFlow's module is imported once)
-        print(f"tfrun: {problem}", file=sys.stderr, flush=True)
-        return
+    if not internals.usable(internals.EXCHANGE, "tensorflow"):
+        return  # (said once: TensorFlow's module is imported once)
     launcher_class = module.CollectiveReplicaLauncher
     original = launcher_class.all_reduce
     if getattr(original, "__tfrun_shm__", False):

@@ -104,6 +104,10 @@ def _glibc_mallopt():
 
 
 def _after_first_initialisation(context_module, mallopt, threshold: int) -> None:
+    from .compat import internals
+
+    if not internals.usable(internals.MMAP_THRESHOLD):
+        return
     context_class = context_module.Context
     original = context_class.ensure_initialized
 
@@ -121,6 +125,10 @@ def apply(mallopt, threshold: int) -> None:
     """Build TensorFlow's first ``GeneratorDataset`` kernel (its pin happens once per
     process), then set ``threshold`` and a trim threshold of twice it. Never raises: a
     failure only warns."""
+    from .compat import internals
+
+    if not internals.usable(internals.MMAP_KERNEL):
+        return
     try:
         from tensorflow.python.data.ops import dataset_ops
         from tensorflow.python.framework import dtypes, tensor_spec

@@ -141,6 +141,10 @@ def batch_size_of(x, batch_size: int | None = None) -> int | None:
         return None
     import tensorflow as tf
 
+    from .compat import internals
+
+    if not internals.usable(internals.READING, "tensorflow"):
+        return None
     dataset = x
     for _ in range(64):  # a pipeline is a chain of datasets, each with _input_dataset
         if not isinstance(dataset, tf.data.Dataset):

@@ -257,6 +257,10 @@ def configure_logical_devices(count: int) -> None:
 def _warn_when_devices_are_replaced(cpu, count: int) -> None:
     """A script that configures its own logical CPUs replaces ``tfrun --devices``: say so,
     with the count the run really gets (the launch banner printed tfrun's)."""
+    from .compat import internals
+
+    if not internals.usable(internals.DEVICES_NOTE):
+        return
     import warnings
 
     from tensorflow.python.eager import context

@@ -88,6 +88,10 @@ def prepare() -> None:
 def _default_communication_options(module) -> None:
     """``tfrun --comm``: a MultiWorkerMirroredStrategy the script makes without
     ``communication_options`` gets tfrun's (one it passes itself is left alone)."""
+    from .compat import internals
+
+    if not internals.usable(internals.COMM_DEFAULTS):
+        return
     from ..comm import from_env
 
     strategy_class = module.CollectiveAllReduceStrategy
@@ -169,6 +173,10 @@ def _keep_sigterm_disposition(context_module) -> None:
     ``Context.ensure_initialized``. ``contract.KEEP_TF_SIGTERM=1`` keeps TensorFlow's handler
     (for a script that relies on ``PreemptionCheckpointHandler``).
     """
+    from .compat import internals
+
+    if not internals.usable(internals.PROMPT_STOP):
+        return
     context_class = context_module.Context
     original = context_class.ensure_initialized
 

@@ -33,7 +33,6 @@ from typing import Callable, Sequence
 
 from ..errors import ConfigError
 from .compat import internals
-from .notes import say_once
 from .runtime import is_parameter_server_strategy
 from .saving import is_legacy_keras_model
 
@@ -283,15 +282,10 @@ class _PsTrainer:
         if not isinstance(sample, tuple):
             sample = (sample,)
         data_batch = tuple(sample) + (None,) * (3 - len(sample))
-        problem = internals.feature_problem(
-            internals.PS_FIT, "keras", "tfrun.fit builds the model by calling it on one batch "
-            "(the compiled metrics are then made on the first step, which a parameter-server "
-            "worker may refuse)")
         with self.strategy.scope():
-            if problem is None:
+            if internals.usable(internals.PS_FIT, "keras"):
                 model._symbolic_build(data_batch=data_batch)
             else:
-                say_once(problem, f"tfrun: {problem}")
                 model(data_batch[0], training=False)
             if not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)

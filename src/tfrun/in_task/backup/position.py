@@ -17,7 +17,7 @@ Keras offers no public hook for any of this: the private names used here come fr
 
 from __future__ import annotations
 
-import sys
+import inspect
 import weakref
 
 from ..compat import internals
@@ -28,10 +28,10 @@ __all__ = ["InputPosition", "LegacyInputPosition", "ResumePoint", "skip_batches"
 def _called_from_fit(depth: int) -> bool:
     """Whether the frame ``depth`` levels above the caller is a ``fit`` (Keras makes the
     training input's iterator there; evaluate and predict make theirs elsewhere)."""
-    try:
-        return sys._getframe(depth + 1).f_code.co_name == "fit"
-    except ValueError:
-        return False
+    frame = inspect.currentframe()
+    for _ in range(depth + 1):
+        frame = frame.f_back if frame is not None else None
+    return frame is not None and frame.f_code.co_name == "fit"
 
 
 class InputPosition:

@@ -23,6 +23,7 @@ import warnings
 
 from ... import contract
 from .._post_import import when_imported
+from . import internals
 
 __all__ = ["install", "apply_keras3_fixes", "apply_tf_keras_fixes", "applied", "FIX_NAMES"]
 
@@ -50,6 +51,10 @@ def _apply(module, fixes, version: str) -> list[str]:
             warnings.warn(f"tfrun: {module} compat fix {fix.name!r} was tested on {module} "
                           f"{', '.join(fix.tested)}; found {version}: skipped. Set "
                           f"{contract.COMPAT_FORCE}=1 to apply it anyway.", stacklevel=3)
+            continue
+        problem = internals.feature_problem(internals.fix_feature(fix.name))
+        if problem is not None:  # a Keras that renamed what the fix wraps: go without it
+            warnings.warn(f"tfrun: {module} compat fix {fix.name!r}: {problem}", stacklevel=3)
             continue
         fix.apply()
         _applied.append(fix.name)
