@@ -13,10 +13,10 @@ after the other (so the rounds interleave):
 * 1 process on 1 CPU, no strategy: the baseline;
 * by hand: one process per worker with a hand-written TF_CONFIG (the hosts' addresses),
   TensorFlow's collectives (gRPC ring) and heap setting -- what a user without tfrun gets
-  (Keras 3 through ``python -m tfrun.in_task.bootstrap`` only for its Keras 3 fixes, as in
+  (Keras 3 through ``python -m tfrun.in_task.start.bootstrap`` only for its Keras 3 fixes, as in
   bench_scaling.py; tf_keras plainly);
 * tfrun on every host (``tfrun --hosts node-1,node-2 --node-rank auto``), defaults: the
-  gradients go through tfrun's TCP exchange (``tfrun.in_task.tcp_allreduce``);
+  gradients go through tfrun's TCP exchange (``tfrun.in_task.exchange.tcp_allreduce``);
 * the same with ``--comm ring``: TensorFlow's collectives under tfrun.
 
 It prints samples/s (median over rounds), the efficiency -- samples/s over (the CPUs the
@@ -102,7 +102,7 @@ def one_process(hosts: FakeHosts, out: Path) -> float:
 def by_hand(hosts: FakeHosts, out: Path) -> float:
     places = [(i, PORT + k) for i in range(1, hosts.count + 1) for k in range(args.per_host)]
     cluster = {"worker": [f"{hosts.address(i)}:{port}" for i, port in places]}
-    start = [sys.executable] if args.keras == "2" else [sys.executable, "-m", "tfrun.in_task.bootstrap"]
+    start = [sys.executable] if args.keras == "2" else [sys.executable, "-m", "tfrun.in_task.start.bootstrap"]
     procs = [on_host(hosts, i, [*start, SCRIPT, str(out), *SCRIPT_ARGS],
                      ENV | {"TFRUN_COMM": "ring", "TF_CONFIG": json.dumps(
                          {"cluster": cluster, "task": {"type": "worker", "index": index}})})

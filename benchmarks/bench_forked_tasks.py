@@ -1,5 +1,5 @@
 """CPU and wall time of a whole run whose tasks are forks of the run's task starter
-(the default: TensorFlow imported once per host, ``tfrun.in_task.task_starter``) against
+(the default: TensorFlow imported once per host, ``tfrun.in_task.start.task_starter``) against
 tasks that each start a Python of their own (``TFRUN_FORK_TASKS=0``).
 
     python benchmarks/bench_forked_tasks.py [--rounds 3] [--workers 2]

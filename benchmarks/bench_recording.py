@@ -4,7 +4,7 @@
 
 Each round runs ``tfrun --workers 2`` on benchmarks/_scaling_worker.py (seed 000's MLP, weak
 scaling) twice, in alternating order: with tfrun's defaults (every fit recorded by
-tfrun.in_task.metrics, resources sampled every 2 s with the progress marks and the arrival
+tfrun.in_task.measure.metrics, resources sampled every 2 s with the progress marks and the arrival
 counts and times of tfrun's exchange, the launcher's hang and straggler clocks reading them,
 report.html written at the end) and with ``TFRUN_METRICS=0 TFRUN_REPORT=0`` (none of it). Steps/s comes from the script's own epoch
 timer (benchmarks/_epoch_timer.py), which is the same in both, so the recorder does not

@@ -8,13 +8,13 @@ after the other (so the rounds interleave):
 
 * 1 process pinned to 1 core, no strategy: the baseline;
 * 2 workers by hand: two processes with hand-written TF_CONFIGs (the seeds' way), started
-  as ``python -m tfrun.in_task.bootstrap`` so that they get tfrun's Keras 3 fixes (plain Keras 3
+  as ``python -m tfrun.in_task.start.bootstrap`` so that they get tfrun's Keras 3 fixes (plain Keras 3
   ``fit`` fails under MultiWorkerMirroredStrategy) but no launcher, no supervisor,
   TensorFlow's collectives (``TFRUN_COMM=ring``) and TensorFlow's 128 KiB mmap-threshold pin
   (no ``TFRUN_MMAP_THRESHOLD``): what a user without tfrun gets;
 * 2 workers under ``tfrun --workers 2`` with its defaults (all-reduce through shared
   memory: both workers are on this host; glibc's mmap threshold back at 32 MiB, see
-  ``tfrun.in_task.heap``; one CPU each, see ``tfrun.launch.devices``);
+  ``tfrun.in_task.start.heap``; one CPU each, see ``tfrun.launch.processes.devices``);
 * 2 workers under ``tfrun --comm ring --mmap-threshold tf --cpus-per-task 0``:
   TensorFlow's collectives and heap setting, CPUs shared, like by hand -- so tfrun /
   by-hand of this row is tfrun's own overhead;
@@ -77,7 +77,7 @@ def by_hand(out: Path) -> float:
             s.bind(("localhost", 0))
             ports.append(s.getsockname()[1])
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
-    procs = [subprocess.Popen([sys.executable, "-m", "tfrun.in_task.bootstrap", SCRIPT, str(out), *SCRIPT_ARGS],
+    procs = [subprocess.Popen([sys.executable, "-m", "tfrun.in_task.start.bootstrap", SCRIPT, str(out), *SCRIPT_ARGS],
                               env={**ENV, "TFRUN_COMM": "ring", "TF_CONFIG": json.dumps(
                                   {"cluster": cluster, "task": {"type": "worker", "index": i}})})
              for i in range(2)]

@@ -12,7 +12,7 @@ same in-memory tf.data pipeline, under
 * ``MultiWorkerMirroredStrategy()`` without TF_CONFIG: a one-worker cluster,
 
 each as a plain script runs it (reading a tf.distribute dataset makes TensorFlow pin glibc's
-mmap threshold at 128 KiB, see ``tfrun.in_task.heap``) and with tfrun's heap setting, as every
+mmap threshold at 128 KiB, see ``tfrun.in_task.start.heap``) and with tfrun's heap setting, as every
 tfrun task runs it.
 
 Each configuration runs in its own process (rounds interleave): one fit of two epochs of
@@ -29,7 +29,7 @@ import subprocess
 import sys
 
 #: name -> (strategy, heap): heap "tf" leaves glibc's mmap threshold as TensorFlow pins it
-#: (a plain script), "tfrun" arms tfrun.in_task.heap as every tfrun task does (the default 32M)
+#: (a plain script), "tfrun" arms tfrun.in_task.start.heap as every tfrun task does (the default 32M)
 CONFIGS = {"no strategy": ("none", "tf"),
            "no strategy, tfrun heap": ("none", "tfrun"),
            "MirroredStrategy, 1 CPU device": ("mirrored", "tf"),
@@ -41,7 +41,7 @@ _TASK = r"""
 import json, resource, sys, time
 kind, steps, heap = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if heap == "tfrun":
-    from tfrun.in_task import heap as tfrun_heap
+    from tfrun.in_task.start import heap as tfrun_heap
     tfrun_heap.install({"TFRUN_MMAP_THRESHOLD": "32M"})
 import keras, numpy as np, tensorflow as tf
 strategy = {"none": tf.distribute.get_strategy,

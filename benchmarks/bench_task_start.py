@@ -1,12 +1,12 @@
 """CPU time of a task's start and exit, with and without what tfrun does to shorten it:
 Python's garbage collector held back around TensorFlow's import and frozen at the task's
-exit (``tfrun.in_task.collector``), and Keras 3's scikit-learn wrappers and plotting
+exit (``tfrun.in_task.start.collector``), and Keras 3's scikit-learn wrappers and plotting
 helpers left to their first use (``tfrun.in_task.compat.deferred_imports``).
 
     python benchmarks/bench_task_start.py [--rounds 8] [--autograph]
 
 Each round starts the same task three times through tfrun's bootstrap (``python -m
-tfrun.in_task.bootstrap``, as every task of a run starts), one after the other: with
+tfrun.in_task.start.bootstrap``, as every task of a run starts), one after the other: with
 neither (``TFRUN_PYTHON_GC=untouched TFRUN_DEFER_IMPORTS=0``: the baseline), with the
 collector only (``TFRUN_DEFER_IMPORTS=0``), and with the default (both). The task imports
 TensorFlow and Keras, fits a small model for two epochs and exits; all are pinned to one
@@ -49,7 +49,7 @@ def one_task(extra: dict) -> tuple[float, float]:
         start = time.perf_counter()
         task = [TASK, "autograph"] if args.autograph else [TASK]
         proc = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m",
-                                 "tfrun.in_task.bootstrap", *task], env={**base_env, **extra},
+                                 "tfrun.in_task.start.bootstrap", *task], env={**base_env, **extra},
                                 stdout=subprocess.DEVNULL, stderr=errors)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start

@@ -6,7 +6,7 @@
                                                     # compares the bytes with the shipped copy
 
 The toolchain is pinned (Debian 12's gcc 12.2.0 and binutils 2.40; the flags are
-``tfrun.launch.loopback.BUILD_FLAGS``, the same a user's machine compiles with): with it,
+``tfrun.launch.network.loopback.BUILD_FLAGS``, the same a user's machine compiles with): with it,
 anyone gets the shipped bytes, so the binary can be checked against its source. The
 ``.sha256`` names both hashes (``cd src/tfrun/launch && sha256sum -c
 _loopback_bind.x86_64.sha256``); tfrun refuses a binary whose hash differs from it.
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from tfrun.launch.loopback import SOURCE, compile_command  # noqa: E402
+from tfrun.launch.network.loopback import SOURCE, compile_command  # noqa: E402
 
 #: The toolchain of the shipped copy: (command, its version as asked, the version wanted).
 PINNED = (("gcc", ["gcc", "-dumpfullversion"], "12.2.0"),

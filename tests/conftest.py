@@ -37,7 +37,7 @@ def processes_of_run(run_dir, launcher_pid: int | None = None) -> list[psutil.Pr
             # A run starter forked by the warm starter (and so its tasks) shows the warm
             # starter's environment: it is known by its title, its tasks as its children.
             line = " ".join(proc.cmdline()).split()
-            if line[2:4] == ["tfrun.in_task.task_starter", "--warm"] and line[4:5] == [run_dir]:
+            if line[2:4] == ["tfrun.in_task.start.task_starter", "--warm"] and line[4:5] == [run_dir]:
                 found += [p for p in [proc, *proc.children(recursive=True)]
                           if p.status() != psutil.STATUS_ZOMBIE]
                 continue
@@ -233,7 +233,7 @@ def assert_nothing_left(run: Run, timeout: float = 5.0) -> None:
             raise AssertionError(f"processes left behind: {[(p.pid, p.cmdline()) for p in alive]}")
         time.sleep(0.1)
     if run.proc is not None:
-        from tfrun.launch.cgroups import own_cgroup_dir
+        from tfrun.launch.processes.cgroups import own_cgroup_dir
 
         base = own_cgroup_dir()
         left = list(base.glob(f"tfrun-{run.proc.pid}-*")) if base is not None else []
@@ -314,7 +314,7 @@ def exactness_reference(tmp_path_factory):
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
         if flavour == "2":
             env.update(TFRUN_KERAS="2", TF_USE_LEGACY_KERAS="1")
-        done = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap",
+        done = subprocess.run([sys.executable, "-m", "tfrun.in_task.start.bootstrap",
                                str(ROOT / "tests" / "scripts" / "exactness.py"), "reference",
                                str(tmp / "ref")], env=env, cwd=ROOT, capture_output=True,
                               text=True, timeout=300)
@@ -456,8 +456,8 @@ def _nothing_left_by_an_engine(request):
     if not {"slurm", "ray"} & {mark.name for mark in request.node.iter_markers()}:
         yield
         return
-    from tfrun.launch import run_tmp
-    from tfrun.launch.cgroups import described, own_cgroup_dir, sweep_ended
+    from tfrun.launch.processes import run_tmp
+    from tfrun.launch.processes.cgroups import described, own_cgroup_dir, sweep_ended
 
     base, started = own_cgroup_dir(), time.time()
     yield

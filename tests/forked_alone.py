@@ -4,7 +4,7 @@ Python per pytest worker that has imported TensorFlow already, instead of a Pyth
 Why: a test such as tests/integration/test_corpus.py runs its program alone beside the same
 program under tfrun; the alone run spent 5-7 of its 7 CPU seconds importing TensorFlow and
 Keras, about 100 CPU seconds over the suite (the product's task starter does the same for
-tasks: ``tfrun.in_task.task_starter``).
+tasks: ``tfrun.in_task.start.task_starter``).
 
 What: ``start(argv, env, cwd, stdout, stderr)`` returns a ``Forked`` (``pid``, ``wait``,
 ``kill``, ``poll``) for ``argv`` = ``[python, program, *args]`` or ``[python, "-c", code,
@@ -31,7 +31,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tfrun.launch.forked_tasks import ForkedTask, same_at_import
+from tfrun.launch.processes.forked_tasks import ForkedTask, same_at_import
 
 __all__ = ["OFF", "Forked", "start"]
 

@@ -93,7 +93,7 @@ def isolate_worker(worker: str) -> None:
     own_tmp.mkdir(exist_ok=True)
     os.environ["TMPDIR"] = str(own_tmp)
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-    from tfrun.launch import cgroups
+    from tfrun.launch.processes import cgroups
 
     if not cgroups.available():
         return

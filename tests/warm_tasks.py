@@ -1,4 +1,4 @@
-"""The tests' warm task starters (``tfrun.in_task.warm_starter``): per pytest process and
+"""The tests' warm task starters (``tfrun.in_task.start.warm_starter``): per pytest process and
 environment at import (Keras 3, tf_keras), started at the first local run that needs them,
 which every later such run forks its tasks from.
 
@@ -85,7 +85,7 @@ def _start(key: tuple, runs: str) -> None:
         path = Path(tempfile.mkdtemp(prefix="warm-starter-")) / "socket"
         with open(path.parent / "warm-starter.log", "wb") as log:
             _started[key, runs] = (subprocess.Popen(
-                [sys.executable, "-m", "tfrun.launch.warm_starter", "--runs", runs,
+                [sys.executable, "-m", "tfrun.launch.processes.warm_starter", "--runs", runs,
                  "--ignore-env", "PYTEST_CURRENT_TEST", str(path)],
                 env={**os.environ, **dict(key), "TFRUN_SUPERVISOR_PID": str(os.getpid())},
                 cwd=str(Path(__file__).resolve().parent.parent), stdin=subprocess.DEVNULL,

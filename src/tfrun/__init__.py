@@ -18,9 +18,10 @@ from __future__ import annotations
 from .in_task.backup import backup_and_restore
 from .errors import ClusterTimeout, ConfigError, TaskFailed, TfrunError
 from .in_task.evaluator import chief_output_dir, sidecar_evaluate
-from .in_task.runtime import (TaskInfo, global_batch_size, is_chief, output_dir, strategy, task,
-                      tensorboard_dir, training_done)
-from .in_task.metrics import log_metrics
+from .in_task.runtime import (
+    TaskInfo, global_batch_size, is_chief, output_dir, strategy, task, tensorboard_dir,
+    training_done)
+from .in_task.measure.metrics import log_metrics
 from .in_task.saving import save
 from .in_task.train import evaluate, fit
 

@@ -7,9 +7,9 @@ without ``communication_options``) get it as
 
 Syntax: comma-separated ``IMPLEMENTATION`` and ``key=value`` items. Implementations:
 ``auto`` (the default) -- on CPU, tfrun's shared-memory all-reduce when every worker is on one
-host (see ``tfrun.in_task.shm_allreduce``), its TCP all-reduce when every worker is on a host of
-its own (``tfrun.in_task.tcp_allreduce``), both in turn when every host runs the same number
-of workers (``tfrun.in_task.hierarchical_allreduce``), TensorFlow's choice otherwise (GPUs,
+host (see ``tfrun.in_task.exchange.shm_allreduce``), its TCP all-reduce when every worker is on a host of
+its own (``tfrun.in_task.exchange.tcp_allreduce``), both in turn when every host runs the same number
+of workers (``tfrun.in_task.exchange.hierarchical_allreduce``), TensorFlow's choice otherwise (GPUs,
 uneven hosts); ``shm`` -- shared memory, an error when the workers span hosts;
 ``tcp`` -- tfrun's TCP exchange between every chief/worker, wherever they are; ``ring``,
 ``nccl`` -- TensorFlow's.

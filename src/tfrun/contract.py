@@ -62,7 +62,7 @@ DEVICES = "TFRUN_DEVICES"
 CPUS = "TFRUN_CPUS"
 #: Collective communication options (``tfrun.comm``'s text form).
 COMM = "TFRUN_COMM"
-#: glibc's mmap threshold in the task (``tfrun.in_task.heap``).
+#: glibc's mmap threshold in the task (``tfrun.in_task.start.heap``).
 MMAP_THRESHOLD = "TFRUN_MMAP_THRESHOLD"
 #: How many replicas ``global_batch_size`` counts (set by ``tfrun bench --strong``).
 BATCH_REPLICAS = "TFRUN_BATCH_REPLICAS"
@@ -88,7 +88,7 @@ COMPAT_FORCE = "TFRUN_COMPAT_FORCE"
 SHM_KERNEL = "TFRUN_SHM_KERNEL"
 #: Where the native exchange is built and cached.
 CACHE_DIR = "TFRUN_CACHE_DIR"
-#: The loopback bind library of local clusters (launch/loopback.py): "shipped" (default: the
+#: The loopback bind library of local clusters (launch/network/loopback.py): "shipped" (default: the
 #: copy built for this architecture, else compiled), "build" (always compile), "off" (none).
 LOOPBACK_BIND = "TFRUN_LOOPBACK_BIND"
 #: Seconds a task has from a stop notice (SIGTERM) to its agreed backup (``--preemption-grace``;
@@ -100,7 +100,7 @@ PREEMPTION_GRACE = "TFRUN_PREEMPTION_GRACE"
 BACKUP_WRITE = "TFRUN_BACKUP_WRITE"
 #: "1": leave TensorFlow's own SIGTERM handling in place.
 KEEP_TF_SIGTERM = "TFRUN_KEEP_TF_SIGTERM"
-#: "untouched": leave Python's garbage collector as Python sets it (``tfrun.in_task.collector``).
+#: "untouched": leave Python's garbage collector as Python sets it (``tfrun.in_task.start.collector``).
 PYTHON_GC = "TFRUN_PYTHON_GC"
 #: "0": Keras 3's scikit-learn wrappers, plotting helpers and IPython load at ``import
 #: keras``, as without tfrun, instead of at their first use
@@ -127,17 +127,17 @@ PRIVATE_TMP = "TFRUN_PRIVATE_TMP"
 
 # --------------------------------------------------------------------------- launcher only
 #: "0": every task is a Python of its own that imports TensorFlow, instead of a fork of the
-#: run's task starter on its host, which imported it once (``tfrun.in_task.task_starter``;
+#: run's task starter on its host, which imported it once (``tfrun.in_task.start.task_starter``;
 #: the default, "1").
 FORK_TASKS = "TFRUN_FORK_TASKS"
-#: The path of a warm task starter's socket (``python -m tfrun.launch.warm_starter PATH``),
+#: The path of a warm task starter's socket (``python -m tfrun.launch.processes.warm_starter PATH``),
 #: or several joined by ``:`` (asked in turn): a run on this host forks its tasks from the
 #: first such long-lived process that may serve it, which imported TensorFlow once for
 #: every run, instead of starting a starter of its own (when none can serve the run, it does).
 WARM_STARTER = "TFRUN_WARM_STARTER"
 #: Variables (names joined by ",") a warm starter lets differ between its own environment
 #: and a run's, besides ``AFTER_IMPORT``: ones your runs set that TensorFlow's import does
-#: not read (``python -m tfrun.launch.warm_starter --ignore-env NAME``).
+#: not read (``python -m tfrun.launch.processes.warm_starter --ignore-env NAME``).
 WARM_STARTER_IGNORES = "TFRUN_WARM_STARTER_IGNORES"
 #: "0": no report.html at the end of a run.
 REPORT = "TFRUN_REPORT"
@@ -187,7 +187,7 @@ TF_CONFIG_REPLACED = "tfrun: WARNING: the script replaced the TF_CONFIG tfrun se
 #: and reports it in the summary (the launch banner can only say what tfrun asked for).
 DEVICES_REPLACED = "tfrun: the script configures "
 
-#: Start of a metrics record line (``tfrun:metrics {json}``, see ``tfrun.in_task.metrics``):
+#: Start of a metrics record line (``tfrun:metrics {json}``, see ``tfrun.in_task.measure.metrics``):
 #: the supervisor writes the JSON to ``<run dir>/metrics/<task>.jsonl`` and keeps the line
 #: off the console.
 METRICS_LINE = "tfrun:metrics "
@@ -207,7 +207,7 @@ TRAINING_EVENTS = (PREEMPTED_EVENT, RESUMED_EVENT, STOPPED_EVENT)
 
 # ---------------------------------------------------------------- what a task is doing
 #: A resources sample's ``doing``: what the task's main thread does now
-#: (``tfrun.in_task.progress``). The launcher's hang clock gives steps, and the time between
+#: (``tfrun.in_task.measure.progress``). The launcher's hang clock gives steps, and the time between
 #: them, the step limit, and every other phase the longer phase limit. Before the first step
 #: (imports, the strategy, the model, tracing):
 PHASE_SETUP = "setup"

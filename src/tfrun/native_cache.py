@@ -1,8 +1,8 @@
 """Compile a source file that ships with tfrun once per machine, into a private cache.
 
 Both sides use it: the task side builds the native shared-memory exchange
-(``in_task/_native.py``), the launcher builds the loopback bind library
-(``launch/loopback.py``). The cache is ``contract.CACHE_DIR`` (else ``$XDG_CACHE_HOME/tfrun``,
+(``in_task/exchange/_native.py``), the launcher builds the loopback bind library
+(``launch/network/loopback.py``). The cache is ``contract.CACHE_DIR`` (else ``$XDG_CACHE_HOME/tfrun``,
 else ``~/.cache/tfrun``); a build is named after a hash of everything that shapes it, so a
 later run, or another process of this one, loads it from there. Processes that start
 together build it once (a file lock); a reader never sees half a file (written aside, then

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.tf
 PROBE = """
 import json, sys, warnings
 warnings.simplefilter("always")
-from tfrun.in_task import setup as _task_setup, compat
+from tfrun.in_task.start import setup as _task_setup
+from tfrun.in_task import compat
 _task_setup.prepare()
 before = compat.applied()
 with warnings.catch_warnings(record=True) as caught:

@@ -138,7 +138,7 @@ def test_too_few_devices_fails_before_anything_starts(tmp_path, flags, named):
 
 
 def test_mmap_threshold_keeps_matmul_buffers_off_fresh_mmaps(tmp_path):
-    """tfrun.in_task.heap with real TensorFlow: after a tf.distribute dataset is read (TensorFlow pins
+    """tfrun.in_task.start.heap with real TensorFlow: after a tf.distribute dataset is read (TensorFlow pins
     glibc's mmap threshold at 128 KiB then), tfrun's default gives MatMuls their buffers back
     from the heap; ``--mmap-threshold tf`` keeps TensorFlow's pin, and each call page-faults
     its buffers in again (the probe's count, not a time: the effect on steps is measured by

@@ -25,7 +25,7 @@ FLAGS = ["--workers", "2", "--stop-grace", "3", "--join-timeout", "40", "--step-
 def _memory_cgroup(tmp_path: Path, limit: int) -> Path:
     """A memory cgroup with ``limit`` bytes, next to this process's (v1's memory hierarchy
     here; v2 where its memory controller is on), for the run to start in."""
-    from tfrun.launch.cgroups import own_cgroup_dir
+    from tfrun.launch.processes.cgroups import own_cgroup_dir
     v2 = own_cgroup_dir()
     control = None if v2 is None else v2 / "cgroup.subtree_control"
     if control is not None and control.exists() and "memory" in control.read_text().split():

@@ -1,5 +1,5 @@
-"""Tasks forked from the run's task starter (tfrun.in_task.task_starter: the default), from
-a warm starter that serves many runs (tfrun.in_task.warm_starter), and tasks that start a
+"""Tasks forked from the run's task starter (tfrun.in_task.start.task_starter: the default), from
+a warm starter that serves many runs (tfrun.in_task.start.warm_starter), and tasks that start a
 Python of their own (TFRUN_FORK_TASKS=0, or a script that imports no TensorFlow): real
 TensorFlow tasks, a real MWMS cluster."""
 
@@ -90,7 +90,7 @@ def warm_starter(tmp_path):
     path = tmp_path / "warm.sock"
     log = tmp_path / "warm.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "tfrun.launch.warm_starter",
+        process = subprocess.Popen([sys.executable, "-m", "tfrun.launch.processes.warm_starter",
                                      "--ignore-env", "PYTEST_CURRENT_TEST", str(path)],
                                    env={k: v for k, v in os.environ.items()
                                         if k != warm_tasks.VARIABLE},
@@ -151,8 +151,8 @@ def test_a_warm_starter_serves_no_launcher_whose_tasks_it_would_start_differentl
     agent on a fake host): the warm starter says why not, the launcher notes it in the
     starter's log and starts its own; a path where none listens is no warm starter. A
     launcher it may serve gets a run starter, which ends when the launcher closes it."""
-    from tfrun.launch.forked_tasks import TaskStarter
-    from tfrun.launch.warm_starter import task_start_env
+    from tfrun.launch.processes.forked_tasks import TaskStarter
+    from tfrun.launch.processes.warm_starter import task_start_env
 
     process, path, _log = warm_starter
     # What a task starts with (and so the warm starter): unbuffered, the loopback library.
@@ -185,7 +185,7 @@ def test_a_warm_starter_serves_no_launcher_whose_tasks_it_would_start_differentl
                                         {**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, str(ROOT), listed)
     assert refused is None and "no warm task starter served this run" in listed.read_text()
     if os.geteuid() == 0:
-        probe = ("import sys; from tfrun.launch.forked_tasks import TaskStarter; "
+        probe = ("import sys; from tfrun.launch.processes.forked_tasks import TaskStarter; "
                  f"print(TaskStarter.connect({str(path)!r}, sys.executable, {env!r}, "
                  f"{str(ROOT)!r}, None))")
         other_net = subprocess.run(["unshare", "--net", sys.executable, "-c", probe], env=env,

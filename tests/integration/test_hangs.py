@@ -1,6 +1,6 @@
 """A stuck worker is found by progress, named with its stack, and the other labelled as
 waiting for it; a worker whose CPU another process shares is named as a straggler while the
-run goes on (issue 44: tfrun.launch.supervise.hang and .stragglers, tfrun.in_task.progress
+run goes on (issue 44: tfrun.launch.supervise.hang and .stragglers, tfrun.in_task.measure.progress
 and .contention)."""
 
 import json
@@ -160,8 +160,8 @@ def test_a_worker_sharing_its_cpu_with_another_process_is_named_a_straggler_with
         return
     page = (slowed.run_dir / "report.html").read_text()
     assert "<b>Straggler</b>: worker:1 (host " in page.split("<h2>Numbers</h2>")[0], page[:3000]
-    from tfrun.launch.report import load_run
-    from tfrun.launch.report_progress import plot_step_rates
+    from tfrun.launch.results.report import load_run
+    from tfrun.launch.results.report_progress import plot_step_rates
 
     steps, others = plot_step_rates(load_run(slowed.run_dir)).axes
     rates = {l.get_label(): l.get_ydata() for l in steps.get_lines()}

@@ -105,7 +105,7 @@ def test_exact_against_single_process(setup, reference, workdir):
         # The task side runs apart from the launcher: a task (MWMS fit included) loads
         # no launcher, CLI, supervisor or engine module.
         loaded = [str(m) for m in got["tfrun_modules"]]
-        assert "tfrun.in_task.setup" in loaded and "tfrun.in_task.metrics" in loaded, loaded
+        assert "tfrun.in_task.start.setup" in loaded and "tfrun.in_task.measure.metrics" in loaded, loaded
         assert [m for m in loaded if any(word in m for word in LAUNCHER_WORDS)] == [], loaded
         assert str(got["strategy"]) == EXPECTED_STRATEGY[setup]
         assert int(got["num_replicas"]) == 2

@@ -196,7 +196,7 @@ def run_readme_line(command: str, workdir):
 
 
 def epochs_recorded(run_dir) -> dict[str, int]:
-    """task file -> its epoch records in the run's metrics/ (what tfrun.in_task.metrics wrote)."""
+    """task file -> its epoch records in the run's metrics/ (what tfrun.in_task.measure.metrics wrote)."""
     return {p.stem: sum(json.loads(l)["event"] == "epoch" for l in p.read_text().splitlines())
             for p in sorted((run_dir / "metrics").glob("*.jsonl"))}
 

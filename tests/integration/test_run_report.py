@@ -14,9 +14,9 @@ import pytest
 
 from conftest import REPORT_ON, ROOT, Run, assert_nothing_left
 
-from tfrun.launch.report import (load_run, plot_metrics, plot_resources, plot_throughput,
+from tfrun.launch.results.report import (load_run, plot_metrics, plot_resources, plot_throughput,
                                  plot_timeline, write_comparison)
-from tfrun.launch.runstats import compare, read_run, table_cells
+from tfrun.launch.results.runstats import compare, read_run, table_cells
 
 pytestmark = pytest.mark.tf
 SCRIPT = str(ROOT / "tests" / "scripts" / "report_fit.py")

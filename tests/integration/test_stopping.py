@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from conftest import Run, assert_nothing_left, processes_of_run
-from tfrun.launch import cgroups
+from tfrun.launch.processes import cgroups
 
 pytestmark = pytest.mark.tf
 
@@ -47,7 +47,7 @@ def test_ctrl_c_stops_a_mwms_cluster_by_sigterm_and_leaves_no_helper_or_scratch_
     # (forks of the run's task starter: tfrun's grandchildren, or the tests' warm starter's
     # when it served the run -- processes_of_run finds both)
     task_groups = {os.getpgid(p.pid) for p in processes_of_run(run.run_dir, run.proc.pid)
-                   if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())}
+                   if "tfrun.in_task.start.bootstrap" in " ".join(p.cmdline())}
     assert len(task_groups) == 2 and not task_groups & {os.getpgid(h.pid) for h in helpers}
     private = reports["worker:1"]["output"]
     assert private.startswith(str(run.run_dir / ".tfrun" / "scratch"))

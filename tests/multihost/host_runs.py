@@ -89,7 +89,7 @@ def _new_tfrun_cgroups() -> list[Path]:
     """tfrun's task cgroups (``tfrun-<pid>-...``, made by a launcher or a host's agent:
     the fake hosts share this machine's cgroup tree, and their processes are in this
     worker's cgroup, started from here) made since this module was loaded."""
-    from tfrun.launch.cgroups import own_cgroup_dir
+    from tfrun.launch.processes.cgroups import own_cgroup_dir
 
     base = own_cgroup_dir()
     if base is None:
@@ -195,14 +195,14 @@ def _cgroups_and_directories_left(hosts) -> list[str]:
 def _describe_cgroup(path: Path) -> str:
     """``tfrun-1-ab: .../worker-1-1 (pids 12 D python3)``: what a leftover cgroup holds,
     each cgroup under it described as tfrun itself says it could not remove one."""
-    from tfrun.launch.cgroups import described
+    from tfrun.launch.processes.cgroups import described
 
     return f"{path.name}: " + "; ".join(
         described(child) for child in sorted(d for d in path.rglob("*") if d.is_dir()))
 
 
 def _remove_cgroup_tree(path: Path) -> None:
-    from tfrun.launch.cgroups import kill
+    from tfrun.launch.processes.cgroups import kill
 
     kill(path)
     for child in sorted((d for d in path.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):

@@ -204,7 +204,7 @@ def test_elastic_too_few_hosts_left_names_the_lost_host_that_does_not_answer_and
 
 
 def _kill_task_on(hosts, i: int) -> None:
-    tasks = [p for p in hosts.tfrun_processes(i) if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())]
+    tasks = [p for p in hosts.tfrun_processes(i) if "tfrun.in_task.start.bootstrap" in " ".join(p.cmdline())]
     assert len(tasks) == 1, tasks
     tasks[0].kill()
 

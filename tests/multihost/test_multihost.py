@@ -198,7 +198,7 @@ def _run_on_a_cpu_each(hosts, tmp_path: Path, name: str, steps: int,
     run.wait_for("cluster formed")
     for host, cpu in ((1, cpus[0]), (2, cpus[1])) if pinned else ():
         (task,) = [p for p in hosts.tfrun_processes(host)
-                   if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())]
+                   if "tfrun.in_task.start.bootstrap" in " ".join(p.cmdline())]
         _pin_every_thread(task.pid, cpu)
     return run, cpus
 
@@ -241,7 +241,7 @@ def test_ssh_a_worker_whose_cpu_another_process_takes_is_named_a_straggler_over_
         competitor.kill()
         competitor.wait()
     assert run.wait(300) == 0, run.stdout[-4000:]
-    from tfrun.launch.report import load_run
+    from tfrun.launch.results.report import load_run
 
     samples = [r for r in load_run(tmp_path / "slowed").metrics["worker:1"]
                if r.get("event") == "resources"]
@@ -491,7 +491,7 @@ def test_pernode_worker_killed_on_host_2_fails_both_nodes_within_the_bound(fake_
                          [MAIN_JOB, "--epochs", "500"])
     hub.wait_for("cluster formed")
     time.sleep(2)
-    workers = [p for p in fake_hosts.tfrun_processes(2) if "tfrun.in_task.bootstrap" in " ".join(p.cmdline())]
+    workers = [p for p in fake_hosts.tfrun_processes(2) if "tfrun.in_task.start.bootstrap" in " ".join(p.cmdline())]
     assert len(workers) == 1
     workers[0].send_signal(signal.SIGKILL)
     killed = time.monotonic()

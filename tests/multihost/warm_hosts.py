@@ -1,4 +1,4 @@
-"""Warm task starters on the fake hosts (``tfrun.launch.warm_starter --runs multi-host``):
+"""Warm task starters on the fake hosts (``tfrun.launch.processes.warm_starter --runs multi-host``):
 one per host, kind of node agent and environment at import, started at the first run that
 needs it, which every later such run's agent on that host forks its tasks from.
 
@@ -72,7 +72,7 @@ def env(hosts, args: list[str], launcher_env: dict[str, str]) -> dict[str, str]:
         at_import["TF_USE_LEGACY_KERAS"] = "1"
     # Not what may differ between runs it serves (tfrun's own, the test's name, ...): one
     # warm starter for them all.
-    from tfrun.in_task.warm_starter import AFTER_IMPORT
+    from tfrun.in_task.start.warm_starter import AFTER_IMPORT
 
     at_import = {k: v for k, v in at_import.items()
                  if not k.startswith("TFRUN_") and k not in AFTER_IMPORT | {"PYTEST_CURRENT_TEST"}}
@@ -91,7 +91,7 @@ def _start(hosts, i: int, kind: str, at_import: dict[str, str], path: str) -> No
     if known is not None and known[0].poll() is None:
         return
     log = hosts.workdir / f"warm-node-{i}-{Path(path).stem}.log"
-    starter = [sys.executable, "-m", "tfrun.launch.warm_starter", "--runs", "multi-host",
+    starter = [sys.executable, "-m", "tfrun.launch.processes.warm_starter", "--runs", "multi-host",
                "--ignore-env", "PYTEST_CURRENT_TEST", path]
     with open(log, "wb") as out:
         if kind == "ssh":

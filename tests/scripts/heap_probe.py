@@ -1,4 +1,4 @@
-"""Counts the page faults of MatMuls after a tf.distribute dataset has been read (tfrun.in_task.heap).
+"""Counts the page faults of MatMuls after a tf.distribute dataset has been read (tfrun.in_task.start.heap).
 
     tfrun --workers 1 heap_probe.py            # tfrun's default --mmap-threshold
     tfrun --workers 1 --mmap-threshold tf heap_probe.py

@@ -258,7 +258,7 @@ def test_elastic_a_lost_node_leaves_the_other_to_go_on_and_is_taken_back(slurm, 
     kill(node2)
     wait_for_step(1, 70)  # re-formed on tfrun-node1 alone, and training again
     tasks = [pid for pid in job.processes("tfrun-node1")
-             if b"tfrun.in_task.bootstrap" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+             if b"tfrun.in_task.start.bootstrap" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(tasks) == 1, tasks
     kill(tasks)
     state, code = job.wait()

@@ -15,7 +15,7 @@ from tfrun.cluster import TaskId
 from tfrun.launch.remote.links import NodeLink
 from tfrun.launch.engines.base import TaskSpec
 from tfrun.launch.remote.protocol import Channel
-from tfrun.launch.rendezvous import JoinProbe
+from tfrun.launch.network.rendezvous import JoinProbe
 
 
 def start_agent(run_dir: Path, heartbeat: float = 5.0):
@@ -109,7 +109,7 @@ def test_agent_stops_every_task_and_grandchild_when_the_controller_is_gone(tmp_p
 
 
 def test_join_probe_sees_a_listener_and_not_a_held_port():
-    from tfrun.launch.ports import PortReservation
+    from tfrun.launch.network.ports import PortReservation
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

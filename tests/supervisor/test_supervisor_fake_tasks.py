@@ -318,7 +318,7 @@ def test_tfrun_sigkilled_leaves_no_task_or_grandchild(fake_run):
 
 @pytest.mark.parametrize("ending", ["task exits", "tfrun SIGKILLed"])
 def test_a_helper_that_left_its_task_s_process_group_dies_with_the_task(fake_run, ending):
-    from tfrun.launch import cgroups
+    from tfrun.launch.processes import cgroups
 
     if not cgroups.available():
         if os.environ.get("CI"):
@@ -623,7 +623,7 @@ def test_a_script_that_sets_its_own_tf_config_is_warned_at_once_and_named_at_the
 def test_hang_timeout_names_the_silent_task_with_its_stack(fake_run, stuck):
     # worker:0 keeps printing; worker:1 goes silent after joining (stuck in Python, or
     # SIGSTOPped). Without --hang-timeout nothing would ever end this run.
-    # The tasks' resource samplers (tfrun.in_task.metrics, a daemon thread) print every 0.5 s
+    # The tasks' resource samplers (tfrun.in_task.measure.metrics, a daemon thread) print every 0.5 s
     # meanwhile: a sample is no progress, or a task stuck in Python would never be found.
     run = fake_run(["--workers", "2", "--hang-timeout", "2", *FAST],
                    f"worker:1=listen,print:joined,{stuck};*=listen,tick",

@@ -1,4 +1,4 @@
-"""Which all-reduces tfrun's exchange takes over (tfrun.in_task.allreduce), with a stand-in
+"""Which all-reduces tfrun's exchange takes over (tfrun.in_task.exchange.allreduce), with a stand-in
 for TensorFlow's per-replica collective launcher (a pure unit test: no cluster). The GPU
 path cannot run here: these check that a GPU replica's all-reduce goes to TensorFlow's own
 launcher (NCCL on a GPU host) untouched, and never forms a TCP group."""
@@ -11,8 +11,8 @@ tf = pytest.importorskip("tensorflow")
 
 from tensorflow.python.distribute import collective_util  # noqa: E402
 
-from tfrun.in_task import allreduce  # noqa: E402
-from tfrun.in_task.tcp_allreduce import TcpPlan  # noqa: E402
+from tfrun.in_task.exchange import allreduce  # noqa: E402
+from tfrun.in_task.exchange.tcp_allreduce import TcpPlan  # noqa: E402
 
 PLAN = TcpPlan(rank=0, names=("worker:0", "worker:1"), hosts=("node-1", "node-2"))
 

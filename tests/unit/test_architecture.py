@@ -224,3 +224,15 @@ def test_nothing_the_supervisor_builds_on_imports_it():
                     for target in _imports(name, path, known)
                     if target.startswith("tfrun.launch.supervise"))
     assert not upward, upward
+
+
+def test_no_engine_and_nothing_below_the_orchestrator_imports_it():
+    """``tfrun.launch.run`` (supervise, summarise, report) sits above the engines: the
+    orchestrator hands its ``supervise`` to the engine it chose. No engine, and nothing the
+    engines or the dry run build on, imports it."""
+    modules = _modules()
+    known = set(modules)
+    upward = sorted(f"{name} -> tfrun.launch.run" for name, path in modules.items()
+                    if name.startswith("tfrun.launch.") and name != "tfrun.launch.run"
+                    and "tfrun.launch.run" in _imports(name, path, known))
+    assert not upward, upward

@@ -124,9 +124,9 @@ def test_a_missing_tensorflow_internal_leaves_the_all_reduce_to_tensorflow(monke
     inside a traced step)."""
     from types import SimpleNamespace
 
-    from tfrun.in_task import allreduce
+    from tfrun.in_task.exchange import allreduce
 
-    bogus = internals.Internal("tensorflow", "tfrun.in_task.allreduce", None,
+    bogus = internals.Internal("tensorflow", "tfrun.in_task.exchange.allreduce", None,
                                "_renamed_in_a_later_tensorflow", "the launcher's group",
                                feature=internals.EXCHANGE)
     monkeypatch.setattr(internals, "INTERNALS", (bogus,))
@@ -140,7 +140,7 @@ def test_a_missing_tensorflow_internal_leaves_the_all_reduce_to_tensorflow(monke
                     plan=None)
     assert CollectiveReplicaLauncher().all_reduce() == "TensorFlow's"
     said = capsys.readouterr().err
-    assert "lacks tfrun.in_task.allreduce._renamed_in_a_later_tensorflow" in said, said
+    assert "lacks tfrun.in_task.exchange.allreduce._renamed_in_a_later_tensorflow" in said, said
     assert "tfrun's exchange needs: this task's all-reduces go through TensorFlow's" in said
 
 

@@ -1,4 +1,4 @@
-"""Task cgroups (launch/cgroups.py) against this machine's real cgroup v2 tree: what
+"""Task cgroups (launch/processes/cgroups.py) against this machine's real cgroup v2 tree: what
 ``close`` removes, what it says when something cannot be removed, and what a new
 backend removes of the ones ended backends left."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tfrun.launch import cgroups
-from tfrun.launch.cgroups import TaskCgroups
+from tfrun.launch.processes import cgroups
+from tfrun.launch.processes.cgroups import TaskCgroups
 
 pytestmark = pytest.mark.skipif(not cgroups.available(),
                                 reason="needs a writable cgroup v2 (run as root)")
@@ -75,10 +75,10 @@ def _owner_killed_with_its_reaper(tmp_path) -> Path:
     job step): the cgroups it leaves."""
     owner = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        "from tfrun.launch.cgroups import TaskCgroups\n"
+        "from tfrun.launch.processes.cgroups import TaskCgroups\n"
         "groups = TaskCgroups.create()\n"
         "groups.make('worker-1-1')\n"
-        "reaper = subprocess.Popen([sys.executable, '-m', 'tfrun.launch.reaper'],"
+        "reaper = subprocess.Popen([sys.executable, '-m', 'tfrun.launch.processes.reaper'],"
         " stdin=subprocess.PIPE, text=True)\n"
         "reaper.stdin.write(f'+{groups.parent}\\n'); reaper.stdin.flush()\n"
         "print(groups.parent, reaper.pid, flush=True)\n"

@@ -110,7 +110,7 @@ def test_dry_run_prints_every_task_s_tf_config_and_creates_nothing(tmp_path, fla
     assert len(tasks) == len(hosts) and len(set(tasks)) == len(tasks), out.stdout
     addresses = [a for c in configs[:1] for role in c["cluster"].values() for a in role]
     assert [a.rsplit(":", 1)[0] for a in addresses] == hosts
-    assert out.stdout.count("-m tfrun.in_task.bootstrap train.py --lr 1") == len(hosts)
+    assert out.stdout.count("-m tfrun.in_task.start.bootstrap train.py --lr 1") == len(hosts)
     # The plan's budgets and clocks; a PS cluster's ps and workers serve, never run the script.
     assert "restarts   : max 0; join timeout 300s" in out.stdout
     assert out.stdout.count("(serves as a tf.distribute.Server") == (2 + 1 if "--ps" in flags

@@ -1,4 +1,4 @@
-"""tfrun.in_task.collector: Python's garbage collector held back while TensorFlow imports and
+"""tfrun.in_task.start.collector: Python's garbage collector held back while TensorFlow imports and
 at a task's exit, through the real bootstrap. What it saves: benchmarks/bench_task_start.py."""
 
 import gc
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tfrun.in_task import collector
+from tfrun.in_task.start import collector
 
 #: A task script that reports what the collector looked like at each point it cares about.
 PROBE = """
@@ -40,7 +40,7 @@ def _probe(tmp_path, **env) -> tuple[int, dict, str]:
     script = tmp_path / "probe.py"
     script.write_text(textwrap.dedent(PROBE))
     base = {k: v for k, v in os.environ.items() if not k.startswith("TFRUN_")}
-    result = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", str(script)],
+    result = subprocess.run([sys.executable, "-m", "tfrun.in_task.start.bootstrap", str(script)],
                             env={**base, "PROBE_MARK": str(tmp_path / "finalized"), **env},
                             capture_output=True, text=True, timeout=120)
     lines = [l for l in result.stdout.splitlines() if l.startswith("probe ")]

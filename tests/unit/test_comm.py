@@ -58,7 +58,7 @@ def test_comm_flag_is_validated_into_the_config_and_the_task_env(tmp_path):
 
 def test_plain_strategy_gets_tfrun_options_unless_it_passes_its_own(monkeypatch):
     # A stand-in for TensorFlow's module (pure unit test; the real one: test_devices_and_comm).
-    from tfrun.in_task import setup as _task_setup
+    from tfrun.in_task.start import setup as _task_setup
 
     made = []
 

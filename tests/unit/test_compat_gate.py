@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tfrun.in_task import compat
-from tfrun.in_task.compat import internals
+from tfrun.in_task.compat import internals, keras3
 
 pytestmark = pytest.mark.quick
 
@@ -157,7 +157,7 @@ def test_a_fix_whose_name_is_gone_is_skipped_with_one_warning(monkeypatch):
     monkeypatch.setattr(internals, "_features_checked", {})
     monkeypatch.setattr(compat, "_applied", [])
     applied = []
-    fixes = [compat.keras3.Fix(name, "upstream", lambda name=name: applied.append(name))
+    fixes = [keras3.Fix(name, "upstream", lambda name=name: applied.append(name))
              for name in ("gone", "kept")]
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -176,7 +176,8 @@ def test_a_start_up_hook_whose_name_is_gone_leaves_tensorflow_as_it_is(monkeypat
     without one the hook wraps nothing, and the task says once what it does instead."""
     from types import SimpleNamespace
 
-    from tfrun.in_task import heap, runtime, setup
+    from tfrun.in_task.start import heap, setup
+    from tfrun.in_task import runtime
 
     monkeypatch.setattr(internals, "INTERNALS", (_bogus(feature, "tensorflow"),))
     monkeypatch.setattr(internals, "_features_checked", {})

@@ -1,5 +1,5 @@
 """What other processes take of a task's CPUs, and how long a task waits for one
-(in_task/contention.py), on this machine's real /proc; a busy loop pinned to a CPU is the
+(in_task/measure/contention.py), on this machine's real /proc; a busy loop pinned to a CPU is the
 competitor."""
 
 import os
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfrun.in_task.contention import CpuContention, RunQueueWait
+from tfrun.in_task.measure.contention import CpuContention, RunQueueWait
 
 #: They measure what other processes take of a CPU: no other test beside them (-n 3).
 pytestmark = pytest.mark.alone

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import pytest
 
 from tfrun import contract
-from tfrun.launch.oom import OOM_KILLED_NOTE
+from tfrun.launch.processes.oom import OOM_KILLED_NOTE
 from tfrun.launch.supervise.exits import in_deciding_order
 from tfrun.launch.supervise.hang import HangClock, TaskProgress
 from tfrun.launch.supervise.policy import FailurePolicy, TaskExit, classify_exit

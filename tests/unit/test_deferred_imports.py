@@ -47,7 +47,7 @@ def _probe(tmp_path, *args: str, **env: str) -> dict:
     (tmp_path / "probe_functions.py").write_text(
         "def double(x):\n    if x > 0:\n        return 2 * x\n    return x\n")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TFRUN_")}
-    done = subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", str(script), *args],
+    done = subprocess.run([sys.executable, "-m", "tfrun.in_task.start.bootstrap", str(script), *args],
                           env={**environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,7 +5,7 @@ import pytest
 from tfrun.cluster import TaskId
 from tfrun.errors import ConfigError
 from tfrun.cli.run import config_from_args
-from tfrun.launch.devices import describe_shares, share_devices, visible_gpus
+from tfrun.launch.processes.devices import describe_shares, share_devices, visible_gpus
 
 W0, W1, W2 = TaskId("worker", 0), TaskId("worker", 1), TaskId("worker", 2)
 CHIEF, PS, EVAL = TaskId("chief", 0), TaskId("ps", 0), TaskId("evaluator", 0)

@@ -76,17 +76,17 @@ def _traceback(*frames: str, error: str = "ValueError: boom") -> str:
 
 @pytest.mark.parametrize("log, where", [
     # the case: Keras hid its frames; the raising frame is tfrun's compat fix
-    (_traceback("train.py|<module>", "/s/tfrun/in_task/metrics.py|fit",
+    (_traceback("train.py|<module>", "/s/tfrun/in_task/measure/metrics.py|fit",
                 "/s/keras/src/utils/traceback_utils.py|error_handler",
                 "/s/tfrun/in_task/compat/keras3.py|<lambda>"),
      "/s/tfrun/in_task/compat/keras3.py:7 in <lambda>"),
     (_traceback("train.py|<module>", "/venv/site-packages/tfrun/cluster.py|parse"),
      "/venv/site-packages/tfrun/cluster.py:7 in parse"),
     # an error Keras detects (the script's model) ends in a Keras frame: the script's
-    (_traceback("train.py|<module>", "/s/tfrun/in_task/metrics.py|fit",
+    (_traceback("train.py|<module>", "/s/tfrun/in_task/measure/metrics.py|fit",
                 "/s/keras/src/utils/traceback_utils.py|error_handler"), None),
     # raised by the script itself
-    (_traceback("/s/tfrun/in_task/bootstrap.py|main", "train.py|<module>"), None),
+    (_traceback("/s/tfrun/in_task/start/bootstrap.py|main", "train.py|<module>"), None),
     # tfrun refusing the script's misuse on purpose (tfrun.errors) is not a tfrun bug
     (_traceback("train.py|<module>", "/s/tfrun/in_task/runtime.py|strategy",
                 error="tfrun.errors.ConfigError: call tfrun.strategy() first"), None),
@@ -119,7 +119,7 @@ def test_a_graph_error_naming_tfrun_s_op_in_its_message_is_no_tfrun_bug():
         "train.py|<module>", "/s/tensorflow/python/eager/execute.py|quick_execute",
         error="tensorflow.python.framework.errors_impl.UnavailableError: Graph error:\n"
               "Detected at node CollectiveReduceV2 defined at (most recent call last):\n"
-              '  File "/s/tfrun/in_task/allreduce.py", line 60, in all_reduce\n'
+              '  File "/s/tfrun/in_task/exchange/allreduce.py", line 60, in all_reduce\n'
               "Collective ops is aborted by: task 1 stopped sending heartbeats")
     assert raised_inside_tfrun(log) is None
     assert classify_exit(1, log_tail=log) is FailureClass.INFRASTRUCTURE

@@ -1,11 +1,11 @@
-"""When the local backend forks a task from the run's task starter (launch.forked_tasks):
+"""When the local backend forks a task from the run's task starter (launch.processes.forked_tasks):
 pure decisions on the task's command, script and environment."""
 
 import pytest
 
-from tfrun.launch.forked_tasks import PER_TASK, imports_tensorflow, python_of, same_at_import, wanted
+from tfrun.launch.processes.forked_tasks import PER_TASK, imports_tensorflow, python_of, same_at_import, wanted
 
-BOOTSTRAP = ["python3", "-m", "tfrun.in_task.bootstrap"]
+BOOTSTRAP = ["python3", "-m", "tfrun.in_task.start.bootstrap"]
 
 
 @pytest.mark.parametrize("source, imports", [
@@ -58,7 +58,7 @@ def test_forking_is_the_default_and_fork_tasks_0_turns_it_off():
 def test_a_warm_starter_ignores_what_sshd_sets_per_connection_and_no_other_variable():
     """A node agent's sshd session and the warm starter's (started over ssh too) differ in
     the connection's own variables, which no import reads; anything else still counts."""
-    from tfrun.in_task.warm_starter import differences
+    from tfrun.in_task.start.warm_starter import differences
 
     warm = {"PATH": "/usr/bin", "SSH_CONNECTION": "10.0.0.1 40000 10.0.0.2 22",
             "SSH_CLIENT": "10.0.0.1 40000 22", "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -74,14 +74,14 @@ def test_a_warm_starter_for_multi_host_runs_starts_without_the_loopback_library(
     """Its tasks are a node agent's, which listen on the host's address: no LD_PRELOAD
     (a local one would refuse every agent's run, and the reverse would open a local run's
     servers); both are unbuffered, as tfrun starts every task."""
-    from tfrun.launch.warm_starter import task_start_env
+    from tfrun.launch.processes.warm_starter import task_start_env
 
     remote = task_start_env({"HOME": "/root", "LD_PRELOAD": ""}, "multi-host")
     assert remote == {"HOME": "/root", "LD_PRELOAD": "", "PYTHONUNBUFFERED": "1"}
 
 
 def test_the_warm_starter_entry_refuses_bad_arguments_and_names_them(capsys):
-    from tfrun.launch.warm_starter import main
+    from tfrun.launch.processes.warm_starter import main
 
     for argv, named in ((["--runs", "everywhere", "/tmp/s.sock"], "everywhere"),
                         (["/tmp/s.sock", "--ignore-env"], "--ignore-env"),

@@ -1,5 +1,5 @@
 """The hang clock and the culprit finder (launch.supervise.hang), the task side's progress
-marks (in_task.progress) and the launcher's reading of them (TaskLogger)."""
+marks (in_task.measure.progress) and the launcher's reading of them (TaskLogger)."""
 
 import io
 import json
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tfrun.in_task import progress
+from tfrun.in_task.measure import progress
 from tfrun.launch.output import ConsoleSink, TaskLogger
 from tfrun.launch.supervise.hang import IN_STEP, HangClock, TaskProgress, blame, step_limit
 from tfrun.launch.supervise.stacks import main_thread_first
@@ -125,7 +125,7 @@ def test_time_after_training_or_in_a_long_phase_counts_against_no_step_once_it_i
 
 
 def test_a_fit_s_first_step_and_an_evaluation_after_training_are_marked_as_such():
-    from tfrun.in_task.metrics import _recorder_class
+    from tfrun.in_task.measure.metrics import _recorder_class
 
     class Base:
         def __init__(self):
@@ -163,7 +163,7 @@ def test_keras_checkpoint_callbacks_save_in_a_phase_of_their_own_other_callbacks
     batch hooks only for callbacks that override them); any other callback is untouched."""
     import keras
 
-    from tfrun.in_task.checkpoint_phase import mark_saving_callbacks
+    from tfrun.in_task.measure.checkpoint_phase import mark_saving_callbacks
 
     class Mine(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
@@ -227,7 +227,7 @@ def test_the_task_marks_its_steps_and_phases():
 
 
 def test_a_custom_loop_s_logged_steps_are_its_progress():
-    from tfrun.in_task.metrics import log_metrics
+    from tfrun.in_task.measure.metrics import log_metrics
 
     progress.reset()
     for step in (100, 100, 200, 150, 300):  # a step logged twice, or going back, is no progress

@@ -1,4 +1,4 @@
-"""tfrun --mmap-threshold (tfrun.in_task.heap): parsing, validation, the way into a task, and the
+"""tfrun --mmap-threshold (tfrun.in_task.start.heap): parsing, validation, the way into a task, and the
 task-side hook's order (TensorFlow's pin first, tfrun's threshold after). The effect on real
 MatMuls: tests/integration/test_devices_and_comm.py::test_mmap_threshold_*."""
 
@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from tfrun.in_task import heap
+from tfrun.in_task.start import heap
 from tfrun.errors import ConfigError
 from tfrun.cli.run import config_from_args
 

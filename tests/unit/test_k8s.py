@@ -20,7 +20,7 @@ from tfrun.cli import main
 from tfrun.cluster import Topology
 from tfrun.errors import ConfigError
 from tfrun.launch.engines.kubernetes import K8sJob, check_manifest, job_manifest
-from tfrun.in_task.pod import jobset_tf_config, pod_hostnames, wait_for_peers
+from tfrun.in_task.start.pod import jobset_tf_config, pod_hostnames, wait_for_peers
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "shared" / "engines" / "k8s"
 TOPOLOGIES = {
@@ -155,7 +155,7 @@ def test_container_runs_the_script_through_the_bootstrap():
     container = job_manifest(job(keras="2"))["spec"]["replicatedJobs"][0]["template"]["spec"][
         "template"]["spec"]["containers"][0]
     assert container["name"] == "tensorflow"
-    assert container["command"] == ["python", "-m", "tfrun.in_task.bootstrap", "train.py", "--epochs", "3"]
+    assert container["command"] == ["python", "-m", "tfrun.in_task.start.bootstrap", "train.py", "--epochs", "3"]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["TF_USE_LEGACY_KERAS"] == "1" and env["TFRUN_KERAS"] == "2"
     assert env["TFRUN_K8S_ROLES"] == "worker=2"
@@ -386,7 +386,7 @@ def _bootstrap(tmp_path, env: dict) -> subprocess.CompletedProcess:
     script = tmp_path / "show.py"
     script.write_text("import os; print('TF_CONFIG=' + os.environ.get('TF_CONFIG', ''))\n")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CONFIG", "TFRUN_"))}
-    return subprocess.run([sys.executable, "-m", "tfrun.in_task.bootstrap", str(script)],
+    return subprocess.run([sys.executable, "-m", "tfrun.in_task.start.bootstrap", str(script)],
                           env={**clean, **env}, capture_output=True, text=True, timeout=120)
 
 

@@ -51,7 +51,7 @@ def test_tfrun_s_wrapper_frames_are_left_out_of_the_shown_traceback_but_a_raisin
     frame of tfrun's that raised (a tfrun bug) is the evidence and stays, in every chain."""
     wrapped = ["Traceback (most recent call last):",
                '  File "/w/train.py", line 42, in <module>', "    model.fit(data)",
-               '  File "/s/tfrun/in_task/metrics.py", line 332, in fit',
+               '  File "/s/tfrun/in_task/measure/metrics.py", line 332, in fit',
                "    return fit_of(self)(x, y, **kwargs)", "           ^^^^^^^^^^^^",
                '  File "/s/tfrun/in_task/compat/keras3.py", line 441, in routed',
                "    return original(self, x, y)",
@@ -69,7 +69,7 @@ def test_tfrun_s_wrapper_frames_are_left_out_of_the_shown_traceback_but_a_raisin
                "    device = value.device", "ValueError: no device",
                "", "During handling of the above exception, another exception occurred:", "",
                "Traceback (most recent call last):",
-               '  File "/s/tfrun/in_task/metrics.py", line 3, in fit',
+               '  File "/s/tfrun/in_task/measure/metrics.py", line 3, in fit',
                '  File "/w/train.py", line 9, in <module>', "KeyError: 'k'"]
     shown = last_traceback(raising)
     assert "keras3.py\", line 91" in shown and "metrics.py" not in shown, shown

@@ -1,4 +1,4 @@
-"""tfrun.launch.loopback: the library that keeps a local cluster's listening sockets on
+"""tfrun.launch.network.loopback: the library that keeps a local cluster's listening sockets on
 loopback. Built for real and preloaded into a plain Python process, which binds the ways
 TensorFlow's gRPC server and user code do; the kernel's answer (getsockname) is checked.
 The whole path (a real cluster, ``ss -ltn``, a host service): tests/integration/test_private_network.py.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tfrun.launch import loopback
-from tfrun.launch.loopback import LoopbackNetwork, LoopbackUnavailable, shipped_library
+from tfrun.launch.network import loopback
+from tfrun.launch.network.loopback import LoopbackNetwork, LoopbackUnavailable, shipped_library
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""tfrun.in_task.metrics (task side) and the launcher's side of the records (TaskLogger, runstats,
+"""tfrun.in_task.measure.metrics (task side) and the launcher's side of the records (TaskLogger, runstats,
 tfrun bench's argument split). Pure: no TensorFlow process; Keras callbacks are driven by hand."""
 
 import io
@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from tfrun.in_task import metrics
+from tfrun.in_task.measure import metrics
 from tfrun.contract import METRICS_LINE as METRICS
 from tfrun.errors import ConfigError
 from tfrun.cli.bench import parse_bench_argv, parse_sizes, scaling_note
 from tfrun.launch.output import ConsoleSink, TaskLogger
-from tfrun.launch.runstats import compare, format_table, read_run
+from tfrun.launch.results.runstats import compare, format_table, read_run
 
 
 @pytest.fixture
@@ -302,7 +302,7 @@ def test_a_task_shorter_than_one_sample_interval_still_sends_one_sample_as_it_ex
 
     env = {**os.environ, "TFRUN_RUN_DIR": str(tmp_path), "TFRUN_METRICS_INTERVAL": "60"}
     env.pop("TFRUN_METRICS", None)
-    out = subprocess.run([sys.executable, "-c", "from tfrun.in_task import metrics\n"
+    out = subprocess.run([sys.executable, "-c", "from tfrun.in_task.measure import metrics\n"
                           "metrics.install()\nmetrics.note_step(7)\nprint('done', flush=True)"],
                          env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     samples = [r for r in records(out) if r["event"] == "resources"]
@@ -343,7 +343,7 @@ class _Fails:
 def test_a_sample_whose_measurements_are_denied_still_carries_the_progress(capsys):
     """The sampler's progress never depends on its measurements: each denied one is left
     out and named (``unmeasured``), said once on stderr, and the samples go on."""
-    from tfrun.in_task import progress
+    from tfrun.in_task.measure import progress
 
     progress.reset()
     progress.step_began()
@@ -385,7 +385,7 @@ def test_a_fast_job_asks_for_a_sample_every_few_steps_but_not_sooner_than_the_fl
     """The straggler finder's evidence is counted in steps: steps of 10 ms ask for a sample
     every 0.2 s (not 2 s, when 200 steps are over); slower steps every 5 steps; a sample
     taken meanwhile (the interval's) starts the count again."""
-    from tfrun.in_task import progress
+    from tfrun.in_task.measure import progress
 
     clock = [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])

@@ -14,7 +14,7 @@ from tfrun.cli.run import config_from_args
 from tfrun.launch.config import LaunchConfig
 from tfrun.launch.engines.pernode import cluster_digest
 from tfrun.launch.remote.protocol import Channel, ProtocolError
-from tfrun.launch.rendezvous import distinct_hosts, resolve_node_rank
+from tfrun.launch.network.rendezvous import distinct_hosts, resolve_node_rank
 from tfrun.launch.specs import forwarded_env, spec_factory, task_hosts
 
 
@@ -78,7 +78,7 @@ def test_node_rank_auto_needs_exactly_one_local_host():
 
 
 def test_localhost_is_local_and_an_unresolvable_name_is_not():
-    from tfrun.launch.rendezvous import is_local_host
+    from tfrun.launch.network.rendezvous import is_local_host
 
     assert is_local_host("localhost") and is_local_host("127.0.0.1")
     assert not is_local_host("no-such-host.invalid")
@@ -218,7 +218,7 @@ def test_in_a_slurm_allocation_min_nodes_keeps_the_unused_nodes_as_spares():
     checked once the allocation has placed them; nodes without a task are spares."""
     from tfrun.launch.engines import prepare
     from tfrun.launch.engines.slurm.batch import sbatch_script
-    from tfrun.launch.run import elastic_plan
+    from tfrun.launch.elastic_planning import elastic_plan
 
     parsed = config_from_args(["--min-nodes", "1", "--workers", "2", "train.py"], environ={})
     placed, engine = prepare(parsed, environ=ALLOCATION)
@@ -245,7 +245,7 @@ def test_in_a_slurm_allocation_min_nodes_keeps_the_unused_nodes_as_spares():
 
 
 def test_the_elastic_plan_drops_the_lost_hosts_entries_and_renumbers():
-    from tfrun.launch.run import elastic_plan
+    from tfrun.launch.elastic_planning import elastic_plan
 
     given = config(hosts=("a", "b", "b", "c"), topology=Topology(workers=4), min_nodes=2)
     smaller, plan = elastic_plan(given, {"b"})

@@ -1,4 +1,4 @@
-"""tfrun.in_task._native: where the native exchange is built and cached, and that every way it can
+"""tfrun.in_task.exchange._native: where the native exchange is built and cached, and that every way it can
 be unavailable leaves the Python exchange with a reason (and nothing half-written). The
 exchange itself: tests/unit/test_shm_allreduce.py (both paths) and the integration tests."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tfrun.in_task import _native
+from tfrun.in_task.exchange import _native
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_a_cache_others_can_write_is_not_loaded_from(fresh, tmp_path, mode):
 def _kernel_in_subprocess(environ: dict) -> subprocess.CompletedProcess:
     """kernel() in a fresh process (it imports TensorFlow to read its build flags)."""
     code = textwrap.dedent("""
-        from tfrun.in_task import _native
+        from tfrun.in_task.exchange import _native
         loaded = _native.kernel()
         print("LOADED" if loaded else "REASON " + _native.kernel_reason())
     """)

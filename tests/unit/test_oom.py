@@ -1,7 +1,7 @@
-"""The OOM killer told apart from any other SIGKILL (launch.oom), on counts files written
+"""The OOM killer told apart from any other SIGKILL (launch.processes.oom), on counts files written
 by the test; the real kernel's counts: tests/integration/test_fault_matrix.py (oom)."""
 
-from tfrun.launch.oom import OOM_KILLED_NOTE, OomWatch, _Counter
+from tfrun.launch.processes.oom import OOM_KILLED_NOTE, OomWatch, _Counter
 
 
 def _counts(path, n: int):

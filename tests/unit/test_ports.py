@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tfrun.launch.ports import _bind, hold_port
+from tfrun.launch.network.ports import _bind, hold_port
 
 
 def _time_wait_port() -> int:

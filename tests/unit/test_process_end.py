@@ -1,11 +1,11 @@
-"""tfrun.launch.process_end.wait_or_kill: a helper's end, waited for, else killed."""
+"""tfrun.launch.processes.process_end.wait_or_kill: a helper's end, waited for, else killed."""
 
 import subprocess
 import sys
 
 import psutil
 
-from tfrun.launch.process_end import wait_or_kill
+from tfrun.launch.processes.process_end import wait_or_kill
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 

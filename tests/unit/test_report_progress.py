@@ -1,10 +1,10 @@
-"""The report's progress chart and findings (tfrun.launch.report_progress), on made-up
+"""The report's progress chart and findings (tfrun.launch.results.report_progress), on made-up
 run data: what is drawn, not pixels. The real runs: tests/integration/test_hangs.py."""
 
 from pathlib import Path
 
-from tfrun.launch.report import RunData
-from tfrun.launch.report_progress import findings_html, plot_step_rates, step_rates
+from tfrun.launch.results.report import RunData
+from tfrun.launch.results.report_progress import findings_html, plot_step_rates, step_rates
 
 
 def _samples(start, steps, taken=0.0):
@@ -46,7 +46,7 @@ def test_a_hang_s_report_keeps_its_stacks_names_its_culprit_and_colours_it(tmp_p
     the tasks stopped with it, and called a Ctrl-C "signal"."""
     import json
 
-    from tfrun.launch.report import _STATE_COLORS, load_run, plot_timeline, write_report
+    from tfrun.launch.results.report import _STATE_COLORS, load_run, plot_timeline, write_report
 
     stacks = "worker:1's Python stacks, main thread first:\n  File \"train.py\", line 9"
     summary = {

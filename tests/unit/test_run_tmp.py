@@ -6,10 +6,10 @@ import subprocess
 import sys
 import time
 
-from tfrun.launch.run_tmp import RunTemporaryDirectory, remove, sweep_ended
+from tfrun.launch.processes.run_tmp import RunTemporaryDirectory, remove, sweep_ended
 
 MAKE_AND_WAIT = ("import sys, time; from pathlib import Path;"
-                 "from tfrun.launch.run_tmp import RunTemporaryDirectory as R;"
+                 "from tfrun.launch.processes.run_tmp import RunTemporaryDirectory as R;"
                  "t = R.make(Path(sys.argv[1])); (t.path / 'left').write_text('x');"
                  "print(t.path, flush=True); time.sleep(600)")
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import FAKE_TASK, REPORT_ON, Run
 from tfrun.errors import ConfigError
 from tfrun.launch.config import LaunchConfig
-from tfrun.launch.rundir import RunDir, run_dir_for
+from tfrun.launch.results.rundir import RunDir, run_dir_for
 
 
 def test_concurrent_launches_with_one_name_get_distinct_directories(tmp_path):

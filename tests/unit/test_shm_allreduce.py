@@ -17,9 +17,9 @@ import uuid
 import numpy as np
 import pytest
 
-from tfrun.in_task import _native
+from tfrun.in_task.exchange import _native
 from tfrun.errors import ConfigError
-from tfrun.in_task.shm_allreduce import ShmGroup, ShmPlan, plan_from_env
+from tfrun.in_task.exchange.shm_allreduce import ShmGroup, ShmPlan, plan_from_env
 
 CTX = mp.get_context("fork")
 
@@ -79,7 +79,7 @@ def native_library(tmp_path_factory):
     """The native exchange, built the way a task builds it (TensorFlow's headers and
     flags), in a subprocess so that this process and its forks never load TensorFlow."""
     cache = tmp_path_factory.mktemp("kernel-cache")
-    build = subprocess.run([sys.executable, "-c", "from tfrun.in_task._native import library_path; "
+    build = subprocess.run([sys.executable, "-c", "from tfrun.in_task.exchange._native import library_path; "
                             "print(library_path())"], capture_output=True, text=True,
                            env={**os.environ, "TFRUN_CACHE_DIR": str(cache),
                                 "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=600)

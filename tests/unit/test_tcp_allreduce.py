@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfrun.in_task.tcp_allreduce import TcpGroup, TcpPlan, _identity, plan_from_env
-from tfrun.in_task import shm_allreduce, tcp_handshake
+from tfrun.in_task.exchange.tcp_allreduce import TcpGroup, TcpPlan, _identity, plan_from_env
+from tfrun.in_task.exchange import shm_allreduce, tcp_handshake
 
 CTX = mp.get_context("fork")
 
@@ -441,7 +441,7 @@ def test_reduce_scatter_then_all_gather_is_an_all_reduce_summed_by_the_caller(si
 
 # -- two stages: shared memory on each host, then TCP across hosts --------------------------
 
-from tfrun.in_task.hierarchical_allreduce import (HierarchicalGroup,  # noqa: E402
+from tfrun.in_task.exchange.hierarchical_allreduce import (HierarchicalGroup,  # noqa: E402
                                                   HierarchicalPlan, plan_from_env as two_stage_plan)
 
 
@@ -473,7 +473,7 @@ class TestTwoStagePlan:
         assert two_stage_plan(env(cluster, {"type": "worker", "index": 0}, **extra)) is None
 
 
-from tfrun.in_task.tcp_allreduce import plan_from_env as tcp_plan  # noqa: E402
+from tfrun.in_task.exchange.tcp_allreduce import plan_from_env as tcp_plan  # noqa: E402
 
 
 def _two_stage_plans(hosts, per_host):
@@ -485,7 +485,7 @@ def _two_stage_plans(hosts, per_host):
     for h in range(hosts):
         local_names = names[h * per_host:(h + 1) * per_host]
         for j in range(per_host):
-            from tfrun.in_task.shm_allreduce import ShmPlan
+            from tfrun.in_task.exchange.shm_allreduce import ShmPlan
 
             local = ShmPlan(rank=j, names=local_names, address=f"\0tfrun-shm-test-{tag}-{h}")
             across = TcpPlan(rank=h, names=tuple(names[g * per_host + j] for g in range(hosts)),

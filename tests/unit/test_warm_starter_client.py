@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tfrun.in_task import warm_starter
-from tfrun.launch.forked_tasks import TaskStarter
+from tfrun.in_task.start import warm_starter
+from tfrun.launch.processes.forked_tasks import TaskStarter
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -89,7 +89,7 @@ def test_a_variable_its_user_names_may_differ_and_pytest_s_is_not_built_in():
 
 
 def test_the_default_socket_is_in_a_directory_of_this_user_only(monkeypatch, tmp_path):
-    from tfrun.launch.warm_starter import default_socket
+    from tfrun.launch.processes.warm_starter import default_socket
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     path = default_socket({})

@@ -121,8 +121,8 @@ def _run_report(argv: Sequence[str]) -> int:
     side by side (the first is the baseline of speedup and efficiency)."""
     import json
 
-    from ..launch.report import write_comparison, write_report
-    from ..launch.runstats import compare, format_table, read_run
+    from ..launch.results.report import write_comparison, write_report
+    from ..launch.results.runstats import compare, format_table, read_run
 
     parser = build_report_parser()
     args = parser.parse_args(argv)

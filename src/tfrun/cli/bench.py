@@ -10,8 +10,8 @@ is the script, and what follows it (and everything after ``--``) goes to the scr
 size is one ordinary tfrun run, ``<bench dir>/workers-<N>`` (its logs, summary and
 metrics as always); the table, also in ``<bench dir>/bench.json`` and, with a throughput
 chart, ``<bench dir>/bench.html`` (not with contract.REPORT=0), comes from the metrics
-the tasks record with no change to the script (``tfrun.in_task.metrics``), and so does the step
-breakdown -- all-reduce, compute, input per step (``tfrun.in_task.breakdown``; bench switches it on).
+the tasks record with no change to the script (``tfrun.in_task.measure.metrics``), and so does the step
+breakdown -- all-reduce, compute, input per step (``tfrun.in_task.measure.breakdown``; bench switches it on).
 With ``--hosts a,b`` (run on one of the machines; tfrun starts the tasks over SSH; each size
 takes the machines in turn: 1 worker on a, 2 on a and b, 4 on a, b, a, b) a size whose
 workers span several hosts also gets a table per host: the all-reduce, the exchange alone,
@@ -38,7 +38,7 @@ from typing import Sequence
 
 from .. import contract
 from ..errors import ConfigError
-from ..launch.runstats import compare, format_table, per_host_table, read_run
+from ..launch.results.runstats import compare, format_table, per_host_table, read_run
 
 __all__ = ["BenchPlan", "parse_bench_argv", "run_bench", "parse_sizes", "scaling_note"]
 
@@ -203,7 +203,7 @@ def _write_page(runs: list, target: Path) -> Path | None:
     unless contract.REPORT=0 or nothing ran."""
     if not runs or os.environ.get(contract.REPORT, "1") == "0":
         return None
-    from ..launch.report import write_comparison
+    from ..launch.results.report import write_comparison
 
     return write_comparison([run.run_dir for run in runs], target)
 
@@ -223,7 +223,7 @@ def help_text(doc: str) -> str:
 def run_bench(argv: Sequence[str]) -> int:
     """``tfrun bench ...``: run every size, print the table; the exit code of a failed size."""
     from ..launch import launch_and_report
-    from ..launch.rundir import run_dir_for
+    from ..launch.results.rundir import run_dir_for
     from .run import config_from_args
 
     if not argv or argv[0] in ("-h", "--help"):
@@ -237,7 +237,7 @@ def run_bench(argv: Sequence[str]) -> int:
     label = plan.model or first.display_name
     bench_dir = run_dir_for(dataclasses.replace(first, name=f"bench-{label}"))
     # The tasks read these from the environment tfrun passes on: the step breakdown
-    # (tfrun.in_task.breakdown) always, and for --strong the first size's replicas.
+    # (tfrun.in_task.measure.breakdown) always, and for --strong the first size's replicas.
     settings = {contract.BREAKDOWN: "1"}
     if plan.strong:
         settings[contract.BATCH_REPLICAS] = str(_replicas(first))

@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 
 from .. import contract
 from ..errors import ConfigError
-from ..in_task.heap import DEFAULT_THRESHOLD
+from ..in_task.start.heap import DEFAULT_THRESHOLD
 from ..launch.config import KERAS_FLAVOURS, ROLE_MODES, STRATEGIES, LaunchConfig
 from ..launch.engines import ENGINES, backend_choices, check_options, subcommands
-from ..flags import (add_topology_flags, apply_env_defaults, non_negative_float,
-                     non_negative_int, port, positive_float, split_module,
-                     step_timeout, topology_from)
+from ..flags import (
+    add_topology_flags, apply_env_defaults, non_negative_float, non_negative_int, port,
+    positive_float, split_module, step_timeout, topology_from)
 
 __all__ = ["build_launch_parser", "config_from_args", "run_launch"]
 
@@ -245,7 +245,7 @@ def _add_tensorflow_flags(parser: argparse.ArgumentParser) -> None:
     tf.add_argument("--mmap-threshold", default=DEFAULT_THRESHOLD, metavar="SIZE",
                     help="glibc's mmap threshold in every task (default 32M); 'tf' keeps the "
                          "128K TensorFlow's tf.data pins, under which every large MatMul buffer "
-                         "is a fresh, page-faulted mmap (see tfrun.in_task.heap)")
+                         "is a fresh, page-faulted mmap (see tfrun.in_task.start.heap)")
     tf.add_argument("--roles", choices=ROLE_MODES, default="auto",
                     help="auto: with ps, tfrun runs ps/workers as servers and the script on the "
                          "chief; script: every task runs the script (UAI Train's convention)")

@@ -39,8 +39,8 @@ import threading
 import time
 
 from .. import contract
-from . import progress
-from .metrics import record_training_event, report_step
+from .measure import progress
+from .measure.metrics import record_training_event, report_step
 from .notes import eager_by_design
 
 __all__ = ["PreemptionWatch", "PREEMPTED_EXIT", "DEFAULT_GRACE", "die_of_sigterm",

@@ -298,7 +298,7 @@ class _PsTrainer:
         import tensorflow as tf
         import keras
 
-        from . import metrics
+        from .measure import metrics
 
         model = self.model
         _warn_batch_hooks(callbacks)

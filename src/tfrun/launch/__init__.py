@@ -2,8 +2,9 @@
 
 The engine comes from the registry (``engines/__init__.py``): Ray when asked by name,
 Slurm inside an allocation, per-node with ``--node-rank``, SSH when ``--hosts`` names other
-machines, else local. Each engine places and starts the tasks; the steps every run shares
-(plan, run dir, banner, supervision, summary, report) are in ``run.py``.
+machines, else local. Each engine places and starts the tasks; the steps before they start
+(checks, plan, run dir, banner) are in ``preparing.py``, and the supervision, summary and
+report in ``run.py``, which this module hands to the engine (no engine imports it).
 
     >>> from tfrun.launch import LaunchConfig, launch          # doctest: +SKIP
     >>> launch(LaunchConfig(entrypoint=("script", "train.py"),  # doctest: +SKIP
@@ -17,12 +18,12 @@ import time
 
 from ..cluster import Topology
 from ..errors import ConfigError
-from . import plan_text, run
+from . import plan_text, preparing, run
 from .config import LaunchConfig
 from .engines import ENGINES, Engine, prepare
 from .output import ConsoleSink
 from .supervise import RunResult
-from .tensorboard import require_tensorboard
+from .results.tensorboard import require_tensorboard
 
 __all__ = ["LaunchConfig", "Topology", "dry_run", "launch", "launch_and_report", "launch_mode"]
 
@@ -39,10 +40,11 @@ def launch_mode(config: LaunchConfig) -> str:
 def launch(config: LaunchConfig) -> int:
     """Run ``config``; return tfrun's exit code (0, the root-cause task's code, 124, 128+n)."""
     config, engine_class = prepare(config)
-    engine = engine_class(config, run.console_for(config), time.time())
+    engine = engine_class(config, preparing.console_for(config), time.time(),
+                          supervise=run.supervise)
     if not engine.leads:  # a per-node launch's other nodes: the hub supervises
-        run.check_entrypoint(config)
-        return engine.follow(run.plan_for(config))
+        preparing.check_entrypoint(config)
+        return engine.follow(preparing.plan_for(config))
     return _run(engine).exit_code
 
 
@@ -52,7 +54,8 @@ def launch_and_report(config: LaunchConfig, console: ConsoleSink | None = None) 
     Not for a non-hub node of a per-node launch (it has no supervisor): use ``launch``.
     """
     config, engine_class = prepare(config)
-    engine = engine_class(config, console or run.console_for(config), time.time())
+    engine = engine_class(config, console or preparing.console_for(config), time.time(),
+                          supervise=run.supervise)
     if not engine.leads:
         raise ConfigError("launch_and_report runs a hub or a single launcher",
                           expected="node rank 0", fix="Call launch(config) on the other nodes",
@@ -63,11 +66,11 @@ def launch_and_report(config: LaunchConfig, console: ConsoleSink | None = None) 
 def _run(engine: Engine) -> RunResult:
     config = engine.config
     if engine.checks_entrypoint_locally:
-        run.check_entrypoint(config)
+        preparing.check_entrypoint(config)
     if config.tensorboard:
         require_tensorboard()
-    plan = run.plan_for(config)
-    run.check_show(config, plan)
+    plan = preparing.plan_for(config)
+    preparing.check_show(config, plan)
     engine.check_plan(config, plan)
     return engine.run(plan)
 
@@ -77,9 +80,9 @@ def dry_run(config: LaunchConfig) -> str:
     nothing is started, created or reserved (``tfrun --dry-run``)."""
     config, engine_class = prepare(config)
     if engine_class.checks_entrypoint_locally:
-        run.check_entrypoint(config)
-    plan = run.plan_for(config)
-    run.check_show(config, plan)
+        preparing.check_entrypoint(config)
+    plan = preparing.plan_for(config)
+    preparing.check_show(config, plan)
     engine_class.check_plan(config, plan)
     plan, differs = engine_class.planned_as_started(config, plan)
     return plan_text.dry_run(config, plan, engine_class.name, notes=[differs] if differs else [])

@@ -18,7 +18,7 @@ from typing import Literal
 
 from ..cluster import TaskId, Topology
 from ..comm import CommOptions
-from ..in_task.heap import DEFAULT_THRESHOLD, parse_threshold
+from ..in_task.start.heap import DEFAULT_THRESHOLD, parse_threshold
 from ..errors import ConfigError
 
 __all__ = ["KERAS_FLAVOURS", "NETWORK_MODES", "ROLE_MODES", "STRATEGIES", "LaunchConfig"]
@@ -30,8 +30,8 @@ KERAS_FLAVOURS = ("3", "2")
 #: auto: tfrun runs ps/worker of a PS cluster as servers itself; script: every task runs the
 #: script, which picks its role from TF_CONFIG (UAI Train's convention).
 ROLE_MODES = ("auto", "script")
-#: A local cluster's network. loopback: the tasks' servers bind 127.0.0.1 only (launch/loopback.py);
-#: private: a network namespace of their own (launch/netns.py); host: opt out (servers on every
+#: A local cluster's network. loopback: the tasks' servers bind 127.0.0.1 only (launch/network/loopback.py);
+#: private: a network namespace of their own (launch/network/netns.py); host: opt out (servers on every
 #: interface); auto: loopback, else private, else host with a warning.
 NETWORK_MODES = ("auto", "loopback", "private", "host")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
@@ -76,7 +76,7 @@ class LaunchConfig:
     keras: str = "3"
     devices: int | None = None          # split the CPU into N logical devices
     comm: str | None = None             # --comm: collective options (see tfrun.comm)
-    mmap_threshold: str = DEFAULT_THRESHOLD  # glibc's, in every task (see tfrun.in_task.heap)
+    mmap_threshold: str = DEFAULT_THRESHOLD  # glibc's, in every task (see tfrun.in_task.start.heap)
     roles: str = "auto"
     python: str = sys.executable        # also the Python on other hosts (same path)
     # ---- several machines (SSH launch, per-node launch)

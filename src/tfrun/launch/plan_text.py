@@ -15,10 +15,10 @@ from __future__ import annotations
 from .. import contract
 from ..cluster import ClusterPlan
 from .config import LaunchConfig
-from .devices import describe_shares, local_shares
-from .redact import REDACTED, looks_secret, redact_args
-from .rundir import planned_run_dir
-from .run import restarts_line, strategy_description
+from .processes.devices import describe_shares, local_shares
+from .results.redact import REDACTED, looks_secret, redact_args
+from .results.rundir import planned_run_dir
+from .preparing import restarts_line, strategy_description
 from .specs import spec_factory
 
 __all__ = ["dry_run", "network_description"]

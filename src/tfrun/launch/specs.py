@@ -21,11 +21,11 @@ from typing import Callable, Mapping, Sequence
 from .. import contract
 from ..cluster import ClusterPlan, TaskId, parse_address
 from ..comm import COMM_ENV, CommOptions
-from ..in_task.heap import MMAP_THRESHOLD_ENV
-from .engines.base import CONTROLLED_ENV, TaskSpec
+from ..in_task.start.heap import MMAP_THRESHOLD_ENV
+from .task_spec import CONTROLLED_ENV, TaskSpec
 from .config import LaunchConfig
-from .ports import TF_REUSE_PORT_ENV
-from .redact import looks_secret
+from .network.ports import TF_REUSE_PORT_ENV
+from .results.redact import looks_secret
 
 __all__ = ["FORWARDED_PREFIXES", "forwarded_env", "script_env", "task_argv", "spec_factory",
            "task_hosts"]
@@ -77,7 +77,7 @@ def script_env(*, strategy: str, keras: str, roles: str, run_dir: str) -> dict[s
 
 def task_argv(config: LaunchConfig) -> tuple[str, ...]:
     kind, target = config.entrypoint
-    argv = [config.python, "-m", "tfrun.in_task.bootstrap"]
+    argv = [config.python, "-m", "tfrun.in_task.start.bootstrap"]
     argv += ["-m", target] if kind == "module" else [target]
     return tuple(argv + list(config.script_args))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from ..compat import internals
-from ..metrics import note_step
+from ..measure.metrics import note_step
 from ..notes import say_once
 from ..preemption import PreemptionWatch, stop_preempted
 from ..runtime import is_parameter_server_strategy

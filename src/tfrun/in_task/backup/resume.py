@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 
 from ... import contract
-from ..metrics import record_training_event
+from ..measure.metrics import record_training_event
 from ..notes import eager_by_design
 from . import agree, store
 from .position import ResumePoint, skip_batches

@@ -22,7 +22,7 @@ import os
 import warnings
 
 from ... import contract
-from .._post_import import when_imported
+from ..start._post_import import when_imported
 from . import internals
 
 __all__ = ["install", "apply_keras3_fixes", "apply_tf_keras_fixes", "applied", "FIX_NAMES"]

@@ -45,7 +45,7 @@ import types
 from typing import Mapping
 
 from ... import contract
-from .._post_import import SpecWrapper
+from ..start._post_import import SpecWrapper
 
 __all__ = ["DEFERRED", "install", "wanted"]
 

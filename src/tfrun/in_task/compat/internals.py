@@ -215,7 +215,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("tf_keras", _TFK_TRAINING, "Model", "_training_state",
              "the epoch and step fit starts at (its fault-tolerance hook)", in_source=True),
     # TensorFlow: the per-replica collective launcher tfrun's exchange hooks
-    # (tfrun.in_task.allreduce), and what it reads to know the launcher is its cluster's.
+    # (tfrun.in_task.exchange.allreduce), and what it reads to know the launcher is its cluster's.
     *(Internal("tensorflow", _TF_CROSS_DEVICE, "CollectiveReplicaLauncher", name, used_for,
                in_source=in_source, feature=EXCHANGE)
       for name, used_for, in_source in (

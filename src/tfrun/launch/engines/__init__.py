@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from ...cluster import parse_address
 from ...errors import ConfigError
 from ..config import LaunchConfig
-from ..rendezvous import distinct_hosts
+from ..network.rendezvous import distinct_hosts
 from .base import Engine, Subcommand
 from .kubernetes import KubernetesEngine
 from .local import LocalEngine

@@ -6,7 +6,8 @@ lists every engine once; the CLI asks each for its flags (``add_arguments``,
 Slurm allocation places the cluster on its nodes), picks the first that ``selects`` it,
 has every engine ``check`` it (flags that do not apply are refused there), and calls the
 chosen engine's ``run``: place the tasks, make the run dir, start one ``Backend`` per task
-host, and hand them to the Supervisor (``launch/run.py`` holds the shared steps).
+host, and hand them to the ``supervise`` the orchestrator gave it (``launch/preparing.py``
+holds the steps before).
 
 ``Backend`` is what the Supervisor talks to: start a task (its merged output stream comes
 back), poll it, signal its whole process tree, release it. Nothing in it is specific to
@@ -15,8 +16,10 @@ on which host, holding which ports), and a ``TaskHandle`` is an opaque ticket. H
 backend makes a task's whole process tree die (a process group and a reaper here, an
 agent over SSH or srun, a Ray actor) is its own business.
 
-    >>> spec = TaskSpec(task=TaskId("worker", 1), argv=("python", "-m", "tfrun.in_task.bootstrap", "t.py"),
-    ...                 env={"TF_CONFIG": "{}"}, host="node-2", ports=(2222,))
+    >>> from tfrun.cluster import TaskId
+    >>> spec = TaskSpec(task=TaskId("worker", 1), env={"TF_CONFIG": "{}"}, host="node-2",
+    ...                 argv=("python", "-m", "tfrun.in_task.start.bootstrap", "t.py"),
+    ...                 ports=(2222,))
     >>> spec.task, spec.host
     (TaskId(role='worker', index=1), 'node-2')
 """
@@ -26,68 +29,16 @@ from __future__ import annotations
 import abc
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ... import contract
-from ...cluster import TaskId
 from ..config import LaunchConfig
-from ..rendezvous import probe_address
+from ..task_spec import CONTROLLED_ENV, TaskHandle, TaskSpec  # (their home: below engines)
+from ..network.rendezvous import probe_address
 from .host_answer import HostAnswer
 
 __all__ = ["CONTROLLED_ENV", "Backend", "Engine", "LaunchParser", "Subcommand", "TaskHandle", "TaskSpec"]
-
-#: Variables tfrun decides for every task: a backend removes them from the environment it
-#: starts from, then sets those the spec gives (so e.g. a stale TF_CONFIG never leaks in).
-CONTROLLED_ENV = contract.CONTROLLED
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Everything needed to start one task, wherever it runs.
-
-    ``env`` is what tfrun sets (TF_CONFIG, tfrun's own (tfrun.contract), forwarded variables) on top of the
-    environment the task's host gives; ``ports`` are the ports the task's TensorFlow
-    server will bind, which a remote backend holds on the task's host until then.
-    """
-
-    task: TaskId
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    host: str | None = None          # None: this machine
-    cwd: str | None = None
-    ports: tuple[int, ...] = ()
-    run_dir: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"task": str(self.task), "argv": list(self.argv), "env": dict(self.env),
-                "host": self.host, "cwd": self.cwd, "ports": list(self.ports),
-                "run_dir": self.run_dir}
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> TaskSpec:
-        role, index = str(data["task"]).split(":")
-        return cls(task=TaskId(role, int(index)), argv=tuple(data["argv"]), env=dict(data["env"]),
-                   host=data.get("host"), cwd=data.get("cwd"), ports=tuple(data.get("ports", ())),
-                   run_dir=data.get("run_dir"))
-
-
-@dataclass
-class TaskHandle:
-    """A started task. ``where`` says where it runs, for messages ("pid 42 on node-2")."""
-
-    task: TaskId
-    host: str | None = None
-    pid: int | None = None
-    #: why the task ended when its exit code alone does not say (e.g. "connection lost")
-    note: str | None = field(default=None)
-
-    @property
-    def where(self) -> str:
-        pid = f"pid {self.pid}" if self.pid is not None else "not started yet"
-        return f"{pid} on {self.host}" if self.host else pid
-
 
 class Backend(abc.ABC):
     name: str = "abstract"
@@ -232,8 +183,20 @@ class Engine(abc.ABC):
         return plan, None
 
     # ---- running -------------------------------------------------------------------
-    def __init__(self, config: LaunchConfig, console, started: float) -> None:
+    def __init__(self, config: LaunchConfig, console, started: float,
+                 supervise: Callable | None = None) -> None:
+        """``supervise(config, plan, run_dir, backends, make_spec, console, started,
+        reform=None)`` runs the supervisor over the engine's backends and returns the
+        run's result: the orchestrator above the engines hands it in (``tfrun.launch``
+        gives ``tfrun.launch.run.supervise``), so no engine imports the supervisor."""
         self.config, self.console, self.started = config, console, started
+        self._supervise = supervise
+
+    def supervise(self, *args, **kwargs):
+        """Hand the started tasks to the supervisor (see ``__init__``)."""
+        if self._supervise is None:
+            raise RuntimeError(f"the {self.name} engine was made without a supervise function")
+        return self._supervise(*args, **kwargs)
 
     @property
     def leads(self) -> bool:

@@ -7,9 +7,9 @@ JobSet (``jobset.x-k8s.io/v1alpha2``): one replicated job per role (chief, worke
 evaluator), each a single Indexed Job whose pods are that role's tasks (the pod's
 ``JOB_COMPLETION_INDEX`` is the task index). With DNS hostnames on, the pods are
 ``<jobset>-<role>-0-<index>.<subdomain>``; every pod's container runs the script through
-``python -m tfrun.in_task.bootstrap``, which builds TF_CONFIG from the labels JobSet puts on the
+``python -m tfrun.in_task.start.bootstrap``, which builds TF_CONFIG from the labels JobSet puts on the
 pod (read through the downward API) and the role counts in ``contract.K8S_ROLES``
-(``tfrun.in_task.pod.jobset_tf_config``), identically in every pod, and waits until every peer's DNS name
+(``tfrun.in_task.start.pod.jobset_tf_config``), identically in every pod, and waits until every peer's DNS name
 resolves before training starts. ``failurePolicy.maxRestarts`` is the gang restart; the
 ``successPolicy`` ends the JobSet when the tracked roles (chief/workers, or the chief of
 a parameter-server cluster) succeed, and JobSet then deletes the ps/evaluator jobs.
@@ -37,7 +37,7 @@ from typing import Any
 from ... import contract
 from ...cluster import Topology
 from ...errors import ConfigError
-from ...in_task.pod import ROLES
+from ...in_task.start.pod import ROLES
 from ..config import STRATEGIES
 from ...flags import add_topology_flags, non_negative_int, split_module, topology_from
 from .base import Engine, Subcommand
@@ -67,7 +67,7 @@ _LABEL = "jobset.sigs.k8s.io/"
 class K8sJob:
     """What ``tfrun k8s`` turns into a manifest.
 
-    ``command``: what follows ``python -m tfrun.in_task.bootstrap`` (``train.py args`` or
+    ``command``: what follows ``python -m tfrun.in_task.start.bootstrap`` (``train.py args`` or
     ``-m module args``). ``cpu``/``memory``: Kubernetes quantities per task ("2", "4Gi").
     """
 
@@ -191,7 +191,7 @@ def _common_env(job: K8sJob) -> list[dict]:
 def _container(job: K8sJob, env: list[dict]) -> dict:
     container: dict[str, Any] = {
         "name": CONTAINER, "image": job.image,
-        "command": [job.python, "-m", "tfrun.in_task.bootstrap", *job.command],
+        "command": [job.python, "-m", "tfrun.in_task.start.bootstrap", *job.command],
         "env": env,
         "ports": [{"name": "tfjob-port" if job.kind == "tfjob" else "tfrun",
                    "containerPort": job.port, "protocol": "TCP"}],

@@ -2,9 +2,9 @@
 
 Each task is started in its own session (so its own process group); stopping a task
 signals the whole group, which reaches anything the task started too. Where cgroup v2
-allows it, each task also runs in a cgroup of its own (``tfrun.launch.cgroups``), which
+allows it, each task also runs in a cgroup of its own (``tfrun.launch.processes.cgroups``), which
 also holds a helper that left the group with ``setsid``: releasing the task kills the
-whole cgroup. A small reaper process (``tfrun.launch.reaper``) holds the list of live
+whole cgroup. A small reaper process (``tfrun.launch.processes.reaper``) holds the list of live
 groups and cgroups and SIGKILLs them if the process that owns this backend dies without
 closing it (SIGKILL, crash). Output (stdout and stderr merged, so their order is kept)
 is returned as a pipe. The tasks' TMPDIR is a directory of the run, removed when the
@@ -33,22 +33,23 @@ from typing import IO
 from ... import contract
 from ...cluster import ClusterPlan, TaskId, parse_address
 from ...errors import ConfigError
-from .. import cgroups, run, run_tmp
-from ..cgroups import TaskCgroups
+from ..processes import cgroups, run_tmp
+from ..preparing import check_python, resolved_block, write_config
+from ..processes.cgroups import TaskCgroups
 from ..config import NETWORK_MODES
-from ..devices import describe_shares, local_shares
-from .. import forked_tasks
-from ..forked_tasks import ForkedTask, TaskStarter, python_of
-from ..loopback import LoopbackNetwork, LoopbackUnavailable
-from ..netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
-from ..oom import OomWatch
-from ..process_end import wait_or_kill
-from ..ports import PortReservation
-from ..run_tmp import RunTemporaryDirectory
-from ..rundir import run_dir_for
+from ..processes.devices import describe_shares, local_shares
+from ..processes import forked_tasks
+from ..processes.forked_tasks import ForkedTask, TaskStarter, python_of
+from ..network.loopback import LoopbackNetwork, LoopbackUnavailable
+from ..network.netns import HOST_LOOPBACK, NetworkUnavailable, PrivateNetwork
+from ..processes.oom import OomWatch
+from ..processes.process_end import wait_or_kill
+from ..network.ports import PortReservation
+from ..processes.run_tmp import RunTemporaryDirectory
+from ..results.rundir import run_dir_for
 from ..specs import spec_factory
 from ..exit_codes import exit_code_of
-from ..ports import hold_port
+from ..network.ports import hold_port
 from .base import CONTROLLED_ENV, Backend, Engine, TaskHandle, TaskSpec
 
 __all__ = ["LocalBackend", "LocalEngine", "MAX_LOCAL_TASKS", "training_done_marker"]
@@ -67,7 +68,7 @@ class _Reaper:
 
     def __init__(self, run_dir: Path) -> None:
         env = {**os.environ, contract.REAPER_FOR: str(run_dir)}
-        self.process = subprocess.Popen([sys.executable, "-m", "tfrun.launch.reaper"],
+        self.process = subprocess.Popen([sys.executable, "-m", "tfrun.launch.processes.reaper"],
                                         stdin=subprocess.PIPE, start_new_session=True, text=True,
                                         env=env)
 
@@ -206,7 +207,7 @@ class LocalBackend(Backend):
 
     def _forked(self, spec: TaskSpec, env: dict) -> ForkedTask | None:
         """The task as a fork of this run's task starter here, or None: it starts on its
-        own (see ``tfrun.launch.forked_tasks`` for when)."""
+        own (see ``tfrun.launch.processes.forked_tasks`` for when)."""
         python = python_of(spec.argv)
         cwd = spec.cwd or os.getcwd()
         if python is None or not forked_tasks.wanted(env) or self._starter_failed \
@@ -397,7 +398,7 @@ class LocalEngine(Engine):
     @classmethod
     def check(cls, config, chosen: bool) -> None:
         if chosen:
-            run.check_python(config)  # this machine starts the tasks (or some of them)
+            check_python(config)  # this machine starts the tasks (or some of them)
 
     @classmethod
     def check_plan(cls, config, plan: ClusterPlan) -> None:
@@ -455,16 +456,16 @@ class LocalEngine(Engine):
                 where = "host (single task: no TensorFlow server)"
             with run_dir_for(config) as locked:
                 run_dir = locked.path
-                run.write_config(config, plan, run_dir, multi)
+                write_config(config, plan, run_dir, multi)
                 # Made before the banner, so that it reports the containment the tasks get.
                 task_cgroups = held_cgroups = cgroups.TaskCgroups.create()
-                console.info(run.resolved_block(config, plan, run_dir, multi, network=where,
+                console.info(resolved_block(config, plan, run_dir, multi, network=where,
                                                 containment=_containment(task_cgroups),
                                                 placement=describe_shares(shares)))
                 backend = LocalBackend(network=network, cgroups=task_cgroups)
                 make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=False,
                                          task_env={t: s.env() for t, s in shares.items()})
-                return run.supervise(config, plan, run_dir, {t: backend for t in plan.tasks},
+                return self.supervise(config, plan, run_dir, {t: backend for t in plan.tasks},
                                      make_spec, console, self.started)
         finally:
             _release(held)

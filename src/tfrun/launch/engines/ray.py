@@ -31,10 +31,11 @@ from typing import IO, Any
 
 from ...cluster import TaskId, parse_address, plan_cluster
 from ...errors import ConfigError
-from .. import run
+from ..preparing import resolved_block, write_config
+from ..elastic_planning import batch_env_for, elastic_env
 from ..remote.protocol import LOST_EXIT_CODE
-from ..rendezvous import distinct_hosts, probe_address
-from ..rundir import run_dir_for
+from ..network.rendezvous import distinct_hosts, probe_address
+from ..results.rundir import run_dir_for
 from ..specs import spec_factory
 from .base import Backend, Engine, TaskHandle, TaskSpec
 from .host_answer import HostAnswer
@@ -83,7 +84,7 @@ class _TaskHost:
 
     def reserve_port(self) -> int:
         """Hold a free port on this node until the task's TensorFlow server binds it."""
-        from ..ports import PortReservation
+        from ..network.ports import PortReservation
 
         self.reserved = PortReservation.reserve(1)
         return self.reserved.ports[0]
@@ -401,17 +402,17 @@ class RayEngine(Engine):
                 place = _Placer(config, ray, run_dir, backends)
                 plan, backend = place(list(plan.tasks))
                 nodes = distinct_hosts(backend.nodes.values())
-                console.info(run.resolved_block(config, plan, run_dir, True,
+                console.info(resolved_block(config, plan, run_dir, True,
                                              mode=f"ray: {len(plan.tasks)} actors in one placement "
                                                   f"group ({config.ray_placement}) on "
                                                   f"{', '.join(nodes)}"))
-                batch_env = run.batch_env_for(config, plan)
+                batch_env = batch_env_for(config, plan)
                 make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True,
                                          task_env=batch_env(plan))
                 reform = None
                 if config.min_nodes is not None:
                     reform = _RayElastic(place, backend, batch_env, run_dir)
-                return run.supervise(config, plan, run_dir, {t: backend for t in plan.tasks},
+                return self.supervise(config, plan, run_dir, {t: backend for t in plan.tasks},
                                      make_spec, console, self.started, reform=reform)
         finally:
             for backend in backends:
@@ -443,7 +444,7 @@ class _Placer:
         hosts = [f"{backend.nodes[t]}:{ports[t]}" for t in training]
         topology = replace(config.topology, workers=sum(t.role == "worker" for t in tasks))
         plan = plan_cluster(topology, hosts=hosts, base_port=config.base_port)
-        run.write_config(replace(config, topology=topology), plan, self.run_dir, True)
+        write_config(replace(config, topology=topology), plan, self.run_dir, True)
         return plan, backend
 
 
@@ -473,7 +474,7 @@ class _RayElastic:
         config = replace(self.place.config, topology=replace(self.place.config.topology,
                                                              workers=len(tasks)))
         make_spec = spec_factory(config, plan, self.run_dir, with_tf_config=True, remote=True,
-                                 task_env=run.elastic_env(self.batch_env(plan), away))
+                                 task_env=elastic_env(self.batch_env(plan), away))
         return plan, {t: backend for t in plan.tasks}, make_spec
 
 

@@ -81,7 +81,7 @@ def _without_wrapper_frames(lines: list[str]) -> list[str]:
 
     >>> print("\\n".join(_without_wrapper_frames([
     ...     "Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
-    ...     "    model.fit(x)", '  File "/s/tfrun/in_task/metrics.py", line 3, in fit',
+    ...     "    model.fit(x)", '  File "/s/tfrun/in_task/measure/metrics.py", line 3, in fit',
     ...     "    return fit_of(self)(x)", "           ^^^^", '  File "/s/keras/x.py", line 2',
     ...     "ValueError: bad"])))
     Traceback (most recent call last):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..output import ConsoleSink
-from ..process_end import wait_or_kill
+from ..processes.process_end import wait_or_kill
 from .protocol import Channel
 from .links import NodeLink, RemoteBackend
 from ..engines.base import TaskSpec

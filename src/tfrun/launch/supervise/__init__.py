@@ -4,8 +4,8 @@ ended (typed statuses), ``summary.py`` says it (console, ``summary.json``), and
 ``diagnose.py`` finds the root cause among several failed tasks.
 """
 
-from .records import (HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus,
-                      TaskRecord)
+from .records import (
+    HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus, TaskRecord)
 from .summary import describe_outcome, describe_result
 from .supervisor import Supervisor
 

@@ -7,7 +7,7 @@ worker:0) with an error naming the culprit::
     UNAVAILABLE: ... The following tasks are unhealthy (stopped sending heartbeats):
     /job:worker/replica:0/task:1
 
-tfrun's shared-memory all-reduce (``tfrun.in_task.shm_allreduce``) says the same in its own
+tfrun's shared-memory all-reduce (``tfrun.in_task.exchange.shm_allreduce``) says the same in its own
 words: ``tfrun shared-memory all-reduce: worker:1 left the exchange``.
 ``culprits`` finds such names, so the supervisor can blame the real task.
 
@@ -35,7 +35,7 @@ _TASK = r"/job:(\w+)/replica:\d+/task:(\d+)"
 _UNHEALTHY = re.compile(r"stopped sending heartbeats\):\s*\n((?:\s*" + _TASK + r"\s*\n?)+)")
 # Older wording: "Task /job:worker/replica:0/task:1 heartbeat timeout. This indicates ..."
 _TIMEOUT = re.compile(_TASK + r",? heartbeat timeout")
-# tfrun.in_task.shm_allreduce and tcp_allreduce: a peer's socket closed under an all-reduce.
+# tfrun.in_task.exchange.shm_allreduce and tcp_allreduce: a peer's socket closed under an all-reduce.
 _LEFT_EXCHANGE = re.compile(
     r"tfrun (?:shared-memory|TCP) all-reduce: (chief|worker):(\d+) left the exchange")
 
@@ -82,7 +82,7 @@ def raised_inside_tfrun(log_text: str) -> str | None:
     ...     'ValueError: no device')
     '/x/site-packages/tfrun/in_task/compat/keras3.py:91 in <lambda>'
     >>> raised_inside_tfrun('Traceback (most recent call last):\\n'
-    ...     '  File "/x/tfrun/in_task/metrics.py", line 3, in fit\\n'
+    ...     '  File "/x/tfrun/in_task/measure/metrics.py", line 3, in fit\\n'
     ...     '  File "/x/keras/src/utils/traceback_utils.py", line 122, in error_handler\\n'
     ...     'ValueError: bad shape') is None
     True
@@ -104,7 +104,7 @@ def raised_inside_tfrun(log_text: str) -> str | None:
     ...     '  File "/x/tensorflow/python/eager/execute.py", line 53, in quick_execute\\n'
     ...     'tensorflow.python.framework.errors_impl.UnavailableError: Graph execution error:\\n'
     ...     'Detected at node CollectiveReduceV2 defined at (most recent call last):\\n'
-    ...     '  File "/x/tfrun/in_task/allreduce.py", line 60, in all_reduce\\n'
+    ...     '  File "/x/tfrun/in_task/exchange/allreduce.py", line 60, in all_reduce\\n'
     ...     'Collective ops is aborted by: ...') is None
     True
     """

@@ -18,8 +18,8 @@ from ..output import last_traceback
 from .context import RunContext
 from .diagnose import culprits
 from .elastic import Elastic
-from .policy import (EXCEPTION_CLASSES, Decision, FailureClass, FailurePolicy, TaskExit,
-                     TaskState, classify_exit)
+from .policy import (
+    EXCEPTION_CLASSES, Decision, FailureClass, FailurePolicy, TaskExit, TaskState, classify_exit)
 from .records import TaskRecord
 from .summary import describe_code, log_tail
 

@@ -1,6 +1,6 @@
 """The hang clock and the culprit finder: pure decisions on what the tasks report.
 
-Each task's resources samples (``tfrun.in_task.progress``, every couple of seconds from a
+Each task's resources samples (``tfrun.in_task.measure.progress``, every couple of seconds from a
 thread that runs while its main thread is blocked) say how many training steps it completed
 and what it is doing. The clock declares a hang when no task completed a step for the
 *step limit* -- ``max(60 s, 20 x the median step time)`` by default (``--step-timeout``) --
@@ -16,7 +16,7 @@ At a hang, the evidence names the culprit(s), most telling first:
 
 1. a task whose samples stopped coming (it is stopped, or stuck holding Python's lock);
 2. a task that never arrived at the collective of tfrun's exchange the others wait in (their
-   samples count the collectives each entered and left: ``tfrun.in_task.arrivals``) --
+   samples count the collectives each entered and left: ``tfrun.in_task.exchange.arrivals``) --
    evidence even when every task is inside a step at the same count;
 3. a task outside a training step while others wait inside one (its callbacks, its input);
 4. a task that completed fewer steps than the others;
@@ -86,7 +86,7 @@ class TaskProgress(NamedTuple):
     host: str | None
     sampled_at: float | None       # monotonic time of its newest sample (None: none yet)
     steps_done: int                # steps its process completed
-    doing: str                     # what its main thread does (see tfrun.in_task.progress)
+    doing: str                     # what its main thread does (see tfrun.in_task.measure.progress)
     advanced_at: float | None = None   # monotonic time steps_done last grew (None: never)
     seconds_per_step: float | None = None
     #: (collectives of tfrun's exchange entered, left); None: none (TensorFlow's own

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from ...contract import TF_CONFIG_REPLACED
-from ..rendezvous import JoinProbe
+from ..network.rendezvous import JoinProbe
 from .records import TaskRecord
 from .summary import log_tail
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ...records import TaskError
 from ..exit_codes import LOST_EXIT_CODE, USAGE_ERROR_EXIT_CODE, exit_code_of
-from ..oom import OOM_KILLED_NOTE
+from ..processes.oom import OOM_KILLED_NOTE
 from .diagnose import raised_inside_tfrun
 
 __all__ = ["TaskState", "Decision", "FailureClass", "TaskExit", "FailurePolicy",

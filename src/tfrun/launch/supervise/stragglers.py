@@ -5,7 +5,7 @@ whole run -- and nothing says which. Two kinds of evidence come with each resour
 (every 2 s, and every few steps of a fast job), and a task is named a straggler when either sets it apart in its last samples:
 
 * **its CPUs are taken** (``cpu-taken``): ``cpu_taken``, the share of the task's own CPUs
-  other processes used (``tfrun.in_task.contention``), is at least ``1 - 1/1.3`` (it runs at
+  other processes used (``tfrun.in_task.measure.contention``), is at least ``1 - 1/1.3`` (it runs at
   least 1.3x slower than on its own) and at least 0.2 more than any other task's: CPUs
   every task shares (unpinned tasks on one host) name nobody; and where tfrun's exchange
   keeps arrival records (below), they must show the others waiting for it: its own work
@@ -13,13 +13,13 @@ whole run -- and nothing says which. Two kinds of evidence come with each resour
   that slows nobody is no straggler (two tasks of the run sharing CPUs count each other's
   work as taken);
 * **its own work is slower** (``own-work``): from the arrival records of tfrun's exchange
-  (``tfrun.in_task.arrivals``: the seconds each task spent inside all-reduces), a task's
+  (``tfrun.in_task.exchange.arrivals``: the seconds each task spent inside all-reduces), a task's
   own work per step is its step time minus that wait. The others wait in every all-reduce
   for a task whose own work -- its compute, or its input pipeline -- takes at least 1.3x
   theirs (and 1 ms more) in each of its last windows, three at least, over 15 steps
   and 0.6 s at least: more work, a slower CPU, a slower input -- not a busy machine's
   hiccup, nor one slower trace of a new function. The windows are counted in steps (a
-  task samples every few steps: ``tfrun.in_task.progress``), so a straggler is named
+  task samples every few steps: ``tfrun.in_task.measure.progress``), so a straggler is named
   within 50 of its steps whether a step takes 10 ms or 4 s. Steps are
   timed from step end to step end (``last_step_at``), so the time a sample falls after a
   step -- after the last one, the tail of the run -- counts for nobody. What the extra
@@ -64,7 +64,7 @@ _MIN_SLOWER = 1.3
 _MIN_EXTRA_SECONDS = 0.001
 #: ... in each window of its last ones that span this many steps (three windows at least):
 #: counted in steps, so a task is named within 50 of them whatever its step time (the
-#: task samples every few steps: ``tfrun.in_task.progress.SAMPLE_STEPS``). A window of one
+#: task samples every few steps: ``tfrun.in_task.measure.progress.SAMPLE_STEPS``). A window of one
 #: or two steps that spans the tracing of a new function (a second fit, an evaluation) is
 #: no straggler's evidence (a clean two-host run's slower trace once read as 10x slower
 #: steps).

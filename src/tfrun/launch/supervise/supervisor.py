@@ -35,10 +35,10 @@ from .exits import ExitJudge
 from .joining import JoinWatch
 from .membership import Membership
 from .policy import Decision, FailureClass, FailurePolicy, TaskState
-from .records import (HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus,
-                      TaskRecord)
-from .run_states import (Ended, Outcome, Reforming, Restarting, RunState, Starting, Watch,
-                         next_state)
+from .records import (
+    HANG_TIMEOUT_EXIT_CODE, JOIN_TIMEOUT_EXIT_CODE, RunResult, RunStatus, TaskRecord)
+from .run_states import (
+    Ended, Outcome, Reforming, Restarting, RunState, Starting, Watch, next_state)
 from .summary import describe_outcome
 from .status import StatusLine
 from .stopping import TaskStopper

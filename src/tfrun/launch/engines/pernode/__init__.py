@@ -30,13 +30,14 @@ from ....errors import ConfigError
 from ..base import Backend, Engine, TaskSpec
 from .hub import HubBackend
 from ..local import LocalBackend
-from ... import run
+from ...preparing import check_python, resolved_block, write_config
+from ...elastic_planning import ElasticPlanner, batch_env_for, elastic_env, elastic_plan
 from ...config import LaunchConfig
 from ....flags import port
 from ...output import ConsoleSink
 from ...remote.protocol import Channel, ProtocolError
-from ...rendezvous import distinct_hosts, resolve_node_rank
-from ...rundir import run_dir_for
+from ...network.rendezvous import distinct_hosts, resolve_node_rank
+from ...results.rundir import run_dir_for
 from ...specs import spec_factory, task_hosts
 from ...exit_codes import JOIN_TIMEOUT_EXIT_CODE
 
@@ -133,7 +134,7 @@ def run_node_agent(config: LaunchConfig, plan: ClusterPlan, rank: int,
         Path(config.runs_root) / str(reply.get("run_name") or f"node-{rank}")
     run_dir = run_dir.resolve()
     console.info(f"joined; run dir {run_dir}")
-    batch_env = run.batch_env_for(config, plan)
+    batch_env = batch_env_for(config, plan)
     make_spec = spec_factory(config, plan, run_dir, with_tf_config=len(plan.tasks) > 1,
                              remote=True, task_env=batch_env(plan))
     memberships: dict[tuple[str, ...], tuple[list[TaskId], object]] = {(): (mine, make_spec)}
@@ -149,11 +150,11 @@ def run_node_agent(config: LaunchConfig, plan: ClusterPlan, rank: int,
                                   expected="an elastic run (--min-nodes) of these --hosts",
                                   fix="Start every node with the same flags",
                                   received=f"hosts away: {', '.join(away)}")
-            smaller, new_plan = run.elastic_plan(config, frozenset(away))
+            smaller, new_plan = elastic_plan(config, frozenset(away))
             memberships[away] = (
                 [t for t, h in task_hosts(new_plan).items() if h == nodes[rank]],
                 spec_factory(smaller, new_plan, run_dir, with_tf_config=True, remote=True,
-                             task_env=run.elastic_env(batch_env(new_plan), away)))
+                             task_env=elastic_env(batch_env(new_plan), away)))
         return memberships[away]
 
     def spec_for(message: dict) -> TaskSpec:
@@ -231,7 +232,7 @@ class PerNodeEngine(Engine):
     @classmethod
     def check(cls, config, chosen: bool) -> None:
         if chosen:
-            run.check_python(config)  # this machine starts the tasks (or some of them)
+            check_python(config)  # this machine starts the tasks (or some of them)
 
     @classmethod
     def check_plan(cls, config, plan) -> None:
@@ -239,8 +240,8 @@ class PerNodeEngine(Engine):
         resolve_node_rank(config.hosts or (), None if config.node_rank == "auto"
                           else config.node_rank)
 
-    def __init__(self, config, console, started: float) -> None:
-        super().__init__(config, console, started)
+    def __init__(self, config, console, started: float, supervise=None) -> None:
+        super().__init__(config, console, started, supervise)
         given = None if config.node_rank == "auto" else config.node_rank
         self.rank = resolve_node_rank(config.hosts or (), given)
 
@@ -256,8 +257,8 @@ class PerNodeEngine(Engine):
         hosts = task_hosts(plan)
         with run_dir_for(config) as locked:
             run_dir = locked.path
-            run.write_config(config, plan, run_dir, multi)
-            console.info(run.resolved_block(
+            write_config(config, plan, run_dir, multi)
+            console.info(resolved_block(
                 config, plan, run_dir, multi, heartbeat=True,
                 mode=f"per-node, hub (rank 0 of {len(nodes)}: {nodes[0]}), "
                      f"rendezvous {nodes[0]}:{config.rdzv_port}"))
@@ -265,26 +266,26 @@ class PerNodeEngine(Engine):
             local = LocalBackend(hold_ports=True)
             backends: dict[TaskId, Backend] = {t: local if hosts[t] == nodes[0] else hub
                                                for t in plan.tasks}
-            batch_env = run.batch_env_for(config, plan)
+            batch_env = batch_env_for(config, plan)
             make_spec = spec_factory(config, plan, run_dir, with_tf_config=multi, remote=True,
                                      task_env=batch_env(plan))
             reform = None
             if config.min_nodes is not None:
                 def replan(smaller, new_plan, away):
-                    run.write_config(smaller, new_plan, run_dir, True)
+                    write_config(smaller, new_plan, run_dir, True)
                     new_hosts = task_hosts(new_plan)
                     return new_plan, {t: local if new_hosts[t] == nodes[0] else hub
                                       for t in new_plan.tasks}, spec_factory(
                         smaller, new_plan, run_dir, with_tf_config=True, remote=True,
-                        task_env=run.elastic_env(batch_env(new_plan), away))
+                        task_env=elastic_env(batch_env(new_plan), away))
 
-                reform = run.ElasticPlanner(config, replan)
-            return run.supervise(config, plan, run_dir, backends, make_spec, console,
+                reform = ElasticPlanner(config, replan)
+            return self.supervise(config, plan, run_dir, backends, make_spec, console,
                                  self.started, reform=reform)
 
     def follow(self, plan) -> int:
         """Any other rank: join the hub, run this node's tasks, exit with the run's code."""
-        self.console.info(run.resolved_block(self.config, plan, Path("(from the hub)"),
+        self.console.info(resolved_block(self.config, plan, Path("(from the hub)"),
                                              len(plan.tasks) > 1, heartbeat=True,
                                              mode=f"per-node, rank {self.rank}"))
         return run_node_agent(self.config, plan, self.rank, self.console)

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 
 from ....cluster import ClusterPlan, Topology, plan_cluster
 from ....errors import ConfigError
-from ... import run
+from ..one_backend import supervise_through_one_backend
 from ...config import LaunchConfig
 from ....flags import non_negative_int
-from ...rendezvous import distinct_hosts
+from ...network.rendezvous import distinct_hosts
 from ...specs import task_hosts
 from ..base import Engine, Subcommand
 from .allocation import SlurmJob, apply_slurm, job_description, place_tasks
@@ -133,8 +133,8 @@ class SlurmEngine(Engine):
         config, console = self.config, self.console
         nodes = distinct_hosts(task_hosts(plan).values())
         mode = f"slurm: srun starts an agent on {', '.join(nodes)} ({job_description(os.environ)})"
-        return run.supervise_through_one_backend(
-            config, plan, console, self.started, mode,
+        return supervise_through_one_backend(
+            self, plan, mode,
             lambda: SrunBackend(nodes, python=config.python,
                                 workdir=config.remote_dir or os.getcwd(),
                                 heartbeat_timeout=config.heartbeat_timeout,

@@ -278,7 +278,7 @@ def apply_slurm(config: LaunchConfig, environ: Mapping[str, str]
     used = {parse_address(h)[0] for h in hosts}
     if config.min_nodes is not None:
         # An elastic run keeps the allocation's nodes without a task as spares: each takes
-        # the place of a lost node, in the allocation's order (``run.elastic_hosts``).
+        # the place of a lost node, in the allocation's order (``elastic_planning.elastic_hosts``).
         spares = [n for n in job.nodes if n not in used]
         hosts += tuple(f"{node}:{config.base_port + len(hosts) + i}"
                        for i, node in enumerate(spares))

@@ -20,9 +20,10 @@ from typing import Sequence
 
 from ....cluster import parse_address
 from ....errors import ConfigError
-from ... import run
+from ...preparing import plan_for
+from ..one_backend import supervise_through_one_backend
 from ...output import ConsoleSink
-from ...rendezvous import LOOPBACK_NAMES, distinct_hosts
+from ...network.rendezvous import LOOPBACK_NAMES, distinct_hosts
 from ...specs import task_hosts
 from ..base import Engine, Subcommand
 from ..host_answer import HostAnswer, ask_by_command
@@ -116,8 +117,8 @@ class SshEngine(Engine):
         nodes = distinct_hosts(task_hosts(plan).values())
         if config.doctor:
             preflight(config, plan, console)
-        return run.supervise_through_one_backend(
-            config, plan, console, self.started, f"ssh to {', '.join(nodes)}",
+        return supervise_through_one_backend(
+            self, plan, f"ssh to {', '.join(nodes)}",
             lambda: SshBackend(nodes, python=config.python,
                                remote_dir=config.remote_dir or os.getcwd(),
                                ssh_opts=config.ssh_opts,
@@ -138,7 +139,7 @@ def _run_doctor(argv, parse_launch) -> int:
                           fix="Pass e.g. tfrun doctor --hosts node-1,node-2 train.py",
                           received=list(argv))
     console = ConsoleSink(color=config.color)
-    preflight(config, run.plan_for(config), console,
+    preflight(config, plan_for(config), console,
               check_script=config.entrypoint[0] == "script")
     console.info("every host is ready")
     return 0

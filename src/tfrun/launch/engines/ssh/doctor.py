@@ -30,7 +30,7 @@ from ....errors import ConfigError
 from .command import ssh_command
 from ...config import LaunchConfig
 from ...output import ConsoleSink
-from ...rendezvous import LOOPBACK_NAMES, distinct_hosts
+from ...network.rendezvous import LOOPBACK_NAMES, distinct_hosts
 from ...specs import task_hosts
 
 __all__ = ["HostReport", "check_hosts", "preflight", "PACKAGES"]
