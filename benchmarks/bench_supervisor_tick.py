@@ -7,7 +7,8 @@ each round it folds what the tasks reported and decides. This times the deciding
 round for N tasks, from their records as the launcher keeps them (``TaskLogger``, fed 32
 samples each through the method the output reader calls, and one more sample each before
 every round: the worst case, steps of a few milliseconds): the "all succeeded" scan,
-the hang clocks (``Watchdogs.check``: each task's progress, the step and phase limits) and
+every task's status (``monitor``: the frozen fold of its record the decisions read), the
+hang clocks (``Watchdogs.check``: each task's progress, the step and phase limits) and
 the straggler finder (``StragglerWatch.check``, made to look at every round; it looks at most
 five times a second in a run). The tasks' exits are polled by their backends and are not in
 it. A cluster this machine cannot hold is simulated, not started: it measures tfrun's own
@@ -35,6 +36,7 @@ from tfrun.launch.output import TaskLogger
 from tfrun.launch.supervise.policy import TaskState
 from tfrun.launch.supervise.records import TaskRecord
 from tfrun.launch.supervise.stragglers import StragglerWatch
+from tfrun.launch.supervise.task_status import monitor
 from tfrun.launch.supervise.watchdogs import Watchdogs
 from tfrun.records import TaskSample
 
@@ -72,12 +74,13 @@ def one_round(records, watchdogs: Watchdogs, stragglers: StragglerWatch) -> floa
     tracked = [r for r in records if r.tracked]
     if tracked and all(r.state == TaskState.SUCCEEDED for r in tracked):
         raise SystemExit("every simulated task looks done: the round would end here")
-    found = watchdogs.check(time.monotonic() - 5.0)
+    statuses = monitor(records)
+    found = watchdogs.check(time.monotonic() - 5.0, statuses)
     if found is not None:
         raise SystemExit(f"the simulated tasks look hung ({found[1][:300]}): the records "
                          "are not what they mean")
     stragglers._checked_at = 0.0  # look every round (the loop looks at most every 0.2 s)
-    stragglers.check(records)
+    stragglers.check(statuses)
     return time.perf_counter() - started
 
 
@@ -86,7 +89,7 @@ def read_every_record(records) -> float:
     its steps), deciding nothing. Its time per task grows with the records too, as they
     outgrow the CPU's caches; the round's ratio to it is what tfrun's own work adds."""
     started = time.perf_counter()
-    [(r.host, list(r.logger.work), r.logger.progress[1]) for r in records]
+    [(r.host, list(r.logger.work), r.logger.progress.steps_done) for r in records]
     return time.perf_counter() - started
 
 

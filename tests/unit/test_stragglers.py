@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from tfrun.launch.supervise.stragglers import StragglerWatch, TaskLoad, find_stragglers
+from tfrun.launch.supervise.task_status import TaskStatus
 from tfrun.records import TaskSample
 
 
@@ -59,20 +60,15 @@ def test_a_new_sample_is_looked_at_as_it_arrives_not_up_to_a_second_later(monkey
     """The supervisor calls ``check`` ten times a second; the samples come every few
     seconds. A sample that brings the evidence is looked at on arrival (at most every
     0.2 s); with no new sample, once a second."""
-    from types import SimpleNamespace
 
-    from tfrun.cluster import TaskId
     from tfrun.launch.supervise import stragglers
-    from tfrun.launch.supervise.policy import TaskState
 
     clock = [100.0]
     monkeypatch.setattr(stragglers.time, "monotonic", lambda: clock[0])
 
-    def record(index, taken, sampled_at):
-        logger = SimpleNamespace(cpu_taken=list(taken), progress=(sampled_at, 40, "training"),
-                                 work=[])
-        return SimpleNamespace(task=TaskId("worker", index), tracked=True, host="h",
-                               handle=None, state=TaskState.RUNNING, logger=logger)
+    def record(index, taken, sampled_at):  # a task's status in one round of the loop
+        return TaskStatus(f"worker:{index}", "h", sampled_at, 40, "training",
+                          taken=tuple(taken))
 
     said = []
     watch = StragglerWatch(say=said.append)
@@ -325,10 +321,8 @@ def test_a_finding_stands_when_training_ends_it_is_not_taken_back(monkeypatch):
     """The 10 ms run's straggler was followed by "no straggler any more: every task keeps
     pace again" at its end: worker:0 had left, worker:1 alone named nobody. Once a task's
     training is over (after training, or no longer running), nothing is looked at."""
-    from types import SimpleNamespace
 
     from tfrun import contract
-    from tfrun.cluster import TaskId
     from tfrun.launch.supervise import stragglers
     from tfrun.launch.supervise.policy import TaskState
 
@@ -336,9 +330,8 @@ def test_a_finding_stands_when_training_ends_it_is_not_taken_back(monkeypatch):
     monkeypatch.setattr(stragglers.time, "monotonic", lambda: clock[0])
 
     def record(index, taken, doing="a training step", state=TaskState.RUNNING):
-        logger = SimpleNamespace(cpu_taken=list(taken), progress=(clock[0], 40, doing), work=[])
-        return SimpleNamespace(task=TaskId("worker", index), tracked=True, host="h",
-                               handle=None, state=state, logger=logger)
+        return TaskStatus(f"worker:{index}", "h", clock[0], 40, doing, state=state,
+                          taken=tuple(taken))
 
     said = []
     watch = StragglerWatch(say=said.append)

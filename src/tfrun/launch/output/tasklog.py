@@ -11,7 +11,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, NamedTuple
 
 from ...contract import DEVICES_REPLACED, TRAINING_EVENTS
 from ...records import TaskError, TaskSample
@@ -19,7 +19,20 @@ from .console import ConsoleSink
 from .noise import NoiseFilter
 from .splitter import OutputSplitter, read_chunks
 
-__all__ = ['TaskLogger', 'describe_write_error', 'replaced_device_count']
+__all__ = ['Progress', 'TaskLogger', 'describe_write_error', 'replaced_device_count']
+
+
+#: How many values of the CPU others took, and samples with arrival records, a logger keeps.
+_TAKEN_KEPT, _WORK_KEPT = 4, 32
+
+
+class Progress(NamedTuple):
+    """A task's newest progress: when its sample came (monotonic), the steps its process
+    completed, what its main thread is doing."""
+
+    sampled_at: float
+    steps_done: int
+    doing: str
 
 
 #: Seconds of samples in each ``TaskLogger.cpu_taken`` value, at least.
@@ -73,9 +86,9 @@ class TaskLogger:
     #: the newest global step the task reported (its resources samples, every few seconds,
     #: and the step it had reached when told to stop)
     last_step: int | None = None
-    #: the task's progress for the hang clock (launch.supervise.hang): (monotonic time of
-    #: the newest resources sample, steps its process completed, what it is doing) ...
-    progress: tuple[float, int, str] | None = None
+    #: the task's progress for the hang clock (launch.supervise.hang): when its newest
+    #: sample came (monotonic), the steps its process completed, what it is doing ...
+    progress: Progress | None = None
     #: ... when its steps last grew (None: not since its start), and its recent step time
     advanced_at: float | None = None
     seconds_per_step: float | None = None
@@ -83,7 +96,9 @@ class TaskLogger:
     doing_since: float | None = None
     #: the share of its CPUs other processes took, oldest first: one value per
     #: ``TAKEN_SPAN`` seconds of samples at least (their mean, weighted by their time)
-    cpu_taken: deque = field(default_factory=lambda: deque(maxlen=4))
+    #: (tuples, replaced whole as samples come: a round of the watch loop reads them as
+    #: they were, while this logger's reader thread goes on)
+    cpu_taken: tuple[float, ...] = ()
     #: (weighted sum, seconds) of the samples not in ``cpu_taken`` yet; the newest's time
     _taken_part: tuple[float, float] = (0.0, 0.0)
     _sampled_at: float | None = None
@@ -91,7 +106,7 @@ class TaskLogger:
     exchanges: tuple[int, int] | None = None
     #: recent samples with arrival records, oldest first: the straggler finder's own
     #: work per step
-    work: deque = field(default_factory=lambda: deque(maxlen=32))
+    work: tuple[TaskSample, ...] = ()
     #: the measurements its newest sample that lacked any could not make (empty: all made)
     unmeasured: tuple[str, ...] = ()
     #: the exception that ended its script, as its bootstrap reported it (this start's)
@@ -194,7 +209,7 @@ class TaskLogger:
         if sample.exchanges_entered is not None and sample.exchanges_left is not None:
             self.exchanges = (sample.exchanges_entered, sample.exchanges_left)
             if sample.exchange_seconds is not None:
-                self.work.append(sample)
+                self.work = (*self.work[-(_WORK_KEPT - 1):], sample)
         self._note_taken(sample)
         if sample.unmeasured:
             self.unmeasured = sample.unmeasured
@@ -211,33 +226,34 @@ class TaskLogger:
         total, seconds = self._taken_part
         total, seconds = total + sample.cpu_taken * span, seconds + span
         if seconds >= TAKEN_SPAN:
-            self.cpu_taken.append(round(total / seconds, 3))
+            self.cpu_taken = (*self.cpu_taken[-(_TAKEN_KEPT - 1):], round(total / seconds, 3))
             total = seconds = 0.0
         self._taken_part = (total, seconds)
 
     def _note_progress(self, steps_done: int, doing: str) -> None:
         now = time.monotonic()
         before = self.progress
-        if before is not None and steps_done > before[1]:
+        if before is not None and steps_done > before.steps_done:
             if self.advanced_at is not None:  # a whole interval of steps: its mean
-                self.seconds_per_step = (now - self.advanced_at) / (steps_done - before[1])
+                self.seconds_per_step = (now - self.advanced_at) / (steps_done
+                                                                    - before.steps_done)
             self.advanced_at = now
         elif before is None and steps_done > 0:
             self.advanced_at = now
-        elif before is not None and steps_done < before[1]:  # a new process of the task
+        elif before is not None and steps_done < before.steps_done:  # a new process
             self.advanced_at = now if steps_done > 0 else None
-        if before is None or before[2] != doing:
+        if before is None or before.doing != doing:
             self.doing_since = now
-        self.progress = (now, steps_done, doing)
+        self.progress = Progress(now, steps_done, doing)
 
     def reset_progress(self) -> None:
         """The task starts again: its progress so far no longer counts."""
         self.progress, self.advanced_at, self.seconds_per_step = None, None, None
         self.doing_since = None
-        self.cpu_taken.clear()
+        self.cpu_taken = ()
         self._taken_part, self._sampled_at = (0.0, 0.0), None
         self.exchanges = None
-        self.work.clear()
+        self.work = ()
         self.error = None
 
     def _open_log(self) -> IO[bytes] | None:

@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from ... import contract
+from .task_status import TaskStatus
 
 __all__ = ["HangClock", "Hang", "Suspect", "TaskProgress", "IN_STEP", "step_limit"]
 
@@ -78,22 +78,8 @@ def step_limit(median_step_seconds: float | None, step_timeout: float | None) ->
     return max(_MIN_STEP_LIMIT, _STEP_FACTOR * (median_step_seconds or 0.0))
 
 
-class TaskProgress(NamedTuple):
-    """What the launcher knows of one running task's progress (a tuple: one is made per
-    task in every round of the watch loop)."""
-
-    task: str
-    host: str | None
-    sampled_at: float | None       # monotonic time of its newest sample (None: none yet)
-    steps_done: int                # steps its process completed
-    doing: str                     # what its main thread does (see tfrun.in_task.measure.progress)
-    advanced_at: float | None = None   # monotonic time steps_done last grew (None: never)
-    seconds_per_step: float | None = None
-    #: (collectives of tfrun's exchange entered, left); None: none (TensorFlow's own
-    #: collectives, or none yet)
-    exchanges: tuple[int, int] | None = None
-    #: monotonic time it began doing what it does (None: not known)
-    doing_since: float | None = None
+#: A task's progress, as the hang clock reads it: the leading fields of its status.
+TaskProgress = TaskStatus
 
 
 @dataclass(frozen=True)

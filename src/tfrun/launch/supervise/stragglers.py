@@ -51,6 +51,7 @@ from typing import NamedTuple
 from ... import contract
 from ...records import TaskSample
 from .policy import TaskState
+from .task_status import TaskStatus
 
 __all__ = ["StragglerWatch", "Straggler", "TaskLoad", "find_stragglers"]
 
@@ -458,32 +459,28 @@ class StragglerWatch:
         self._windows: dict[str, _MeasuredWindows] = {}  # each task's, measured as they come
         self._clearing_since: float | None = None  # since when a named one is not found
 
-    def check(self, records) -> None:
-        """From the running chiefs' and workers' records (their loggers' samples): as soon
-        as a new sample arrives (at most every ``_CHECK_GAP`` seconds), else once a second.
-        (Once a second alone named a straggler up to a second after its evidence came:
-        20 steps more of a 50 ms step.)"""
+    def check(self, statuses: list[TaskStatus]) -> None:
+        """From this round's ``statuses`` (the running chiefs' and workers' samples): as
+        soon as a new sample arrives (at most every ``_CHECK_GAP`` seconds), else once a
+        second. (Once a second alone named a straggler up to a second after its evidence
+        came: 20 steps more of a 50 ms step.)"""
         now = time.monotonic()
         since = now - self._checked_at
         if since < _CHECK_GAP:  # the supervisor calls ten times a second: most end here
             return
-        running = [r for r in records if r.tracked and r.state is TaskState.RUNNING
-                   and r.task.role != "evaluator"]
-        newest = max((r.logger.progress[0] for r in running if r.logger.progress), default=0.0)
+        computing = [s for s in statuses if s.computes]
+        running = [s for s in computing if s.state is TaskState.RUNNING]
+        newest = max((s.sampled_at for s in running if s.sampled_at is not None), default=0.0)
         if newest <= self._newest_seen and since < 1.0:
             return
         self._checked_at, self._newest_seen = now, newest
         # Once a task's training is over, the others' pace says nothing new: the finding
         # stands (a straggler that ends last is no task "keeping pace again").
-        if any(r.logger.progress and r.logger.progress[2] == contract.PHASE_AFTER_TRAINING
-               for r in running) or len(running) < len([r for r in records if r.tracked
-                                                         and r.task.role != "evaluator"]):
+        if len(running) < len(computing) or any(
+                s.doing == contract.PHASE_AFTER_TRAINING for s in running):
             return
-        loads = [TaskLoad(str(r.task), r.handle.host if r.handle and r.handle.host else r.host,
-                          list(r.logger.cpu_taken),
-                          r.logger.progress[1] if r.logger.progress else 0,
-                          list(r.logger.work))
-                 for r in running]
+        loads = [TaskLoad(s.task, s.host, list(s.taken), s.steps_done, list(s.work))
+                 for s in running]
         changed = self.update(loads, self._measure(loads), now)
         if changed is None or self._say is None:
             return

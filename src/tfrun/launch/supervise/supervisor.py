@@ -43,6 +43,7 @@ from .summary import describe_outcome
 from .status import StatusLine
 from .stopping import TaskStopper
 from .stragglers import StragglerWatch
+from .task_status import monitor
 from .watchdogs import Watchdogs
 
 __all__ = ["HANG_TIMEOUT_EXIT_CODE", "JOIN_TIMEOUT_EXIT_CODE", "RunResult", "Supervisor",
@@ -191,10 +192,11 @@ class Supervisor:
                 if join.timed_out():
                     return Outcome(Watch.JOIN_TIMEOUT, *join.failure())
             else:
-                found = self.watchdogs.check(watched_since)
+                statuses = monitor(self.records)  # one moment of every task, for both
+                found = self.watchdogs.check(watched_since, statuses)
                 if found is not None:
                     return Outcome(Watch.HANG, *found)
-                self.stragglers.check(self.records)
+                self.stragglers.check(statuses)
             self.status.tick()
             time.sleep(_POLL_SECONDS)
 

@@ -9,7 +9,7 @@
 Both ask every running task for its Python stacks (SIGUSR1) before the run is stopped.
 
     watchdogs = Watchdogs(config, lambda: records, backend_of, event)
-    found = watchdogs.check(watched_since)   # None, or (the task to blame, the message)
+    found = watchdogs.check(watched_since, monitor(records))  # None, or (blamed, message)
 """
 
 from __future__ import annotations
@@ -17,15 +17,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ... import contract
 from ..config import LaunchConfig
-from .hang import Hang, HangClock, TaskProgress
+from .hang import Hang, HangClock
 from .policy import TaskState
 from .records import TaskRecord
 from .stacks import STACK_DUMP_SECONDS, ask_for_stacks, main_thread_first
 from .summary import has_stack_dump
+from .task_status import TaskStatus
 
 __all__ = ["Watchdogs"]
+
+
+def progress(statuses: list[TaskStatus]) -> list[TaskStatus]:
+    """The chiefs' and workers' that run or ended well (those after training: a peer
+    waiting inside a step for one of them ran more steps than it did)."""
+    return [s for s in statuses if s.computes
+            and s.state in (TaskState.RUNNING, TaskState.SUCCEEDED)]
 
 
 class Watchdogs:
@@ -44,44 +51,23 @@ class Watchdogs:
         self.found_at: float | None = None
         self.finding: dict | None = None
 
-    def check(self, watched_since: float) -> tuple[TaskRecord | None, str] | None:
-        """After the cluster formed: (the task to blame, the message), or None."""
+    def check(self, watched_since: float,
+              statuses: list[TaskStatus]) -> tuple[TaskRecord | None, str] | None:
+        """After the cluster formed, from this round's ``statuses``: (the task to blame,
+        the message), or None."""
         if self.config.hang_timeout is not None:
             hung = self._silent_task(watched_since)
             if hung is not None:
                 self.found_at, self.finding = time.time(), None
                 return hung, self._silence(hung)
         if self._clock is not None:
-            hang = self._clock.check(time.monotonic(), self.progress(), watched_since)
+            hang = self._clock.check(time.monotonic(), progress(statuses), watched_since)
             if hang is not None:
                 self.found_at = time.time()
                 found = self._no_progress(hang)
                 self.finding = self.hang
                 return found
         return None
-
-    # ---------------------------------------------------------------- progress
-
-    def progress(self) -> list[TaskProgress]:
-        """The running chiefs' and workers' progress, as their samples report it; those that
-        already ended well are after training (a peer waiting inside a step for one of them
-        ran more steps than it did)."""
-        out = []
-        for r in self._records():
-            if not r.tracked or r.task.role == "evaluator" or r.state not in (
-                    TaskState.RUNNING, TaskState.SUCCEEDED):
-                continue
-            sample = r.logger.progress
-            doing = sample[2] if sample else contract.PHASE_SETUP
-            if r.state == TaskState.SUCCEEDED:
-                doing = contract.PHASE_AFTER_TRAINING
-            out.append(TaskProgress(
-                str(r.task), r.handle.host if r.handle and r.handle.host else r.host,
-                sampled_at=sample[0] if sample else None, steps_done=sample[1] if sample else 0,
-                doing=doing, advanced_at=r.logger.advanced_at,
-                seconds_per_step=r.logger.seconds_per_step, exchanges=r.logger.exchanges,
-                doing_since=r.logger.doing_since))
-        return out
 
     def _no_progress(self, hang: Hang) -> tuple[TaskRecord | None, str]:
         """Name the culprit(s) with their Python stacks (every running task dumps its own
