@@ -38,11 +38,16 @@ def _assert_the_stuck_worker_is_named(run: Run, flavour: str, limit: float) -> N
     assert "never arrived at all-reduce #" in hang["culprits"][0]["why"]
     assert run.summary["root_cause"]["task"] == "worker:1"
     assert run.tasks()["worker:1"]["note"].startswith("hang culprit: stuck in callbacks")
-    # The console names it, then shows its stacks with the main thread (the callback) first.
+    # The console names it, then shows one stack: its main thread, the script's frames
+    # first, tfrun's folded; the raw dumps (every thread of every task) stay in the logs.
     assert "the culprit: worker:1" in run.stdout
-    stacks = run.stdout.split("worker:1's Python stacks, main thread first")[1]
-    first = stacks.split("(most recent call first)")[1]
-    assert "stuck_worker.py" in first and "on_train_batch_end" in first, stacks[:3000]
+    stack = run.stdout.split("worker:1's Python stack, its main thread")[1]
+    stack = stack.split("the others' stacks: ")[0]
+    assert "stuck_worker.py" in stack and "on_train_batch_end" in stack, stack[:3000]
+    assert re.search(r"\(\d+ frames? of tfrun\)", stack), stack[:3000]
+    assert "(most recent call first)" not in run.stdout, run.stdout[-5000:]
+    assert "worker:0 in " in run.stdout.split("the others' stacks: ")[1]
+    assert "(most recent call first)" in (run.run_dir / "logs" / "worker-1.log").read_text()
     if flavour == "2":  # (one report is enough: the page, not the flavour, is under test)
         page = (run.run_dir / "report.html").read_text()
         findings = page.split("<h2>Findings</h2>")[1].split("<h2>")[0]

@@ -203,3 +203,22 @@ def test_every_dockerfile_in_the_docs_has_comments_only_on_lines_of_their_own():
                 assert text.startswith("#") or " #" not in text, (page.name, follow)
                 assert re.match(r"(#|[A-Z]+ )", text), (page.name, follow)  # an instruction
     assert found >= 1
+
+
+#: What history looks like in prose: a date, a commit hash next to a word that introduces
+#: one, a CI run's number. (A run directory's name, ``runs/20261122-101500-train``, is none.)
+_HISTORY = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b"
+                      r"|\b(?:at|since|until|before|after|commit|in)\s+`?[0-9a-f]{7,40}\b"
+                      r"|\bci\d{2,3}\b|\bthe (?:night|evening|morning) of\b")
+
+
+def test_the_pages_hold_no_history():
+    """README and the docs are for users and maintainers: no dates, commit hashes or CI run
+    numbers (history is in git, measurements in benchmarks.md with their commands)."""
+    found = [f"{page.relative_to(ROOT)}:{number}: {match.group(0)}"
+             for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+             for number, line in enumerate(page.read_text().splitlines(), 1)
+             for match in _HISTORY.finditer(line)]
+    assert found == [], found
+    assert _HISTORY.search("measured at 8a22c6f") and _HISTORY.search("ci94 failed")
+    assert _HISTORY.search("on 2026-11-27") and not _HISTORY.search("runs/20261122-101500-x")

@@ -65,6 +65,11 @@ _PEER_LEFT_CONTINUATION = re.compile(
     r":UNKNOWN:Error received from peer )")
 
 
+#: faulthandler's dump: a thread's header, then its frames ("  File "x.py", line 3 in f").
+_DUMP_HEADER = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
+_DUMP_FRAME = re.compile(r'^  (?:File "|<no Python frame>)')
+
+
 class NoiseFilter:
     """Stateful ``is_tf_noise`` for one task's stream: TensorFlow sometimes logs a
     multi-line message (e.g. a SessionOptions proto dump after an absl INFO line); its
@@ -80,15 +85,28 @@ class NoiseFilter:
     [True, True, False]
 
     ``peers_left_cleanly`` (the supervisor's view: a peer exited 0 and none failed) also
-    hides TensorFlow's "a peer crashed" alarm, which a clean exit of a peer sets off.
+    hides TensorFlow's "a peer crashed" alarm, which a clean exit of a peer sets off;
+    ``stacks_asked`` (tfrun asked the task for its stacks) hides the dump it writes.
+
+    >>> f = NoiseFilter(stacks_asked=lambda: True)
+    >>> [f(l) for l in ["Current thread 0x7f (most recent call first):",
+    ...                 '  File "train.py", line 9 in <module>', "", "Epoch 2/3"]]
+    [True, True, True, False]
+    >>> NoiseFilter(stacks_asked=lambda: False)("Thread 0x7f (most recent call first):")
+    False
     """
 
-    def __init__(self, peers_left_cleanly: Callable[[], bool] | None = None) -> None:
+    def __init__(self, peers_left_cleanly: Callable[[], bool] | None = None, *,
+                 stacks_asked: Callable[[], bool] | None = None) -> None:
         self._in_block = False
         self._in_alarm = False
+        self._in_dump = False
         self._peers_left_cleanly = peers_left_cleanly
+        self._stacks_asked = stacks_asked
 
     def __call__(self, line: str) -> bool:
+        if self._stacks_asked is not None and self._is_asked_dump(line):
+            return True
         if self._in_alarm and _PEER_LEFT_CONTINUATION.match(line):
             return True
         self._in_alarm = False
@@ -102,4 +120,15 @@ class NoiseFilter:
         if self._in_block and _PROTO_CONTINUATION.match(line):
             return True
         self._in_block = False
+        return False
+
+    def _is_asked_dump(self, line: str) -> bool:
+        """A line of the stack dump tfrun asked for at a hang (its digest is on the console
+        and the dump in the log); a dump nobody asked for (a crash) is shown."""
+        if _DUMP_HEADER.match(line):
+            self._in_dump = bool(self._stacks_asked())
+            return self._in_dump
+        if self._in_dump and (not line.strip() or _DUMP_FRAME.match(line)):
+            return True
+        self._in_dump = False
         return False

@@ -111,6 +111,9 @@ class TaskLogger:
     unmeasured: tuple[str, ...] = ()
     #: the exception that ended its script, as its bootstrap reported it (this start's)
     error: TaskError | None = None
+    #: tfrun asked for the task's stacks (a hang): their dump goes to the log only, the
+    #: console shows tfrun's digest of it
+    stacks_asked: bool = False
     _recent: deque = field(default_factory=lambda: deque(maxlen=400))
     _recent_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -124,7 +127,7 @@ class TaskLogger:
         return thread
 
     def _copy(self, stream: IO[bytes]) -> None:
-        noise = NoiseFilter(self.peers_left_cleanly)
+        noise = NoiseFilter(self.peers_left_cleanly, stacks_asked=lambda: self.stacks_asked)
         splitter = OutputSplitter()
         log = self._open_log()
         try:
@@ -249,6 +252,7 @@ class TaskLogger:
     def reset_progress(self) -> None:
         """The task starts again: its progress so far no longer counts."""
         self.progress, self.advanced_at, self.seconds_per_step = None, None, None
+        self.stacks_asked = False
         self.doing_since = None
         self.cpu_taken = ()
         self._taken_part, self._sampled_at = (0.0, 0.0), None

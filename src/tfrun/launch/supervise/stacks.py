@@ -6,6 +6,7 @@ the task's bootstrap) and read back from its output.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from .records import TaskRecord
 from .summary import has_stack_dump
 
-__all__ = ["ask_for_stacks", "main_thread_first", "STACK_DUMP_SECONDS"]
+__all__ = ["ask_for_stacks", "culprit_stack", "main_thread_first", "STACK_DUMP_SECONDS"]
 
 #: How long the tasks get to write their stack dumps before tfrun stops them.
 STACK_DUMP_SECONDS = 3.0
@@ -26,6 +27,8 @@ def ask_for_stacks(records: list[TaskRecord], backend_of: Callable[[TaskRecord],
     waits up to ``seconds`` for a dump from each of ``wait_for`` (default: all)."""
     asked = [r for r in records if r.handle is not None]
     marks = {id(r): r.logger.lines_read for r in asked}
+    for record in asked:  # the dumps go to the logs; the console shows tfrun's own digest
+        record.logger.stacks_asked = True
     for record in asked:
         backend_of(record).signal(record.handle, signal.SIGUSR1)  # type: ignore[attr-defined]
     waited = [r for r in (wait_for if wait_for is not None else asked) if id(r) in marks]
@@ -56,4 +59,46 @@ def main_thread_first(lines: list[str]) -> list[str]:
     out: list[str] = []
     for block in blocks:
         out += ([""] if out else []) + block
+    return out
+
+
+#: A frame of tfrun's own code (the bootstrap, its wrappers around fit, the compat fixes),
+#: wherever tfrun is installed on the task's host.
+_TFRUN_FRAME = re.compile(r'^\s*File ".*[/\\]tfrun[/\\](?:in_task|launch|cli)[/\\][^"]*"')
+
+
+def culprit_stack(lines: list[str]) -> list[str]:
+    """The one stack a hang's culprit is shown with: its main thread from faulthandler's
+    dump, read as Python prints a traceback (most recent call last: the script's frames
+    first), tfrun's own frames folded into one line per run of them. Its other threads
+    stay in its log.
+
+    >>> print("\\n".join(culprit_stack([
+    ...     "Thread 0x1 (most recent call first):", '  File "metrics.py", line 1 in sample', "",
+    ...     "Current thread 0x2 (most recent call first):",
+    ...     '  File "train.py", line 12 in on_train_batch_end',
+    ...     '  File "/v/keras/trainer.py", line 377 in fit',
+    ...     '  File "/v/tfrun/in_task/measure/metrics.py", line 3 in fit',
+    ...     '  File "/v/tfrun/in_task/start/bootstrap.py", line 90 in main',
+    ...     '  File "train.py", line 20 in <module>'])))
+      File "train.py", line 20 in <module>
+      (2 frames of tfrun)
+      File "/v/keras/trainer.py", line 377 in fit
+      File "train.py", line 12 in on_train_batch_end
+    """
+    main = main_thread_first(lines)
+    block = main[:main.index("")] if "" in main else main
+    frames = [line for line in block if "(most recent call first)" not in line]
+    out: list[str] = []
+    folded = 0
+    for line in reversed(frames):
+        if _TFRUN_FRAME.match(line):
+            folded += 1
+            continue
+        if folded:
+            out.append(f"  ({folded} frame{'s' if folded > 1 else ''} of tfrun)")
+            folded = 0
+        out.append(line if line.startswith("  ") else "  " + line.strip())
+    if folded:
+        out.append(f"  ({folded} frame{'s' if folded > 1 else ''} of tfrun)")
     return out

@@ -21,7 +21,7 @@ from ..config import LaunchConfig
 from .hang import Hang, HangClock
 from .policy import TaskState
 from .records import TaskRecord
-from .stacks import STACK_DUMP_SECONDS, ask_for_stacks, main_thread_first
+from .stacks import STACK_DUMP_SECONDS, ask_for_stacks, culprit_stack
 from .summary import has_stack_dump
 from .task_status import TaskStatus
 
@@ -89,21 +89,19 @@ class Watchdogs:
                 message += f"\n{record.task} ended (exit code {record.exit_code}) before"
                 message += " the others' step did"
             elif has_stack_dump(dump):
-                message += (f"\n{record.task}'s Python stacks, main thread first (also in "
-                            f"{record.logger.path}):\n"
-                            + "\n".join("  " + line for line in main_thread_first(dump)))
+                message += (f"\n{record.task}'s Python stack, its main thread (most recent "
+                            f"call last; every thread is in {record.logger.path}):\n"
+                            + "\n".join(culprit_stack(dump)))
             else:
                 message += (f"\n{record.task} wrote no stack dump within "
                             f"{STACK_DUMP_SECONDS:g}s of SIGUSR1: stopped, or stuck outside "
                             "Python")
-        # The others' main threads: where each waits (their other threads are in their logs).
-        for record in running:
-            main = main_thread_first(dumps.get(id(record), []))
-            if record in suspects or not record.tracked or not has_stack_dump(main):
-                continue
-            block = main[:main.index("")] if "" in main else main
-            message += (f"\n{record.task}'s main thread (its other threads are in "
-                        f"{record.logger.path}):\n" + "\n".join("  " + line for line in block))
+        # The others' stacks stay in their logs: one line each says where.
+        waiting = [r for r in running if r not in suspects and r.tracked
+                   and has_stack_dump(dumps.get(id(r), []))]
+        if waiting:
+            message += "\nthe others' stacks: " + ", ".join(
+                f"{r.task} in {r.logger.path}" for r in waiting)
         self.hang = hang.to_dict()
         self._event("hang", **self.hang)
         return (suspects[0] if suspects else None), message
