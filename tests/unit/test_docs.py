@@ -125,11 +125,24 @@ def test_the_site_builds_strictly_with_every_page_in_its_navigation():
             yield from (pages(value) if isinstance(value, list) else [value])
 
     assert sorted(pages(config["nav"])) == sorted(p.name for p in DOCS.glob("*.md"))
+    if not (ROOT / ".cache" / "mermaid" / "node_modules" / "mermaid").is_dir():
+        pytest.skip("needs Mermaid, which the site ships (.ci/run: npm install --prefix "
+                    ".cache/mermaid ...)")
+    site = Path(os.environ.get("TMPDIR", "/tmp")) / "tfrun-site-test"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(Path(os.environ.get("TMPDIR", "/tmp")) / "tfrun-site-test")],
+                           str(site)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
+    # Issue 70.13: the diagrams draw offline: every page with one loads the Mermaid the
+    # site ships, and no page loads a script from another host.
+    assert (site / "javascripts" / "mermaid.min.js").stat().st_size > 100_000
+    drawn = [page for page in site.rglob("*.html") if 'class="mermaid"' in page.read_text()]
+    assert len(drawn) >= 3, drawn
+    for page in drawn:
+        text = page.read_text()
+        assert re.search(r'<script src="[./]*javascripts/mermaid\.min\.js"', text), page
+        assert not re.search(r'<script[^>]+src="(?:https?:)?//', text), page
 
 
 def test_the_exit_code_table_says_what_the_code_does():
@@ -222,3 +235,36 @@ def test_the_pages_hold_no_history():
     assert found == [], found
     assert _HISTORY.search("measured at 8a22c6f") and _HISTORY.search("ci94 failed")
     assert _HISTORY.search("on 2026-11-27") and not _HISTORY.search("runs/20261122-101500-x")
+
+
+def test_page_titles_match_the_menu_and_no_heading_skips_a_level():
+    """Issue 70.15: a page's title is its entry in the site's menu (a subtitle may follow
+    a colon), and its headings go down one level at a time."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    _Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *_: None)
+    nav = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=_Loader)["nav"]
+
+    def entries(items):
+        for entry in items:
+            (title, value), = entry.items()
+            yield from (entries(value) if isinstance(value, list) else [(title, value)])
+
+    wrong, skipped = [], []
+    for title, page in entries(nav):
+        lines = (DOCS / page).read_text().splitlines()
+        heading = lines[0][2:] if lines[0].startswith("# ") else ""
+        if page != "index.md" and heading != title and not heading.startswith(title + ":"):
+            wrong.append(f"{page}: {heading!r} in the menu as {title!r}")
+        level, in_code = 0, False
+        for number, line in enumerate(lines, 1):
+            in_code ^= line.startswith("```")
+            found = None if in_code else re.match(r"(#{1,6}) ", line)
+            if found:
+                if len(found.group(1)) > level + 1:
+                    skipped.append(f"{page}:{number}: {line}")
+                level = len(found.group(1))
+    assert wrong == [] and skipped == [], (wrong, skipped)
