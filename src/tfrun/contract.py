@@ -23,7 +23,7 @@ __all__ = [
     "PHASE_BETWEEN_STEPS", "PHASE_EVALUATION", "PHASE_FIRST_STEP", "PHASE_IN_STEP", "PHASE_SETUP",
     "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "PRIVATE_TMP", "PYTHON_GC", "REAPER_FOR",
     "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
-    "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
+    "SET_BY_TFRUN", "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
     "flag_variable",
 ]
 
@@ -148,6 +148,13 @@ DOCTOR = "TFRUN_DOCTOR"
 #: starts from, then sets those the spec gives (so e.g. a stale TF_CONFIG never leaks in).
 CONTROLLED = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", DEVICES, SUPERVISOR_PID, NETNS, USERNS,
               HOST_LOOPBACK, SCRATCH_DIR, CGROUP, COMM, CPUS, MMAP_THRESHOLD)
+
+#: The variables tfrun sets for its own processes to say what they are and where they run
+#: (a task's restart count, its cgroup, the pid it reports to ...): never a setting of
+#: yours. The variables reference lists them apart from the settings.
+SET_BY_TFRUN = frozenset({RUN_DIR, RESTART_COUNT, MAX_RESTARTS, SCRATCH_DIR, SUPERVISOR_PID,
+                          TASK_TYPE, TASK_INDEX, CPUS, BATCH_WORKERS, HOSTS_AWAY, CGROUP,
+                          NETNS, USERNS, HOST_LOOPBACK, NETWORK_OF, REAPER_FOR})
 
 # --------------------------------------------------------------------------- Kubernetes pods
 # Set by a ``tfrun k8s`` JobSet manifest: the task makes its TF_CONFIG from them.

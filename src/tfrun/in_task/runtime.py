@@ -37,7 +37,22 @@ _STRATEGY_KINDS = ("auto", "mirrored", "multiworker", "central", "ps", "onedevic
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """This process's place in the cluster (``role="worker", index=0`` when there is none)."""
+    """This process's place in the cluster (``role="worker", index=0`` when there is none).
+
+    Fields:
+
+    - ``role``: ``"chief"``, ``"worker"``, ``"ps"`` or ``"evaluator"`` (a ``master`` in
+      ``TF_CONFIG`` reads as ``"chief"``).
+    - ``index``: its number among the tasks of its role, from 0.
+    - ``num_workers``: the chief and the workers together: the hosts of the synchronous
+      replicas (1 outside a cluster).
+    - ``config``: the parsed ``TF_CONFIG`` (its ``cluster`` and ``task``), or None when the
+      process is not part of a cluster.
+
+        >>> info = task()  # doctest: +SKIP
+        >>> info.role, info.index, info.num_workers, info.in_cluster  # doctest: +SKIP
+        ('worker', 1, 2, True)
+    """
 
     role: str
     index: int
