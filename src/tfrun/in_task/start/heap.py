@@ -121,6 +121,9 @@ def _after_first_initialisation(context_module, mallopt, threshold: int) -> None
     context_class.ensure_initialized = ensure_initialized
 
 
+_KEPT: list = []  # the dataset that built the kernel (see apply)
+
+
 def apply(mallopt, threshold: int) -> None:
     """Build TensorFlow's first ``GeneratorDataset`` kernel (its pin happens once per
     process), then set ``threshold`` and a trim threshold of twice it. Never raises: a
@@ -137,6 +140,11 @@ def apply(mallopt, threshold: int) -> None:
             lambda: iter((0,)), output_signature=tensor_spec.TensorSpec((), dtypes.int32))
         for _ in one:  # the kernel is built when the iterator first runs
             pass
+        # Kept for the life of the process: when its functions are dropped, TensorFlow
+        # removes them from every remote target of the context too -- on a parameter-server
+        # coordinator, from the ps and workers, which never had them: 18 lines of gRPC
+        # "Tried to remove non-existent function" errors in every run.
+        _KEPT.append(one)
         for parameter, name, value in ((_M_TRIM_THRESHOLD, "M_TRIM_THRESHOLD", 2 * threshold),
                                        (_M_MMAP_THRESHOLD, "M_MMAP_THRESHOLD", threshold)):
             if mallopt(parameter, value) != 1:

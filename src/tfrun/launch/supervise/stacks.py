@@ -64,7 +64,7 @@ def main_thread_first(lines: list[str]) -> list[str]:
 
 #: A frame of tfrun's own code (the bootstrap, its wrappers around fit, the compat fixes),
 #: wherever tfrun is installed on the task's host.
-_TFRUN_FRAME = re.compile(r'^\s*File ".*[/\\]tfrun[/\\](?:in_task|launch|cli)[/\\][^"]*"')
+_OWN_FRAME = re.compile(r'^\s*File ".*[/\\]tfrun[/\\](?:in_task|launch|cli)[/\\][^"]*"')
 
 
 def culprit_stack(lines: list[str]) -> list[str]:
@@ -92,7 +92,7 @@ def culprit_stack(lines: list[str]) -> list[str]:
     out: list[str] = []
     folded = 0
     for line in reversed(frames):
-        if _TFRUN_FRAME.match(line):
+        if _OWN_FRAME.match(line):
             folded += 1
             continue
         if folded:
