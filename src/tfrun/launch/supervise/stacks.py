@@ -65,6 +65,8 @@ def main_thread_first(lines: list[str]) -> list[str]:
 #: A frame of tfrun's own code (the bootstrap, its wrappers around fit, the compat fixes),
 #: wherever tfrun is installed on the task's host.
 _OWN_FRAME = re.compile(r'^\s*File ".*[/\\]tfrun[/\\](?:in_task|launch|cli)[/\\][^"]*"')
+#: Python's runpy, through which tfrun's bootstrap runs the script: folded with tfrun's.
+_RUNPY_FRAME = re.compile(r'^\s*File "(?:<frozen runpy>|[^"]*[/\\]runpy\.py)"')
 
 
 def culprit_stack(lines: list[str]) -> list[str]:
@@ -80,7 +82,9 @@ def culprit_stack(lines: list[str]) -> list[str]:
     ...     '  File "/v/keras/trainer.py", line 377 in fit',
     ...     '  File "/v/tfrun/in_task/measure/metrics.py", line 3 in fit',
     ...     '  File "/v/tfrun/in_task/start/bootstrap.py", line 90 in main',
-    ...     '  File "train.py", line 20 in <module>'])))
+    ...     '  File "train.py", line 20 in <module>',
+    ...     '  File "<frozen runpy>", line 88 in _run_code'])))
+      (1 frame of tfrun and runpy)
       File "train.py", line 20 in <module>
       (2 frames of tfrun)
       File "/v/keras/trainer.py", line 377 in fit
@@ -90,15 +94,19 @@ def culprit_stack(lines: list[str]) -> list[str]:
     block = main[:main.index("")] if "" in main else main
     frames = [line for line in block if "(most recent call first)" not in line]
     out: list[str] = []
-    folded = 0
-    for line in reversed(frames):
-        if _OWN_FRAME.match(line):
-            folded += 1
-            continue
+    folded: list[str] = []
+
+    def fold() -> None:
         if folded:
-            out.append(f"  ({folded} frame{'s' if folded > 1 else ''} of tfrun)")
-            folded = 0
+            whose = "tfrun and runpy" if any(_RUNPY_FRAME.match(f) for f in folded) else "tfrun"
+            out.append(f"  ({len(folded)} frame{'s' if len(folded) > 1 else ''} of {whose})")
+            folded.clear()
+
+    for line in reversed(frames):
+        if _OWN_FRAME.match(line) or _RUNPY_FRAME.match(line):
+            folded.append(line)
+            continue
+        fold()
         out.append(line if line.startswith("  ") else "  " + line.strip())
-    if folded:
-        out.append(f"  ({folded} frame{'s' if folded > 1 else ''} of tfrun)")
+    fold()
     return out
