@@ -70,15 +70,17 @@ _RUNPY_FRAME = re.compile(r'^\s*File "(?:<frozen runpy>|[^"]*[/\\]runpy\.py)"')
 
 
 def culprit_stack(lines: list[str]) -> list[str]:
-    """The one stack a hang's culprit is shown with: its main thread from faulthandler's
-    dump, read as Python prints a traceback (most recent call last: the script's frames
-    first), tfrun's own frames folded into one line per run of them. Its other threads
-    stay in its log.
+    """The stack a hang's culprit is shown with: its main thread from faulthandler's dump,
+    read as Python prints a traceback (most recent call last: the script's frames first),
+    tfrun's own frames folded into one line per run of them; then any other thread that
+    runs the script's own code (a ``tf.py_function`` runs on one of TensorFlow's threads).
+    The other threads stay in its log.
 
     >>> print("\\n".join(culprit_stack([
-    ...     "Thread 0x1 (most recent call first):", '  File "metrics.py", line 1 in sample', "",
+    ...     "Thread 0x1 (most recent call first):",
+    ...     '  File "/v/tfrun/in_task/measure/metrics.py", line 1 in sample', "",
+    ...     "Thread 0x3 (most recent call first):", '  File "train.py", line 5 in block', "",
     ...     "Current thread 0x2 (most recent call first):",
-    ...     '  File "train.py", line 12 in on_train_batch_end',
     ...     '  File "/v/keras/trainer.py", line 377 in fit',
     ...     '  File "/v/tfrun/in_task/measure/metrics.py", line 3 in fit',
     ...     '  File "/v/tfrun/in_task/start/bootstrap.py", line 90 in main',
@@ -88,11 +90,44 @@ def culprit_stack(lines: list[str]) -> list[str]:
       File "train.py", line 20 in <module>
       (2 frames of tfrun)
       File "/v/keras/trainer.py", line 377 in fit
-      File "train.py", line 12 in on_train_batch_end
+    thread 0x3, running the script's code:
+      File "train.py", line 5 in block
     """
-    main = main_thread_first(lines)
-    block = main[:main.index("")] if "" in main else main
-    frames = [line for line in block if "(most recent call first)" not in line]
+    blocks = _thread_blocks(main_thread_first(lines))
+    if not blocks:
+        return []
+    out = _folded(blocks[0][1:])
+    for block in blocks[1:]:
+        if any(_is_scripts(line) for line in block[1:]):
+            thread = block[0].split(" (most recent", 1)[0].replace("Current thread", "thread")
+            out += [f"{thread.replace('Thread', 'thread')}, running the script's code:",
+                    *_folded(block[1:])]
+    return out
+
+
+def _thread_blocks(lines: list[str]) -> list[list[str]]:
+    """faulthandler's dump as one list per thread, each headed by its header line."""
+    blocks: list[list[str]] = []
+    for line in lines:
+        if "(most recent call first)" in line:
+            blocks.append([line])
+        elif line.strip() and blocks:
+            blocks[-1].append(line)
+    return blocks
+
+
+_LIBRARY_FRAME = re.compile(r'^\s*File "(?:<[^"]*>|[^"]*[/\\]lib[/\\]python\d[^"]*)"')
+
+
+def _is_scripts(frame: str) -> bool:
+    """A frame of the user's own code: not tfrun's, Python's or an installed package's."""
+    return frame.lstrip().startswith("File ") and not (
+        _OWN_FRAME.match(frame) or _LIBRARY_FRAME.match(frame))
+
+
+def _folded(frames: list[str]) -> list[str]:
+    """``frames`` (most recent call first) as a traceback reads them, tfrun's and runpy's
+    frames folded into one line per run of them."""
     out: list[str] = []
     folded: list[str] = []
 
