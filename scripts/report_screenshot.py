@@ -2,9 +2,11 @@
 
     python3 scripts/report_screenshot.py RUN_DIR OUT.png [--width 1100] [--height 2400]
 
-docs/images/report-failed-run.png was taken this way, of the report of
-``tfrun --workers 2 --max-restarts 1 tests/scripts/report_fit.py --epochs 4
---crash-after-epoch 2`` (a run that restarts once, then fails), with ``--height 1700``;
+The pictures in docs/images were taken this way, from a directory of their own:
+report-main-job.png of ``tfrun --workers 2 examples/mnist_mlp.py`` (``--width 1500
+--height 1450``), report-failed-run.png of ``tfrun --workers 2 --max-restarts 1
+train_fails.py --epochs 4 --crash-after-epoch 2`` (``train_fails.py``: a copy of
+tests/scripts/report_fit.py; ``--width 1500 --height 1500``).
 tests/integration/test_run_report.py takes its screenshots with the same function.
 """
 
