@@ -29,7 +29,9 @@ def readme_commands() -> list[str]:
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     commands, in_code = [], False
     for page in pages:
-        if page.name == "cli-reference.md":
+        if page.name in ("cli-reference.md", "benchmarks.md"):
+            # the reference's usage lines are the parsers' own; the benchmarks' commands
+            # reproduce measurements (minutes each, by hand), which tests never check
             continue
         for line in page.read_text().splitlines():
             if line.startswith("```"):
