@@ -63,3 +63,30 @@ def test_a_program_shape_runs_under_tfrun_as_alone(tmp_path, program, flavour):
             expected = np.array(values) * factors.get(key, 1.0)
             np.testing.assert_allclose(got[key], expected, rtol=rtol, atol=1e-6, err_msg=key)
     assert_nothing_left(run)
+
+
+@pytest.mark.parametrize("flags, fixed", [(["--workers", "2"], True),
+                                          (["--mirrored"], True),
+                                          (["--workers", "2"], False)],
+                         ids=["mwms", "mirrored", "mwms-without-the-fix"])
+def test_an_unseeded_sampling_layer_trains_under_a_strategy(tmp_path, flags, fixed):
+    """Issue 70.9: a VAE's sampling layer (``keras.random.normal`` with no seed in
+    ``call()``) fails under every strategy in Keras as it is ("tf.function only supports
+    singleton tf.Variables created on the first call"); with tfrun's compat fix it trains.
+    Its losses are random: they must be finite and fall, on every worker."""
+    program = CORPUS / "vae_sampling.py"
+    tfrun_flags = [f for f in flags if f != "--mirrored"]
+    env = {} if fixed else {"TFRUN_COMPAT_DISABLE": "unseeded_random_under_strategy"}
+    run = Run(tmp_path, [*tfrun_flags, "--quiet-tasks", str(program),
+                         *[f for f in flags if f == "--mirrored"]], env=env)
+    code = run.run(300)
+    if not fixed:  # the fix is what makes it train
+        assert code != 0 and "singleton tf.Variables" in run.stdout + "".join(
+            p.read_text() for p in (run.run_dir / "logs").glob("*.log")), run.stdout[-3000:]
+        assert_nothing_left(run)
+        return
+    assert code == 0, run.stdout[-4000:]
+    for log in sorted((run.run_dir / "logs").glob("*.log")):
+        loss = history_of(log.read_text())["loss"]
+        assert np.all(np.isfinite(loss)) and loss[-1] < loss[0], (log.name, loss)
+    assert_nothing_left(run)

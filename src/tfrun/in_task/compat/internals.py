@@ -176,6 +176,15 @@ _FIX_NAMES: dict[str, tuple[tuple, ...]] = {
     "model_without_call": (_SYMBOLIC, ("keras", "keras.src.models.model", "Model", "call"),
                            ("keras", "keras.src.layers.layer", "Layer", "call")),
     "loss_scale_note": (("keras", _K3_TRAINER, "TensorFlowTrainer", "fit"),),
+    "unseeded_random_under_strategy": (
+        ("keras", "keras.src", None, "backend"),
+        ("keras", "keras.src.random.seed_generator", None, "global_seed_generator"),
+        ("keras", "keras.src.random.seed_generator", None, "SeedGenerator"),
+        ("keras", "keras.src.random.seed_generator", None, "make_default_seed"),
+        ("keras", "keras.src.random.seed_generator", "SeedGenerator", "~_initial_seed"),
+        ("keras", "keras.src.backend.common.stateless_scope", None, "in_stateless_scope"),
+        ("tensorflow", "tensorflow.python.ops.resource_variable_ops", None,
+         "ResourceVariable")),
     "h5_load_under_strategy": (("tf_keras", "tf_keras.src.saving", None, "saving_lib"),
                                ("tf_keras", "tf_keras.src.saving.saving_lib", "H5IOStore", "get")),
 }

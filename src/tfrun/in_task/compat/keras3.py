@@ -520,6 +520,58 @@ def _fix_epoch_iterators_multi_worker() -> None:
     TFEpochIterator._enumerate_iterator = _enumerate_iterator
 
 
+# --------------------------------------------------------------------------- 11
+
+
+def _fix_unseeded_random_under_strategy() -> None:
+    """An unseeded ``keras.random.normal(...)`` in a layer's ``call()`` (a VAE's sampling
+    layer, as keras.io's guides write it) fails under every ``tf.distribute`` strategy:
+    "tf.function only supports singleton tf.Variables created on the first call".
+
+    Keras draws each seed from a global ``SeedGenerator`` kept per thread and made lazily,
+    inside the traced step: each replica's thread (and each trace) makes a variable of its
+    own there, and under a strategy's scope a distributed one. Under a strategy, tfrun gives
+    every thread one generator of the process, whose state is a plain variable of this
+    process made outside any trace and any strategy (each worker draws its own seeds, as
+    each process does without a strategy). Without a strategy Keras' own is used, as is.
+    """
+    import threading
+
+    import tensorflow as tf
+    from keras.src import backend
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.random import seed_generator
+    from tensorflow.python.ops import resource_variable_ops
+
+    original = seed_generator.global_seed_generator
+    lock = threading.Lock()
+    shared: list = []
+
+    class ProcessSeedGenerator(seed_generator.SeedGenerator):
+        def __init__(self) -> None:  # (not SeedGenerator's: its variable would be distributed)
+            self.name, self.backend, self._initial_seed = "tfrun_seed_generator", backend, None
+            dtype = backend.random_seed_dtype()
+            with tf.init_scope():
+                # A ResourceVariable made directly skips the variable creators a strategy's
+                # scope installs: a plain variable of this process.
+                plain = resource_variable_ops.ResourceVariable(
+                    tf.constant([seed_generator.make_default_seed(), 0], dtype=dtype),
+                    trainable=False, name="tfrun_seed_generator_state")
+            self.state = backend.Variable(plain, shape=(2,), dtype=dtype, trainable=False,
+                                          name="seed_generator_state")
+
+    @functools.wraps(original)
+    def global_seed_generator():
+        if in_stateless_scope() or (not shared and not tf.distribute.has_strategy()):
+            return original()
+        with lock:
+            if not shared:
+                shared.append(ProcessSeedGenerator())
+        return shared[0]
+
+    seed_generator.global_seed_generator = global_seed_generator
+
+
 FIXES: tuple[Fix, ...] = (
     Fix("mwms_symbolic_build", "keras-team/keras#20585", _fix_mwms_symbolic_build),
     Fix("mwms_reduce_logs", "keras-team/keras#20585", _fix_mwms_reduce_logs),
@@ -541,4 +593,6 @@ FIXES: tuple[Fix, ...] = (
         model_without_call.apply),
     Fix("loss_scale_note", "Keras' compute_loss() divides by the replicas (a note, no change)",
         loss_scale_note.apply),
+    Fix("unseeded_random_under_strategy", "tfrun (Keras' global seed generator is made "
+        "per thread inside the traced step)", _fix_unseeded_random_under_strategy),
 )
