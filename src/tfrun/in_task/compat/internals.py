@@ -125,6 +125,7 @@ _K3_BASE_TRAINER = "keras.src.trainers.trainer"
 _TFK_ADAPTER = "tf_keras.src.engine.data_adapter"
 _TFK_TRAINING = "tf_keras.src.engine.training"
 _TF_CROSS_DEVICE = "tensorflow.python.distribute.cross_device_utils"
+_TF_CONTEXT = "tensorflow.python.eager.context"
 
 _MWMS = ("tensorflow", "tensorflow.python.distribute.collective_all_reduce_strategy",
          "CollectiveAllReduceExtended", "_in_multi_worker_mode")
@@ -262,17 +263,15 @@ INTERNALS: tuple[Internal, ...] = (
              in_source=True),
     # TensorFlow: the eager context's first initialisation, where TensorFlow installs its
     # SIGTERM handler and builds tf.data's first kernel.
-    Internal("tensorflow", "tensorflow.python.eager.context", "Context", "ensure_initialized",
-             "the moment TensorFlow's coordination service takes SIGTERM",
-             feature=PROMPT_STOP),
-    Internal("tensorflow", "tensorflow.python.eager.context", "Context", "_initialized",
-             "telling the first initialisation from later calls", in_source=True,
-             feature=PROMPT_STOP),
-    Internal("tensorflow", "tensorflow.python.eager.context", "Context", "ensure_initialized",
-             "the moment tf.data's first kernel can be built", feature=MMAP_THRESHOLD),
-    Internal("tensorflow", "tensorflow.python.eager.context", "Context", "_initialized",
-             "telling the first initialisation from later calls", in_source=True,
-             feature=MMAP_THRESHOLD),
+    *(internal for feature, moment in (
+        (PROMPT_STOP, "the moment TensorFlow's coordination service takes SIGTERM"),
+        (MMAP_THRESHOLD, "the moment tf.data's first kernel can be built"))
+      for internal in (
+          Internal("tensorflow", _TF_CONTEXT, "Context", "ensure_initialized", moment,
+                   feature=feature),
+          Internal("tensorflow", _TF_CONTEXT, "Context", "_initialized",
+                   "telling the first initialisation from later calls", in_source=True,
+                   feature=feature))),
     Internal("tensorflow", "tensorflow.python.data.ops", None, "dataset_ops",
              "a one-element dataset that builds tf.data's first kernel", feature=MMAP_KERNEL),
     Internal("tensorflow", "tensorflow.python.framework", None, "dtypes",

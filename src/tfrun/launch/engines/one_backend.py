@@ -13,7 +13,7 @@ from ..config import LaunchConfig
 from ..elastic_planning import ElasticPlanner, batch_env_for, elastic_env
 from ..preparing import resolved_block, write_config
 from ..results.rundir import run_dir_for
-from .. import specs  # (a module: specs imports the engines' base, which loads this)
+from ..specs import spec_factory
 
 __all__ = ["supervise_through_one_backend"]
 
@@ -29,13 +29,13 @@ def supervise_through_one_backend(engine, plan: ClusterPlan, mode: str, make_bac
                                            heartbeat=True))
         backend = make_backend()
         batch_env = batch_env_for(config, plan)
-        make_spec = specs.spec_factory(config, plan, run_dir, with_tf_config=True, remote=True,
+        make_spec = spec_factory(config, plan, run_dir, with_tf_config=True, remote=True,
                                  task_env=batch_env(plan))
         reform = None
         if config.min_nodes is not None:
             def replan(smaller: LaunchConfig, new_plan: ClusterPlan, away):
                 write_config(smaller, new_plan, run_dir, True)  # the TF_CONFIGs in force
-                return new_plan, {t: backend for t in new_plan.tasks}, specs.spec_factory(
+                return new_plan, {t: backend for t in new_plan.tasks}, spec_factory(
                     smaller, new_plan, run_dir, with_tf_config=True, remote=True,
                     task_env=elastic_env(batch_env(new_plan), away))
 

@@ -48,14 +48,7 @@ def main_thread_first(lines: list[str]) -> list[str]:
     ...                    "Current thread 0x2 (most recent call first):", "  File b"])
     ['Current thread 0x2 (most recent call first):', '  File b', '', 'Thread 0x1 (most recent call first):', '  File a']
     """
-    blocks: list[list[str]] = []
-    for line in lines:
-        if "(most recent call first)" in line or not blocks:
-            blocks.append([])
-        if line.strip():
-            blocks[-1].append(line)
-    blocks = [b for b in blocks if b]
-    blocks.sort(key=lambda b: not b[0].startswith("Current thread"))
+    blocks = _thread_blocks(lines)
     out: list[str] = []
     for block in blocks:
         out += ([""] if out else []) + block
@@ -93,7 +86,7 @@ def culprit_stack(lines: list[str]) -> list[str]:
     thread 0x3, running the script's code:
       File "train.py", line 5 in block
     """
-    blocks = _thread_blocks(main_thread_first(lines))
+    blocks = [b for b in _thread_blocks(lines) if "(most recent call first)" in b[0]]
     if not blocks:
         return []
     out = _folded(blocks[0][1:])
@@ -106,13 +99,17 @@ def culprit_stack(lines: list[str]) -> list[str]:
 
 
 def _thread_blocks(lines: list[str]) -> list[list[str]]:
-    """faulthandler's dump as one list per thread, each headed by its header line."""
+    """faulthandler's dump as one list per thread, each headed by its header line (lines
+    before the first header make a block of their own), the signalled (main) thread's
+    first."""
     blocks: list[list[str]] = []
     for line in lines:
-        if "(most recent call first)" in line:
-            blocks.append([line])
-        elif line.strip() and blocks:
+        if "(most recent call first)" in line or not blocks:
+            blocks.append([])
+        if line.strip():
             blocks[-1].append(line)
+    blocks = [b for b in blocks if b]
+    blocks.sort(key=lambda b: not b[0].startswith("Current thread"))
     return blocks
 
 
