@@ -3,7 +3,9 @@
     python benchmarks/_backup_worker.py MODE STEPS WIDTH SAVE_FREQ OUT_JSON
 
 MODE: "background" or "sync" (tfrun.backup_and_restore(save_freq=SAVE_FREQ), written in
-the background or on the training thread: TFRUN_BACKUP_WRITE), or "none" (no backup).
+the background or on the training thread: TFRUN_BACKUP_WRITE), "unchecked" (background,
+the files' checksums replaced by a constant: the baseline of what they cost), or "none"
+(no backup).
 Four Dense(WIDTH) layers and Adam (WIDTH 8192: 201.9M parameters, 2.4 GB of state).
 Writes the per-step end times (after every callback, the backup's included) and the
 parameter count to OUT_JSON.
@@ -23,6 +25,11 @@ import numpy as np  # noqa: E402
 
 import keras  # noqa: E402
 import tfrun  # noqa: E402
+
+if mode == "unchecked":  # the benchmark's baseline only: tfrun always checksums
+    from tfrun.in_task.backup import snapshot
+
+    snapshot.digest = lambda data: "0" * 16
 
 keras.utils.set_random_seed(0)
 x = np.random.default_rng(0).normal(size=(steps * 4, 64)).astype("float32")

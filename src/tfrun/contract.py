@@ -14,13 +14,13 @@ spells a ``TFRUN_*`` variable name: a script started by hand with these variable
 """
 
 __all__ = [
-    "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE", "DEFER_IMPORTS",
+    "BACKUP_DAMAGED_EVENT", "BACKUP_NOT_WRITTEN_EVENT", "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE", "DEFER_IMPORTS",
     "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX", "FORK_TASKS", "WARM_STARTER", "WARM_STARTER_IGNORES",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
     "LOOPBACK_BIND", "METRICS", "PREEMPTED_EVENT", "PREEMPTION_GRACE", "RESUMED_EVENT",
     "STOPPED_EVENT", "TRAINING_EVENTS", "PHASE_AFTER_TRAINING", "PHASE_AGREEMENT",
-    "PHASE_BETWEEN_STEPS", "PHASE_EVALUATION", "PHASE_FIRST_STEP", "PHASE_IN_STEP", "PHASE_SETUP",
+    "PHASE_BETWEEN_STEPS", "PHASE_EVALUATION", "PHASE_FIRST_STEP", "PHASE_FORMING", "PHASE_IN_STEP", "PHASE_SETUP",
     "METRICS_INTERVAL", "METRICS_LINE", "MAX_RESTARTS", "MMAP_THRESHOLD", "NETNS", "NETWORK_OF", "OUTPUT_DIR", "PRIVATE_TMP", "PYTHON_GC", "REAPER_FOR",
     "REPORT", "RESTART_COUNT", "ROLES", "RUN_DIR", "SCRATCH_DIR", "SHM_KERNEL", "STRATEGY",
     "SET_BY_TFRUN", "SUPERVISOR_PID", "TASK_INDEX", "TASK_TYPE", "TF_CONFIG_REPLACED", "USERNS",
@@ -210,7 +210,14 @@ RESUMED_EVENT = "resumed"
 #: ``PREEMPTION_GRACE``), ``doing`` (what the task was doing), ``step``. Its exit code (143)
 #: is then not a preemption but tfrun's own stop.
 STOPPED_EVENT = "stopped"
-TRAINING_EVENTS = (PREEMPTED_EVENT, RESUMED_EVENT, STOPPED_EVENT)
+#: ... a backup's copy was found damaged at a resume and not used: ``task``'s ``backup``
+#: (its directory and name), ``file``, ``what`` differed, ``step``.
+BACKUP_DAMAGED_EVENT = "backup_damaged"
+#: ... the disk refused a backup (full, an I/O error): ``backup``, ``step``, ``error``,
+#: ``errno``; training went on from the older backups.
+BACKUP_NOT_WRITTEN_EVENT = "backup_not_written"
+TRAINING_EVENTS = (PREEMPTED_EVENT, RESUMED_EVENT, STOPPED_EVENT, BACKUP_DAMAGED_EVENT,
+                   BACKUP_NOT_WRITTEN_EVENT)
 
 # ---------------------------------------------------------------- what a task is doing
 #: A resources sample's ``doing``: what the task's main thread does now
@@ -218,6 +225,8 @@ TRAINING_EVENTS = (PREEMPTED_EVENT, RESUMED_EVENT, STOPPED_EVENT)
 #: them, the step limit, and every other phase the longer phase limit. Before the first step
 #: (imports, the strategy, the model, tracing):
 PHASE_SETUP = "setup"
+#: Inside ``tfrun.strategy()``: the cluster forms (the servers start, the first collective).
+PHASE_FORMING = "forming the cluster"
 #: Inside a training step, its collectives included: a task that stays here while a peer
 #: does not is waiting for that peer.
 PHASE_IN_STEP = "a training step"

@@ -89,6 +89,10 @@ class TaskSample:
     run_wait_seconds: float | None = None
     #: the measurements that failed in this sample (named as the task logged them)
     unmeasured: tuple[str, ...] = ()
+    #: seconds its main thread spent in each phase so far (``doing``'s values), since its
+    #: phase clock began (``clock_began``: this task's ``time.time()``, at tfrun's import)
+    phase_seconds: dict | None = None
+    clock_began: float | None = None
 
     def to_record(self) -> dict:
         """The record's JSON object: the fields that are set, with ``event``."""
@@ -118,7 +122,17 @@ class TaskSample:
             cpu_percent=_number(record.get("cpu_percent")), rss_mb=_number(record.get("rss_mb")),
             threads=_count(record.get("threads")), cpu_taken=_number(record.get("cpu_taken")),
             run_wait_seconds=_number(record.get("run_wait_seconds")),
-            unmeasured=tuple(str(u) for u in unmeasured) if isinstance(unmeasured, list) else ())
+            unmeasured=tuple(str(u) for u in unmeasured) if isinstance(unmeasured, list) else (),
+            phase_seconds=_seconds_by_name(record.get("phase_seconds")),
+            clock_began=_number(record.get("clock_began")))
+
+
+def _seconds_by_name(value) -> dict | None:
+    """A ``{name: seconds}`` object's numbers (None when it is not one)."""
+    if not isinstance(value, dict):
+        return None
+    found = {str(k): _number(v) for k, v in value.items()}
+    return {k: v for k, v in found.items() if v is not None}
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,10 @@ def test_every_task_is_on_the_timeline_and_one_loss_curve_per_worker(runs):
     page = (runs["two"].run_dir / "report.html").read_text()
     # (the progress chart only when a sample fell inside training: this run is short)
     progress = (runs["two"].run_dir / "report" / "step_rates.png").exists()
-    assert page.count("src='data:image/png;base64,") == 4 + progress
+    # ... and the ledger's bar, the report's first chart (issue 72)
+    assert page.count("src='data:image/png;base64,") == 5 + progress
+    assert page.index("Where the time went") < page.index("Task timeline")
+    assert (runs["two"].run_dir / "report" / "ledger.png").exists()
     assert "<title>tfrun report: two</title>" in page
 
 
@@ -141,6 +144,8 @@ def test_report_of_one_run_writes_it_again_and_bad_dirs_are_named(runs, tmp_path
     assert list(tmp_path.iterdir()) == []  # nothing written into it
 
 
-def test_comparison_page_without_a_browser_has_one_chart(runs, tmp_path):
+def test_comparison_page_without_a_browser_has_its_charts(runs, tmp_path):
+    """The throughput, and the runs' ledgers side by side (issue 72)."""
     page = write_comparison([runs["one"].run_dir, runs["failed"].run_dir], tmp_path / "x.html").read_text()
-    assert page.count("data:image/png;base64,") == 1 and "failed" in page
+    assert page.count("data:image/png;base64,") == 2 and "failed" in page
+    assert "Where the time went" in page

@@ -288,6 +288,14 @@ def test_step_backups_resume_mid_epoch_exactly_after_a_sigkill(tmp_path, uninter
     assert 0 <= redone <= 10, (trained_before, resumed_at)
     # the resume started inside epoch 2, not at its first step
     assert resumed_at > 31 and (resumed_at - 1) % 10 == 0, resumed_at
+    # Issue 72: the ledger counts the steps this test counts, and adds up to the wall time
+    # (the uninterrupted reference's too, with nothing redone)
+    assert run.summary["goodput"]["steps_redone"] == redone, run.summary["goodput"]
+    assert_ledger_adds_up(run.summary)
+    assert re.search(r"goodput \d+%: ", run.stdout), run.stdout[-2000:]
+    clean = json.loads((reference / "clean" / "summary.json").read_text())
+    assert clean["goodput"]["steps_redone"] == 0 and clean["goodput"]["goodput"] > 0
+    assert_ledger_adds_up(clean)
     for i in range(2):
         worker_log = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
         assert "tfrun: resuming at epoch 2, after its batch" in worker_log, worker_log[-2000:]
@@ -433,6 +441,7 @@ def test_sigterm_to_tfrun_saves_then_the_same_command_resumes_at_that_step(
     first.proc.send_signal(signal.SIGTERM)
     assert first.wait(120) == 143, first.stdout[-3000:]
     assert first.summary["status"] == "interrupted"
+    first_wall = first.summary["ended_at"] - first.summary["started_at"]
     before = _steps(log)
     saved = _saved_step(first.stdout)
     assert max(s for _, s in before) in (saved - 1, saved)
@@ -446,7 +455,33 @@ def test_sigterm_to_tfrun_saves_then_the_same_command_resumes_at_that_step(
     assert second and second[0] == saved + 1, (saved, second[:3])  # nothing redone
     assert 42 <= saved < 90, saved  # stopped after the signal, before the end
     _assert_same_weights(tmp_path, "stopped", "clean")
+    # Issue 72: the resumed run's ledger covers both launches, nothing redone; the time
+    # between them is apart, and the report draws no line across it
+    book = again.summary["goodput"]
+    assert book["launches"] == 2 and book["steps_redone"] == 0, book
+    launches = [first_wall, again.summary["ended_at"] - again.summary["started_at"]]
+    assert abs(book["wall"] - sum(launches)) <= 0.05 * sum(launches), (book, launches)
+    assert book["between_launches"] > 0 and abs(book["parts"]["unaccounted"]) <= 0.05 * book["wall"]
+    from tfrun.launch.results.report import load_run, plot_resources, write_report
+
+    page = write_report(again.run_dir).read_text()
+    assert "Where the time went" in page and (again.run_dir / "report" / "ledger.png").exists()
+    data = load_run(again.run_dir)
+    assert len(data.launch_breaks) == 1
+    for line in plot_resources(data).axes[0].get_lines():  # each task's CPU over time
+        assert np.isnan(line.get_ydata()).sum() == 1, line.get_ydata()  # a gap, no line
     assert_nothing_left(again)
+
+
+def assert_ledger_adds_up(summary: dict) -> None:
+    """The goodput ledger of one launch adds up to its wall time within 5%, its parts
+    measured (the unaccounted rest within 5% too)."""
+    book = summary["goodput"]
+    wall = summary["ended_at"] - summary["started_at"]
+    assert abs(book["wall"] - wall) <= 0.05 * wall, (book, wall)
+    assert abs(book["parts"]["unaccounted"]) <= 0.05 * wall, book
+    assert all(seconds >= 0 for part, seconds in book["parts"].items() if part != "unaccounted")
+    assert book["parts"]["steps kept"] > 0 and book["parts"]["start-up"] > 0, book
 
 
 @pytest.mark.parametrize("flavour", ["3", "2"], ids=["keras3", "tf_keras"])

@@ -1,6 +1,6 @@
 """fit() under MWMS with tfrun.backup_and_restore(save_freq=N), logging every step.
 
-    tfrun --workers 2 --max-restarts 1 step_backup.py OUT EPOCHS SAVE_FREQ [SLOW [CHECK]] [--private-backups]
+    tfrun --workers 2 --max-restarts 1 step_backup.py OUT EPOCHS SAVE_FREQ [SLOW [CHECK]] [--private-backups] [--damage-first-send] [--backups-on=DIR]
 
 A fixed problem (same data and initial weights everywhere), a dataset reshuffled every
 epoch with a seed (a resume must put the input back where it was), Adam. Each task
@@ -13,6 +13,12 @@ each batch (so a test can kill a task mid-epoch). CHECK: the preemption_check (d
 TensorFlow cold): each task backs up under a directory of its own
 (no task sees another's backups, as on hosts with their own disks); and worker:1 started
 again by a restart loses its backups first (a spare that joins with an empty disk).
+
+--backups-on=DIR: back up under DIR (a test's small disk) instead of the run directory.
+
+--damage-first-send: after a restart, worker:0 damages the first variable it sends to a
+peer that lacks its backup (its contribution to the broadcast gets +1): a state damaged on
+its way, which every replica must refuse before taking it.
 """
 
 import os
@@ -25,7 +31,8 @@ import tfrun
 from _step_log import step_log
 
 private_backups = "--private-backups" in sys.argv[1:]
-args = [a for a in sys.argv[1:] if a != "--private-backups"]
+damage_first_send = "--damage-first-send" in sys.argv[1:]
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out, epochs, save_freq = args[0], int(args[1]), int(args[2])
 slow = float(args[3]) if len(args) > 3 else 0.0
 check = int(args[4]) if len(args) > 4 else "auto"
@@ -47,7 +54,8 @@ with strategy.scope():
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 restart = os.environ.get("TFRUN_RESTART_COUNT", "0")
-backup_dir = None
+backup_dir = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backups-on=")),
+                  None)
 if private_backups:
     import shutil
 
@@ -55,6 +63,18 @@ if private_backups:
     if (info.role, info.index, restart) == ("worker", 1, "1"):
         shutil.rmtree(backup_dir, ignore_errors=True)
         print("lost my backups", flush=True)
+if damage_first_send and (info.index, restart) == (0, "1"):
+    from tfrun.in_task.backup import agree
+
+    sends, damaged = agree._from_source, []
+
+    def damaging(strategy, source, value):
+        if hasattr(value, "assign") and not damaged:  # the first variable, not the mark
+            damaged.append(value)
+            value = value + 1.0
+        return sends(strategy, source, value)
+
+    agree._from_source = damaging
 data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(batch)
 model.fit(data, epochs=epochs, verbose=0,
           callbacks=[step_log(keras, f"{out}-steps-{info.role}-{info.index}.log", slow),

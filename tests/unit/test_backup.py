@@ -226,24 +226,30 @@ def test_a_backup_of_another_model_is_refused(tmp_path, legacy):
         store.load(other, complete_saves(store.directory)[0])
 
 
-def test_a_failed_background_write_is_reported_and_leaves_no_mark(tmp_path):
+def test_a_failed_background_write_is_reported_and_leaves_no_mark(tmp_path, capsys,
+                                                                    monkeypatch):
     import keras
 
     from tfrun.in_task.backup.store import BackupStore, complete_saves
 
+    monkeypatch.setenv(contract.RUN_DIR, str(tmp_path))  # training events are recorded
     directory = tmp_path / "worker-0"
     directory.mkdir()
     # A file where the writer makes its temporary directory: the write fails in the
-    # background thread, and the next wait (the next backup, a stop, the end) says so.
+    # background thread (an OSError, as the disk's own errors), and the next wait (the
+    # next backup, a stop, the end) says so, without ending training.
     (directory / "step-1.state.tmp").write_text("in the way")
     store = BackupStore(str(directory))
     store.write(_built(keras), "step-1", {"epoch": 0, "batch": 1, "step": 0, "input": None,
                                           "replicas": 1})
-    with pytest.raises(RuntimeError, match=r"writing a backup failed: .*File exists.*Check the "
-                                           r"backup directory's disk"):
-        store.wait()
+    assert store.wait() is False
+    out = capsys.readouterr().out
+    assert "tfrun: backup step-1 not written: File exists" in out, out
+    assert "Training goes on; there is no older backup yet" in out
+    event = json.loads(out.split(contract.METRICS_LINE)[1].splitlines()[0])
+    assert event["event"] == contract.BACKUP_NOT_WRITTEN_EVENT and event["backup"] == "step-1"
     assert complete_saves(str(directory)) == [] and not (directory / "step-1.json").exists()
-    store.wait()  # reported once
+    assert store.wait() is True  # reported once
     store.remove_temporaries()  # what a task killed mid-write leaves, removed at the next start
     assert os.listdir(directory) == []
 
@@ -343,9 +349,10 @@ def test_a_resume_waits_for_the_write_an_earlier_fit_left_in_flight(monkeypatch,
     def slow_write(state, final):
         time.sleep(0.3)
         done.append(final)
+        return {}
 
     monkeypatch.setattr(snapshot, "write_now", slow_write)
-    snapshot.Writer().write(object(), str(tmp_path / "a"), lambda: done.append("mark"))
+    snapshot.Writer().write(object(), str(tmp_path / "a"), lambda files: done.append("mark"))
     assert done == []  # in flight
     snapshot.finish_writes_in_flight()
     assert done == [str(tmp_path / "a"), "mark"]

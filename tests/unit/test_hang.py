@@ -211,7 +211,12 @@ def test_blame_of_a_stale_task_while_the_rest_finish_a_phase():
 
 def test_the_task_marks_its_steps_and_phases():
     progress.reset()
-    assert progress.snapshot() == {"steps_done": 0, "doing": "setup"}
+    clock = {"clock_began", "phase_seconds"}  # the phase clock's (test_goodput)
+
+    def snapshot():
+        return {k: v for k, v in progress.snapshot().items() if k not in clock}
+
+    assert snapshot() == {"steps_done": 0, "doing": "setup"}
     progress.step_began()
     assert progress.snapshot()["doing"] == IN_STEP == progress.IN_STEP
     before = time.time()
@@ -219,8 +224,11 @@ def test_the_task_marks_its_steps_and_phases():
     ended = progress.snapshot().pop("last_step_at")
     assert before <= ended <= time.time()
     with progress.busy("the backup"):
-        assert progress.snapshot() == {"steps_done": 1, "doing": "the backup",
-                                       "last_step_at": ended}
+        time.sleep(0.02)
+        assert snapshot() == {"steps_done": 1, "doing": "the backup", "last_step_at": ended}
+    seconds = progress.snapshot()["phase_seconds"]
+    assert seconds["the backup"] >= 0.02 and set(seconds) == {
+        "setup", IN_STEP, progress.BETWEEN_STEPS, "the backup"}
     assert progress.snapshot()["doing"] == progress.BETWEEN_STEPS
     progress.reset()
     assert "last_step_at" not in progress.snapshot()
@@ -235,6 +243,7 @@ def test_a_custom_loop_s_logged_steps_are_its_progress():
     log_metrics(loss=0.25)  # no step: no progress either
     snapshot = progress.snapshot()
     assert snapshot.pop("last_step_at") <= time.time()
+    del snapshot["clock_began"], snapshot["phase_seconds"]
     assert snapshot == {"steps_done": 3, "doing": progress.IN_STEP}
     progress.reset()
 

@@ -27,6 +27,7 @@ from .. import comm
 from ..contract import DEVICES_REPLACED
 from ..cluster import TaskConfig, parse_tf_config
 from ..errors import ConfigError
+from .measure import progress
 
 __all__ = ["TaskInfo", "task", "is_chief", "strategy", "global_batch_size", "output_dir",
            "chief_output_dir", "tensorboard_dir",
@@ -143,12 +144,14 @@ def strategy(kind: str | None = None):
         made = tf.distribute.experimental.CentralStorageStrategy(_local_devices(tf))
     elif resolved == "multiworker":
         options = comm.from_env()
-        made = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=options.to_tf() if options else None)
+        with progress.busy(contract.PHASE_FORMING):  # the goodput ledger's own part
+            made = tf.distribute.MultiWorkerMirroredStrategy(
+                communication_options=options.to_tf() if options else None)
     elif resolved == "ps":
         from .ps import make_parameter_server_strategy
 
-        made = make_parameter_server_strategy()
+        with progress.busy(contract.PHASE_FORMING):
+            made = make_parameter_server_strategy()
     elif resolved == "onedevice":
         made = tf.distribute.OneDeviceStrategy(_local_devices(tf)[0])
     else:

@@ -7,8 +7,10 @@ positions (one all-gather); the replicas that hold it load it from disk, and whe
 not (a spare or a returning host with no or older backups, disks not shared) one holder,
 the *source*, sends the weights, the optimizer state and the backup's mark to every
 replica over the cluster (``broadcast``: an all-reduce in which only the source adds
-anything, so each value arrives bit for bit). Training never starts from step 0 while a
-replica holds a backup.
+anything, so each value arrives bit for bit). What arrives is held in host memory and
+checked against the checksum of the state the source holds (``receive_state``) before any
+variable takes it: a state damaged on its way is refused by every replica alike
+(``all_true``). Training never starts from step 0 while a replica holds an intact backup.
 
     >>> choose([[5, 7], [7]])
     Choice(position=7, source=0, holders=(0, 1))
@@ -23,8 +25,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..notes import eager_by_design
+from .integrity import StateDigest
 
-__all__ = ["Choice", "choose", "gather_positions", "broadcast_state", "broadcast_numbers"]
+__all__ = ["Choice", "all_true", "choose", "gather_positions", "broadcast_numbers",
+           "receive_state", "state_digest", "digest_number", "number_digest"]
 
 
 class Choice(NamedTuple):
@@ -85,8 +89,45 @@ def broadcast_numbers(strategy, source: int, numbers: list[int]) -> list[int]:
     return [int(v) for v in _from_source(strategy, source, values).numpy()]
 
 
-def broadcast_state(strategy, source: int, variables) -> None:
-    """Assign every replica's ``variables`` the source replica's values, one variable at a
-    time (the peak extra memory is the largest variable, not the model)."""
+def all_true(strategy, flag: bool) -> bool:
+    """Whether every replica's ``flag`` is true (one all-gather; the same answer on all)."""
+    return all(row == [1] for row in gather_positions(strategy, [int(bool(flag))], 1))
+
+
+def state_digest(variables) -> str:
+    """The checksum of ``variables``' values as this replica holds them: the one their
+    backup's ``values.bin`` has (``integrity.StateDigest``)."""
+    import numpy as np
+
+    digest = StateDigest()
     for variable in variables:
-        variable.assign(_from_source(strategy, source, variable))
+        digest.add(np.asarray(variable.numpy()))
+    return digest.hexdigest()
+
+
+def digest_number(hexdigest: str) -> int:
+    """A 64-bit checksum as a signed int64 (what an all-reduce of int64 carries exactly).
+
+    >>> number_digest(digest_number("ffffffffffffffff"))
+    'ffffffffffffffff'
+    """
+    value = int(hexdigest, 16)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def number_digest(number: int) -> str:
+    """The hex checksum ``digest_number`` made ``number`` of."""
+    return f"{number % (1 << 64):016x}"
+
+
+def receive_state(strategy, source: int, variables) -> tuple[list, str]:
+    """The source replica's values of ``variables`` on every replica, as host arrays
+    (assigned to nothing yet), and the checksum of what arrived; one variable at a time."""
+    import numpy as np
+
+    arrived, digest = [], StateDigest()
+    for variable in variables:
+        value = np.asarray(_from_source(strategy, source, variable).numpy())
+        digest.add(value)
+        arrived.append(value)
+    return arrived, digest.hexdigest()

@@ -40,27 +40,9 @@ class Resume:
     _exact = False
 
     def _resume(self):
-        visible = self.store.visible_saves()
-        keys = [save["key"] for save in visible]
-        if self._ps:  # the coordinator alone holds the training state's backups
-            holders = [keys]
-        else:
-            with self.watch.busy("the agreement on a backup", with_peers=True):
-                holders = agree.gather_positions(self.model.distribute_strategy, keys,
-                                                 store.KEEP + 1)
-        choice = agree.choose(holders)
-        if choice is None:
+        save = self._intact_choice()
+        if save is None:
             return
-        self._build_optimizer()
-        mine = [save for save in visible if save["key"] == choice.position]
-        save = None
-        if mine:  # the epoch form when the same point was saved twice; our own first
-            save = sorted(mine, key=lambda s: (s["name"].startswith("epoch"),
-                                               s["directory"] == self.directory))[-1]
-            with self.watch.busy("loading the backup"):
-                self.store.load(self.model, save)
-        if not choice.complete(len(holders)):
-            save = self._state_from_peers(choice, save, keys)
         save = self._where_to_start(save)
         replicas = self.model.distribute_strategy.num_replicas_in_sync
         if save["replicas"] is not None and save["replicas"] != replicas:
@@ -78,25 +60,102 @@ class Resume:
                               epoch=save["epoch"] + 1, batch=save["batch"])
         self._put_input_back(save)
 
-    def _state_from_peers(self, choice, save: dict | None, keys: list[int]) -> dict:
+    def _intact_choice(self) -> dict | None:
+        """The newest backup position any replica holds intact, loaded on every replica
+        (from its own copy or, for those without one, from a peer); its mark. None: none
+        is left (start over). Rounds until then, each one the same on every replica: a
+        damaged copy is named and dropped by the replica that found it, a state that
+        arrived damaged is dropped by all, and the next round chooses again."""
+        strategy = self.model.distribute_strategy
+        refused: set[int] = set()  # positions whose transfer arrived damaged
+        loaded: dict | None = None  # the backup this replica's variables hold now
+        while True:
+            visible = [s for s in self.store.visible_saves() if s["key"] not in refused]
+            keys = sorted({save["key"] for save in visible})
+            if self._ps:  # the coordinator alone holds the training state's backups
+                holders = [keys]
+            else:
+                with self.watch.busy("the agreement on a backup", with_peers=True):
+                    holders = agree.gather_positions(strategy, keys, store.KEEP + 1)
+            choice = agree.choose(holders)
+            if choice is None:
+                if self.store.damaged or refused:
+                    print("tfrun: no intact backup is left on any worker: training starts "
+                          "from the beginning", flush=True)
+                return None
+            self._build_optimizer()
+            if loaded is None or loaded["key"] != choice.position:
+                loaded = self._load_intact([s for s in visible if s["key"] == choice.position])
+            intact = loaded is not None or choice.position not in keys
+            if self._ps:
+                if not intact:
+                    continue
+            else:
+                with self.watch.busy("the agreement on a backup", with_peers=True):
+                    if not agree.all_true(strategy, intact):
+                        continue  # a holder's copies were damaged: it offers others now
+            if choice.complete(len(holders)):
+                return loaded
+            got = self._state_from_peers(choice, loaded, keys)
+            if got is not None:
+                return got
+            refused.add(choice.position)
+            loaded = None
+
+    def _load_intact(self, copies: list[dict]) -> dict | None:
+        """The first of ``copies`` (one position) that loads intact -- the epoch form when
+        the point was saved twice, this worker's own first -- or None; each damaged copy
+        named (console, events) and never offered again."""
+        order = sorted(copies, key=lambda s: (s["name"].startswith("epoch"),
+                                              s["directory"] == self.directory), reverse=True)
+        for save in order:
+            try:
+                with self.watch.busy("loading the backup"):
+                    self.store.load(self.model, save)
+                return save
+            except store.BackupDamaged as damage:
+                print(f"tfrun: backup damaged, not used: {damage} (step {save['step']}); "
+                      "training goes on from an intact copy", flush=True)
+                record_training_event(contract.BACKUP_DAMAGED_EVENT, step=save["step"],
+                                      backup=f"{save['directory']}/{save['name']}",
+                                      file=damage.file, what=damage.what)
+        return None
+
+    def _state_from_peers(self, choice, save: dict | None, keys: list[int]) -> dict | None:
         """Some replicas lack the chosen backup (a spare, or a returning host with
         older backups, on a disk of its own): the source replica sends its weights,
-        optimizer state and mark to all. Returns the mark as every replica has it."""
+        optimizer state and mark to all, and every replica checks what arrived against
+        the checksum of the source's state before taking it. Returns the mark as every
+        replica has it; None, on every replica, when the state arrived damaged."""
         strategy = self.model.distribute_strategy
         epoch, batch = divmod(choice.position, 2**32)
         where = f"epoch {epoch + 1}, after batch {batch}" if batch else f"the end of epoch {epoch}"
+        missing = sorted(set(range(strategy.num_replicas_in_sync)) - set(choice.holders))
         if save is not None and self._replica_holds_source(choice):
             print(f"tfrun: sending the backup of {where} ({save['directory']}/"
-                  f"{save['name']}) to the replicas without it "
-                  f"({sorted(set(range(strategy.num_replicas_in_sync)) - set(choice.holders))}"
-                  ")", flush=True)
+                  f"{save['name']}) to the replicas without it ({missing})", flush=True)
+        variables = list(self.model.weights) + _variables(self.model.optimizer)
         position = (save or {}).get("input") or (-1, -1)
+        held = agree.digest_number(agree.state_digest(variables)) if save is not None else 0
         numbers = [epoch, batch, (save or {}).get("step") or -1, position[0], position[1],
-                   (save or {}).get("replicas") or -1]
+                   (save or {}).get("replicas") or -1, held]
         with self.watch.busy("receiving the backup from a peer", with_peers=True):
             numbers = agree.broadcast_numbers(strategy, choice.source, numbers)
-            agree.broadcast_state(strategy, choice.source,
-                                  list(self.model.weights) + _variables(self.model.optimizer))
+            arrived, digest = agree.receive_state(strategy, choice.source, variables)
+            sent = agree.number_digest(numbers[6])
+            intact = agree.all_true(strategy, digest == sent)
+        if not intact:
+            print(f"tfrun: the backup of {where} sent by replica {choice.source} arrived "
+                  + ("damaged" if digest != sent else "damaged on another replica")
+                  + f" (checksum {digest}, the source holds {sent}): not used; every "
+                  "replica goes on from an older backup", flush=True)
+            record_training_event(contract.BACKUP_DAMAGED_EVENT, step=numbers[2],
+                                  backup=f"replica {choice.source}'s backup (sent)",
+                                  file="(over the cluster)",
+                                  what=f"checksum {digest}, {sent} was sent")
+            return None
+        for variable, value in zip(variables, arrived):
+            variable.assign(value)
         got = {"epoch": numbers[0], "batch": numbers[1],
                "step": None if numbers[2] < 0 else numbers[2],
                "input": None if numbers[3] < 0 else (numbers[3], numbers[4]),
@@ -108,8 +167,8 @@ class Resume:
             print(f"tfrun: this worker has no backup of {where} (its own newest: "
                   + ("none" if newest is None else
                      "epoch {} batch {}".format(*divmod(newest, 2**32)))
-                  + f"): its state came from replica {choice.source} over the cluster",
-                  flush=True)
+                  + f"): its state came from replica {choice.source} over the cluster "
+                  "(checksum verified)", flush=True)
             store.verify(got, self._global_step())
         return save if save is not None else got
 

@@ -9,8 +9,13 @@ offset, written with direct I/O where the filesystem allows it) and
 flushed to the device, then the directory, then the backup's mark. At most one write is in
 flight: the next backup, a preemption and the end of training wait for it (``wait``).
 
-One format for both Keras flavours; ``load(model, directory)`` assigns the values back in
-the same order and refuses a state whose variables do not match the model's.
+Every file's checksum (xxh3, 64 bits, of the bytes meant to be on disk: hashed from
+memory before the write) comes back from the write as its *files record*, which the
+backup's mark keeps. ``load(model, directory, files)`` checks each file against it --
+missing, short, or other bytes -- before any value reaches a variable (``StateDamaged``
+names the file and what differed), then assigns the values back in the same order and
+refuses a state whose variables do not match the model's (``StateMismatch``; the
+checksums and the check: ``integrity``).
 
     >>> state = take(model)                          # doctest: +SKIP
     >>> writer.write(state, "backup/step-40.state", on_done=write_mark)  # doctest: +SKIP
@@ -28,8 +33,11 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-__all__ = ["State", "StateMismatch", "Writer", "finish_writes_in_flight", "fsync_path", "take",
-           "load", "state_variables"]
+from .integrity import StateDamaged, check, digest
+from .integrity import aligned as _aligned
+
+__all__ = ["State", "StateDamaged", "StateMismatch", "WriteFailed", "Writer",
+           "finish_writes_in_flight", "fsync_path", "take", "load", "state_variables"]
 
 _VALUES, _INDEX = "values.bin", "variables.json"
 
@@ -38,11 +46,18 @@ class StateMismatch(RuntimeError):
     """A state on disk does not fit the model it is loaded into."""
 
 
+class WriteFailed(RuntimeError):
+    """A background write ended by the disk (full, an I/O error, read-only): the backup it
+    was writing is not there, the older ones are. ``error``: the OSError."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 #: O_DIRECT wants the buffer's address, the file offsets and the lengths in multiples of
 #: the device's block size; 4096 covers the usual 512-byte and 4K devices.
 _BLOCK = 4096
-#: Each variable starts at a multiple of this inside the buffer (any dtype's alignment).
-_ALIGN = 64
 #: Bytes per write call: large enough for the device, small enough to stay responsive.
 _CHUNK = 64 << 20
 
@@ -67,10 +82,6 @@ class State:
     def size(self) -> int:
         """Bytes of the state in ``buffer``: the last variable's end, each one padded."""
         return self.offsets[-1] + _aligned(self.values[-1].nbytes) if self.values else 0
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
 
 
 def _allocate(layout: list[tuple]) -> tuple[mmap.mmap, list, list[int]]:
@@ -191,24 +202,37 @@ def _write_values(state: State, path: str) -> None:
         os.close(fd)
 
 
-def write_now(state: State, final: str) -> None:
+def write_now(state: State, final: str) -> dict:
     """Write ``state`` as the directory ``final`` (under a temporary name, flushed, then
-    renamed: a write cut short is never taken for a whole one)."""
+    renamed: a write cut short is never taken for a whole one); returns its files record,
+    ``{file name: {"bytes": n, "xxh3": checksum}}``. A write that fails leaves no
+    temporary behind (a full disk gets its space back at once)."""
     temporary = final + ".tmp"
     shutil.rmtree(temporary, ignore_errors=True)
     os.makedirs(temporary)
-    _write_values(state, os.path.join(temporary, _VALUES))
-    index = [{"path": path, "shape": list(value.shape), "dtype": str(value.dtype),
-              "offset": offset}
-             for path, value, offset in zip(state.paths, state.values, state.offsets)]
-    with open(os.path.join(temporary, _INDEX), "w") as out:
-        json.dump({"variables": index, "bytes": state.size}, out)
-        out.flush()
-        os.fsync(out.fileno())
-    fsync_path(temporary)
+    try:
+        # hashed from memory, before the write: the checksum is of what was meant
+        files = {_VALUES: {"bytes": state.size,
+                           "xxh3": digest(memoryview(state.buffer)[:state.size])
+                           if state.buffer is not None else digest(b"")}}
+        _write_values(state, os.path.join(temporary, _VALUES))
+        index = [{"path": path, "shape": list(value.shape), "dtype": str(value.dtype),
+                  "offset": offset}
+                 for path, value, offset in zip(state.paths, state.values, state.offsets)]
+        text = json.dumps({"variables": index, "bytes": state.size}).encode()
+        files[_INDEX] = {"bytes": len(text), "xxh3": digest(text)}
+        with open(os.path.join(temporary, _INDEX), "wb") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        fsync_path(temporary)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)  # the same point saved again
     os.replace(temporary, final)
     fsync_path(os.path.dirname(final) or ".")
+    return files
 
 
 #: every Writer of this process (a fit that raised may leave a write in flight)
@@ -235,15 +259,16 @@ class Writer:
         _WRITERS.add(self)
 
     def write(self, state: State, final: str, on_done=None, *, background: bool = True) -> None:
-        """Write ``state`` to ``final``, then call ``on_done()`` (which writes the mark);
-        in the background unless ``background=False``. Waits for the write before first."""
+        """Write ``state`` to ``final``, then call ``on_done(files)`` with its files record
+        (which writes the mark); in the background unless ``background=False``. Waits for
+        the write before first."""
         self.wait()
 
         def work() -> None:
             try:
-                write_now(state, final)
+                files = write_now(state, final)
                 if on_done is not None:
-                    on_done()
+                    on_done(files)
             except BaseException as error:  # reported by the next wait()
                 self._error = error
 
@@ -263,25 +288,38 @@ class Writer:
 
     def _raise(self) -> None:
         error, self._error = self._error, None
+        if isinstance(error, OSError):
+            # the disk's answer (full, an I/O error, read-only): training can go on from
+            # the backups already there; the caller says so and tries again later
+            raise WriteFailed(error) from error
         if error is not None:
             raise RuntimeError(f"tfrun.backup_and_restore: writing a backup failed: {error}. "
                                "Check the backup directory's disk (space, permissions)") from error
 
 
-def load(model, directory: str) -> None:
-    """Assign the state in ``directory`` to ``model``'s variables (its optimizer built).
+def load(model, directory: str, files: dict | None = None) -> None:
+    """Assign the state in ``directory`` to ``model``'s variables (its optimizer built),
+    after checking every file against ``files`` (its mark's record; None: a backup
+    written without checksums) -- a damaged state never reaches a variable.
 
-    Raises StateMismatch, naming the first variable that differs, when the state was
-    written by another model (another count, shape or dtype of variables)."""
+    Raises StateDamaged naming the file and what differed; StateMismatch, naming the first
+    variable that differs, when the state was written by another model (another count,
+    shape or dtype of variables)."""
     import numpy as np
 
-    with open(os.path.join(directory, _INDEX)) as f:
-        index = json.load(f)["variables"]
+    check(directory, files)  # reads every byte once, so an I/O error is an OSError here
+    try:
+        with open(os.path.join(directory, _INDEX), "rb") as f:
+            index = json.loads(f.read())["variables"]
+    except (ValueError, KeyError, TypeError):
+        raise StateDamaged(_INDEX, "not the index tfrun writes (unreadable JSON)") from None
+    path = os.path.join(directory, _VALUES)
+    values = (np.memmap(path, dtype="uint8", mode="r") if os.path.getsize(path)
+              else np.zeros(0, "uint8"))
     variables = state_variables(model)
     if len(index) != len(variables):
         raise StateMismatch(f"{directory} holds {len(index)} variables, this model and its "
                             f"optimizer have {len(variables)}")
-    values = np.memmap(os.path.join(directory, _VALUES), dtype="uint8", mode="r")
     for entry, variable in zip(index, variables):
         shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
         own_shape = tuple(variable.shape)
@@ -291,5 +329,8 @@ def load(model, directory: str) -> None:
                                 f"this model's {_path(variable, 0)} is {own_shape} {own_dtype}")
         count = int(np.prod(shape, dtype=np.int64))
         start = entry["offset"]
+        if start + count * dtype.itemsize > len(values):  # a backup without checksums
+            raise StateDamaged(_VALUES, f"truncated: {len(values)} bytes, variable "
+                                        f"{entry['path']} ends at {start + count * dtype.itemsize}")
         value = values[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
         variable.assign(np.array(value))

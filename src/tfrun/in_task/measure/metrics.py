@@ -87,7 +87,7 @@ def _write(record: dict) -> None:
         pass
 
 
-def record_training_event(event: str, **fields: int) -> None:
+def record_training_event(event: str, **fields) -> None:
     """Tell the launcher about a turn in training (``preempted``, ``resumed``): a
     ``tfrun:metrics`` record it keeps for the attempt it happens in, even with metrics
     recording off (the summary's attempts need it). Outside tfrun: nothing.
@@ -498,7 +498,8 @@ class _Measurements:
             exchanges_left=counts.get("exchanges_left"),
             exchange_seconds=counts.get("exchange_seconds"), cpu_percent=cpu,
             rss_mb=usage.get("rss_mb"), threads=usage.get("threads"), cpu_taken=taken,
-            run_wait_seconds=waited, unmeasured=tuple(self.failed_now))
+            run_wait_seconds=waited, unmeasured=tuple(self.failed_now),
+            phase_seconds=state["phase_seconds"], clock_began=state["clock_began"])
 
 
 def _start_resource_sampler(interval: float) -> None:
@@ -554,7 +555,9 @@ def _start_resource_sampler(interval: float) -> None:
 def install() -> None:
     """Record every ``fit`` in this process, and sample its CPU and memory every
     ``contract.METRICS_INTERVAL`` seconds (default 2; 0: no sampling). The bootstrap calls
-    this; idempotent."""
+    this; idempotent. Starts the task's phase clock (``progress.start_clock``) too."""
+    if not _sampler:
+        progress.start_clock()
     if not enabled():
         return
     when_imported("keras", _install_keras3)

@@ -12,6 +12,11 @@ sample happens to fall after a step (after the last one, the whole tail of the r
 nobody's step time. Marking costs a dictionary store and a clock read: cheap enough for
 every step.
 
+Each phase's time is clocked as well: the seconds the main thread spent in each ``doing``
+since this module was imported (``clock_began``), carried by every sample
+(``phase_seconds``): the launcher's goodput ledger splits a run's wall time with them. A
+change of phase costs one clock read and a dictionary update.
+
 Samples are also paced by steps: the resources sampler asks (``sample_when_due``) to be
 woken every ``SAMPLE_STEPS`` steps, but not sooner than ``SAMPLE_FLOOR`` seconds after its
 last sample. A straggler's evidence is then a count of steps whatever the step time: a job
@@ -21,7 +26,7 @@ of 4 s steps a sample every interval as before.
     >>> reset()
     >>> step_began(); step_ended(); doing("the backup")
     >>> sorted(snapshot())
-    ['doing', 'last_step_at', 'steps_done']
+    ['clock_began', 'doing', 'last_step_at', 'phase_seconds', 'steps_done']
     >>> snapshot()["steps_done"], snapshot()["doing"]
     (1, 'the backup')
 """
@@ -35,7 +40,7 @@ from ... import contract
 
 __all__ = ["IN_STEP", "BETWEEN_STEPS", "FIRST_STEP", "SAMPLE_STEPS", "SAMPLE_FLOOR", "busy",
            "doing", "fit_began", "loop_reported", "reset", "sample_when_due", "sampled",
-           "snapshot", "step_began", "step_ended"]
+           "snapshot", "start_clock", "step_began", "step_ended"]
 
 # The phases' names are the contract's: the launcher's hang clock reads them.
 IN_STEP = contract.PHASE_IN_STEP
@@ -44,6 +49,11 @@ SETUP = contract.PHASE_SETUP
 FIRST_STEP = contract.PHASE_FIRST_STEP
 
 _state = {"steps_done": 0, "doing": SETUP}
+#: seconds per phase left, and (time.time(), time.monotonic()) when the clock began and
+#: when the current phase was entered
+_seconds: dict[str, float] = {}
+_began = [time.time()]
+_entered = [time.monotonic()]
 _reported = [None]  # the newest step a custom loop reported (tfrun.log_metrics)
 _first_step = [False]  # a fit began and its first step has not ended (it traces)
 
@@ -67,8 +77,27 @@ def sampled(steps_done: int) -> None:
     _last_sample[0], _last_sample[1] = steps_done, time.monotonic()
 
 
+def _enter(what: str) -> None:
+    """The main thread now does ``what``: the time since the last change goes to the
+    phase it leaves."""
+    now = time.monotonic()
+    left = _state["doing"]
+    _seconds[left] = _seconds.get(left, 0.0) + (now - _entered[0])
+    _entered[0] = now
+    _state["doing"] = what
+
+
+def start_clock() -> None:
+    """The phase clock starts now, from ``setup`` time only: a task's start (a task forked
+    from a starter process that imported this module long before begins its own clock)."""
+    _seconds.clear()
+    _began[0], _entered[0] = time.time(), time.monotonic()
+
+
 def reset() -> None:
     """Back to no step and ``setup`` (tests; a process runs one task)."""
+    _seconds.clear()
+    _entered[0] = time.monotonic()
     _state.update(steps_done=0, doing=SETUP)
     _state.pop("last_step_at", None)
     _reported[0] = None
@@ -84,7 +113,7 @@ def loop_reported(step: int) -> None:
         _reported[0] = step
         _state["steps_done"] += 1
         _state["last_step_at"] = time.time()
-        _state["doing"] = IN_STEP  # (the loop's own code: nothing finer is known)
+        _enter(IN_STEP)  # (the loop's own code: nothing finer is known)
 
 
 def fit_began() -> None:
@@ -98,18 +127,18 @@ def fit_began() -> None:
         'a training step'
     """
     _first_step[0] = True
-    _state["doing"] = FIRST_STEP
+    _enter(FIRST_STEP)
 
 
 def step_began() -> None:
-    _state["doing"] = FIRST_STEP if _first_step[0] else IN_STEP
+    _enter(FIRST_STEP if _first_step[0] else IN_STEP)
 
 
 def step_ended() -> None:
     _first_step[0] = False
     steps = _state["steps_done"] = _state["steps_done"] + 1
     _state["last_step_at"] = time.time()
-    _state["doing"] = BETWEEN_STEPS
+    _enter(BETWEEN_STEPS)
     wake = _on_due[0]
     if wake is not None and steps - _last_sample[0] >= SAMPLE_STEPS:
         now = time.monotonic()
@@ -120,20 +149,25 @@ def step_ended() -> None:
 
 def doing(what: str) -> None:
     """The main thread now does ``what`` (a short phrase: "evaluation", "the backup")."""
-    _state["doing"] = what
+    _enter(what)
 
 
 @contextlib.contextmanager
 def busy(what: str):
     """``doing(what)`` for the block, then back to what it was doing before."""
     before = _state["doing"]
-    _state["doing"] = what
+    _enter(what)
     try:
         yield
     finally:
-        _state["doing"] = before
+        _enter(before)
 
 
 def snapshot() -> dict:
-    """The values a resources sample carries."""
-    return dict(_state)
+    """The values a resources sample carries (read from the sampler's thread while the
+    main thread changes phases: a copy, the current phase's open time added)."""
+    now, current = time.monotonic(), _state["doing"]
+    seconds = dict(_seconds)
+    seconds[current] = seconds.get(current, 0.0) + (now - _entered[0])
+    return {**_state, "clock_began": round(_began[0], 3),
+            "phase_seconds": {k: round(v, 3) for k, v in seconds.items()}}

@@ -109,6 +109,10 @@ class TaskLogger:
     work: tuple[TaskSample, ...] = ()
     #: the measurements its newest sample that lacked any could not make (empty: all made)
     unmeasured: tuple[str, ...] = ()
+    #: its phase clock at the newest sample that had one (the goodput ledger's input):
+    #: ``began_at``, ``sampled_at`` (the task's time.time()), ``phases`` (seconds per
+    #: phase), ``steps`` (steps its process completed)
+    clock: dict | None = None
     #: the exception that ended its script, as its bootstrap reported it (this start's)
     error: TaskError | None = None
     #: tfrun asked for the task's stacks (a hang): their dump goes to the log only, the
@@ -214,6 +218,9 @@ class TaskLogger:
             if sample.exchange_seconds is not None:
                 self.work = (*self.work[-(_WORK_KEPT - 1):], sample)
         self._note_taken(sample)
+        if sample.phase_seconds is not None and sample.clock_began is not None:
+            self.clock = {"began_at": sample.clock_began, "sampled_at": sample.time,
+                          "phases": sample.phase_seconds, "steps": sample.steps_done}
         if sample.unmeasured:
             self.unmeasured = sample.unmeasured
 

@@ -32,7 +32,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .plotting import pyplot
+from .plotting import gapped, pyplot
+from .report_goodput import attempt_bars, ledger_figure, ledger_table
 from .report_progress import findings_html, plot_step_rates
 from .runstats import RunStats, compare, read_metrics, read_run, table_cells
 
@@ -58,8 +59,22 @@ class RunData:
 
     @property
     def started(self) -> float:
-        return float(self.summary.get("started_at") or
-                     min((e["time"] for e in self.events if "time" in e), default=0.0))
+        """When the run began: its first launch's start (a resumed run's earlier launches
+        included)."""
+        starts = [a.get("started_at") for a in self.summary.get("attempts") or []]
+        starts = [t for t in starts + [self.summary.get("started_at")]
+                  if isinstance(t, (int, float))]
+        if starts:
+            return float(min(starts))
+        return min((e["time"] for e in self.events if "time" in e), default=0.0)
+
+    @property
+    def launch_breaks(self) -> list[float]:
+        """When each launch after the first began (seconds since ``started``): nothing ran
+        between two launches, so a plot's lines stop there."""
+        attempts = self.summary.get("attempts") or []
+        return [a["started_at"] - self.started for a in attempts[1:]
+                if a.get("launch_began") and isinstance(a.get("started_at"), (int, float))]
 
     @property
     def tasks(self) -> list[str]:
@@ -203,7 +218,7 @@ def plot_throughput(data: RunData):
         return None
     fig, ax = plt.subplots(figsize=(9, 3.5))
     for task, points in series.items():
-        ax.plot(*zip(*points), marker="o", label=task)
+        ax.plot(*zip(*gapped(points, data.launch_breaks)), marker="o", label=task)
     ax.set_xlabel("seconds since launch")
     ax.set_ylabel("steps/s")
     ax.set_title("Training throughput (each point: one epoch)")
@@ -223,8 +238,10 @@ def plot_resources(data: RunData):
     fig, (cpu, mem) = plt.subplots(1, 2, figsize=(10, 3.5))
     for task, samples in series.items():
         times = [s["time"] - data.started for s in samples]
-        cpu.plot(times, [s.get("cpu_percent", 0) for s in samples], marker=".", label=task)
-        mem.plot(times, [s.get("rss_mb", 0) for s in samples], marker=".", label=task)
+        for ax, key in ((cpu, "cpu_percent"), (mem, "rss_mb")):
+            points = gapped([(t, s.get(key, 0)) for t, s in zip(times, samples)],
+                            data.launch_breaks)
+            ax.plot(*zip(*points), marker=".", label=task)
     cpu.set_title("CPU (% of one core)")
     mem.set_title("memory (MiB, whole process tree)")
     for ax in (cpu, mem):
@@ -357,6 +374,14 @@ def write_report(run_dir: str | Path) -> Path:
             "no traceback: it was stuck, not failed; its stacks are above" if stuck
             else "no traceback in its log")
         parts.append(f"<pre class='traceback'>{html.escape(str(traceback))}</pre>")
+    book = summary.get("goodput")
+    if book:  # the report opens with where the time went
+        parts.append("<h2>Where the time went</h2>" + ledger_table(book))
+        fig = ledger_figure(attempt_bars(book))
+        if fig is not None:
+            png = _png(fig)
+            (out_dir / "ledger.png").write_bytes(png)
+            parts.append(_img(png, "Where the time went, per attempt"))
     parts.append(findings_html(summary))
     if data.stats is not None:
         parts.append("<h2>Numbers</h2>" + _table_html(compare([data.stats])))
@@ -408,6 +433,10 @@ def write_comparison(run_dirs: list[str | Path], target: str | Path) -> Path:
     ax.set_title("Throughput")
     fig.tight_layout()
     parts.append("<h2>Throughput</h2>" + _img(_png(fig), "Throughput"))
+    ledgers = [(Path(r.run_dir).name, r.goodput.get("parts") or {}) for r in runs if r.goodput]
+    fig = ledger_figure(ledgers)
+    if fig is not None:  # what a flag or a fix bought, in seconds
+        parts.append("<h2>Where the time went</h2>" + _img(_png(fig), "Where the time went"))
     parts.append("<h2>Runs</h2><ul>" + "".join(
         f"<li>{html.escape(r['run_dir'])}: {html.escape(str(r['status']))}</li>" for r in rows)
         + "</ul>")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import html
 
-from .plotting import pyplot
+from .plotting import gapped, pyplot
 
 __all__ = ["findings_html", "plot_step_rates", "step_rates"]
 
@@ -40,13 +40,19 @@ def plot_step_rates(data):
     """Steps/s and the CPU share others took, per task over time (a ``report.RunData``);
     None when no sample shows a step (training was over between two samples)."""
     rates, taken = {}, {}
+    breaks = data.launch_breaks
     for task, records in sorted(data.metrics.items()):
         samples = [r for r in records if r.get("event") == "resources"]
-        rates[task] = [(t - data.started, rate) for t, rate in step_rates(samples)]
+        # a rate is between two samples of one launch: none across the time between two
+        launches = [[s for s in samples if isinstance(s.get("time"), (int, float))
+                     and lo <= s["time"] - data.started < hi]
+                    for lo, hi in zip([float("-inf")] + breaks, breaks + [float("inf")])]
+        rates[task] = gapped([(t - data.started, rate) for launch in launches
+                              for t, rate in step_rates(launch)], breaks)
         points = [(r["time"] - data.started, r["cpu_taken"]) for r in samples
                   if r.get("time") is not None and r.get("cpu_taken") is not None]
         if points:
-            taken[task] = points
+            taken[task] = gapped(points, breaks)
     if not any(rate for points in rates.values() for _, rate in points):
         return None
     plt = pyplot()

@@ -42,6 +42,7 @@ class RunStats:
     task: str | None = None         # whose metrics these are
     breakdown: dict = field(default_factory=dict)  # its last step breakdown (tfrun.in_task.measure.breakdown)
     per_task: list = field(default_factory=list)   # every task's breakdown, with its host
+    goodput: dict = field(default_factory=dict)    # summary.json's ledger (results.goodput)
 
     @property
     def hosts(self) -> list[str]:
@@ -140,7 +141,7 @@ def read_run(run_dir: str | Path) -> RunStats:
                     final=dict(epochs[-1].get("logs") or {}) if epochs else {},
                     task=epochs[0].get("task", task) if epochs else task,
                     breakdown=_breakdown_fields(breakdowns[-1]) if breakdowns else {},
-                    per_task=per_task)
+                    per_task=per_task, goodput=dict(summary.get("goodput") or {}))
 
 
 def _breakdown_fields(record: dict) -> dict:
@@ -191,9 +192,12 @@ def per_host_table(run: RunStats) -> str:
 
 
 def compare(runs: list[RunStats]) -> list[dict]:
-    """One row per run: its numbers plus speedup and efficiency against the first run."""
+    """One row per run: its numbers plus speedup and efficiency against the first run
+    (the baseline: a single run has none, and no speedup is made up for it)."""
     if not runs:
         return []
+    if len(runs) == 1:
+        return [{**runs[0].to_dict(), "speedup": None, "efficiency": None, "speedup_by": None}]
     base = runs[0]
     rows = []
     for run in runs:
@@ -208,6 +212,10 @@ def compare(runs: list[RunStats]) -> list[dict]:
         row["speedup_by"] = by
         rows.append(row)
     return rows
+
+
+def _percent(share) -> str:
+    return "-" if share is None else f"{share:.0%}"
 
 
 def _cell(value, digits: int = 2) -> str:
@@ -235,8 +243,8 @@ def table_cells(rows: list[dict], label: str = "run") -> list[list[str]]:
             if name not in metric_names and len(metric_names) < 4:
                 metric_names.append(name)
     header = [label, "workers", "status", "time (s)", "first step (s)", "steps/s",
-              "samples/s", "speedup", "efficiency", *(title for _, title in breakdown),
-              *metric_names]
+              "samples/s", "speedup", "efficiency", "goodput", "steps redone",
+              *(title for _, title in breakdown), *metric_names]
     table = [header]
     for row in rows:
         final = row.get("final") or {}
@@ -244,7 +252,8 @@ def table_cells(rows: list[dict], label: str = "run") -> list[list[str]]:
                       _cell(row.get("status")), _cell(row.get("seconds")),
                       _cell(row.get("first_step_s")), _cell(row.get("steps_per_s")),
                       _cell(row.get("samples_per_s")), _cell(row.get("speedup")),
-                      _cell(row.get("efficiency")),
+                      _cell(row.get("efficiency")), _percent((row.get("goodput") or {}).get("goodput")),
+                      _cell((row.get("goodput") or {}).get("steps_redone")),
                       *(_cell((row.get("breakdown") or {}).get(key)) for key, _ in breakdown),
                       *(_cell(final.get(n), 4) for n in metric_names)])
     return table
@@ -256,8 +265,8 @@ def format_table(rows: list[dict], label: str = "run") -> str:
     >>> print(format_table([{"run_dir": "a", "workers": 1, "status": "succeeded",
     ...     "seconds": 10.0, "first_step_s": 3.0, "steps_per_s": 5.0, "samples_per_s": 320.0,
     ...     "speedup": 1.0, "efficiency": 1.0, "final": {"loss": 0.5}}]))
-    run  workers  status     time (s)  first step (s)  steps/s  samples/s  speedup  efficiency    loss
-    a          1  succeeded     10.00            3.00     5.00     320.00     1.00        1.00  0.5000
+    run  workers  status     time (s)  first step (s)  steps/s  samples/s  speedup  efficiency  goodput  steps redone    loss
+    a          1  succeeded     10.00            3.00     5.00     320.00     1.00        1.00        -             -  0.5000
     """
     table = table_cells(rows, label)
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]

@@ -43,6 +43,7 @@ class Attempts:
     def __init__(self, *, max_restarts: int = 0, earlier: list[dict] | None = None) -> None:
         self.max_restarts = max_restarts
         self.records: list[dict] = list(earlier or [])
+        self._launch_began = len(self.records)  # this launch's first attempt: the next one
         self.restarts = 0       # gang restarts and re-forms, all (the tasks see this count)
         self.charged = 0        # those charged to --max-restarts
         self.preemptions = 0    # gang restarts after a preemption (free)
@@ -105,6 +106,8 @@ class Attempts:
         record = {"attempt": len(self.records) + 1, "started_at": self.started_at,
                   "ended_at": time.time(), "ended": how, "task": task, "exit_code": exit_code,
                   "failure_class": None if failure is None else str(failure)}
+        if len(self.records) == self._launch_began:
+            record["launch_began"] = True  # the goodput ledger: a gap before it is no downtime
         self.records.append(record)
         return record
 

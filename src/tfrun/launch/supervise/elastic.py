@@ -75,7 +75,7 @@ class Elastic:
                if excluded else "lost")
         ended = ctx.end_attempt(record, "reform")
         self._stop(ctx.running())
-        ctx.marks.note_training_events(ctx.records, ended)
+        ctx.marks.note_ended(ctx.records, ctx.attempts)
         reached = [r.logger.last_step for r in ctx.records if r.logger.last_step is not None]
         ctx.members.depart(r for r in ctx.records if r.host in lost)
         back, self.back = set(self.back), []

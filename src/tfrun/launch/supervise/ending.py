@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 
 from ..output import fatal_error_stack, last_traceback, strip_ansi
+from ..results.goodput import headline, ledger, mark_launch
+from .attempt_marks import backup_troubles
 from .attribution import failure_verdict, hang_verdict, join_verdict
 from .context import RunContext
 from .explain import explain
@@ -76,11 +78,20 @@ def sum_up(ctx: RunContext, exit_code: int, status: RunStatus, root: TaskRecord 
     for record in ctx.records:
         record.logger.join()
     if ctx.attempts and ctx.attempts[-1].get("earlier_launch") is not True:
-        ctx.marks.note_training_events(ctx.records, ctx.attempts[-1])
+        ctx.marks.note_ended(ctx.records, ctx.attempts)
     # where the tasks resumed after each re-form, and how many steps were redone
     events = [e for r in ctx.every_record for e in r.logger.training_events]
-    for line in ctx.members.complete(events):
+    for line in ctx.members.complete(events) + backup_troubles(ctx.attempts):
         ctx.console.info(line)
+    mark_launch(ctx.attempts, started, time.time())
+    said = headline(ledger(ctx.attempts), ctx.attempts)
+    if said is not None:
+        ctx.console.info(said)
+    for attempt in ctx.attempts:  # this launch's: an earlier launch put its own in events
+        if attempt.get("earlier_launch") is not True:
+            for kind in ("backups_damaged", "backups_not_written"):
+                for found in attempt.get(kind, []):
+                    ctx.event(kind.replace("backups_", "backup-").replace("_", "-"), **found)
     traceback, traceback_of, hints = _evidence(status, root, failed_because)
     result = RunResult(exit_code=exit_code, status=status, root_cause=root, hints=hints,
                        tasks=ctx.records, restarts=ctx.restarts, message=message,

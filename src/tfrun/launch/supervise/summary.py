@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...contract import METRICS_LINE
 from ..output import ConsoleSink, describe_write_error
+from ..results.goodput import ledger
 from .diagnose import TAIL_BYTES
 from .records import RunResult, RunStatus
 
@@ -35,6 +36,7 @@ def write_summary(result: RunResult, run_dir: Path, started_at: float,
         "restarts": result.restarts,
         "preemptions": result.preemptions,
         "attempts": result.attempts,
+        "goodput": ledger(result.attempts),
         "root_cause": None if root is None else {
             **root.to_dict(), "traceback": result.traceback,
             "traceback_of": None if result.traceback_of is None

@@ -235,7 +235,7 @@ class Supervisor:
                                 outcome.message)
         assert ctx.signal is not None
         message = f"stopped by {signal.Signals(ctx.signal).name}"
-        step = ctx.marks.note_training_events(self.records, ctx.attempts[-1]).get(
+        step = ctx.marks.note_ended(self.records, ctx.attempts).get(
             "preempted_at_step")
         if step is not None:
             message += (f"; preempted at step {step}: backed up there, and the same "
@@ -344,7 +344,7 @@ class Supervisor:
         preempted = failure is FailureClass.PREEMPTED
         self._stop(ctx.running(), grace=self.config.stop_grace, at_once=not preempted,
                    saving=preempted)
-        ctx.marks.note_training_events(self.records, ended)
+        ctx.marks.note_ended(self.records, ctx.attempts)
         if "preempted_at_step" in ended:
             self.console.info(f"preempted at step {ended['preempted_at_step']}: "
                               "backed up there; the restart resumes from it")
