@@ -63,6 +63,16 @@ def test_tensorboard_serves_the_chiefs_events_during_the_run_and_stops_with_it(t
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     assert_nothing_left(run)
     assert (run.run_dir / "logs" / "tensorboard.log").exists()
+    # Issue 72: the goodput ledger is there too, as scalars, with nothing in the script
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ledger = EventAccumulator(str(run.run_dir / "tensorboard" / "tfrun"))
+    ledger.Reload()
+    tags = ledger.Tags()["scalars"]
+    assert {"goodput/share", "goodput/steps_kept_seconds", "goodput/start-up_seconds"} <= set(tags)
+    [share] = ledger.Scalars("goodput/share")
+    assert share.step == 1 and share.value == pytest.approx(run.summary["goodput"]["goodput"],
+                                                            abs=0.01)
 
 
 def test_without_tensorboard_installed_the_flag_is_a_clear_error(tmp_path):

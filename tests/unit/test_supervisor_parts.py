@@ -9,6 +9,7 @@ from tfrun.cluster import TaskId
 from tfrun.launch.supervise.joining import JoinWatch
 from tfrun.launch.supervise.policy import TaskState
 from tfrun.launch.supervise.records import TaskRecord
+from tfrun import contract
 from tfrun.launch.supervise.status import StatusLine
 from tfrun.launch.supervise.stopping import TaskStopper
 
@@ -38,7 +39,7 @@ class FakeBackend:
 
 
 def record(index, name=None, state=TaskState.RUNNING, address=None, log=None):
-    logger = types.SimpleNamespace(path=log, last_epoch=None)
+    logger = types.SimpleNamespace(path=log, last_epoch=None, clock=None)
     r = TaskRecord(task=TaskId("worker", index), tracked=True, address=address, logger=logger)
     r.state = state
     r.handle = types.SimpleNamespace(name=name) if name else None
@@ -154,3 +155,21 @@ def test_status_line_counts_tasks_up_the_lead_s_epoch_stragglers_and_restarts():
     tasks[0].logger.last_epoch = {"epoch": 4}
     status.tick()  # a new epoch: at once
     assert len(console.shown) == 2 and "epoch 4 done" in console.shown[-1]
+
+
+def test_status_line_shows_goodput_so_far_from_the_lead_s_clock():
+    """Issue 72: kept steps over the time since the launch began -- the ended attempts'
+    and the lead's own in the running attempt; a clock older than the attempt is the
+    ended one's, not counted twice."""
+    tasks = [record(0, "a")]
+    console = types.SimpleNamespace(lead="worker:0", live=True, shown=[])
+    now = time.time()
+    status = StatusLine(console, lambda: tasks, stragglers=lambda: [], restarts=lambda: 0,
+                        started=now - 100, kept_before=lambda: 20.0,
+                        attempt_started=lambda: now - 50)
+    assert "goodput" not in status.text()  # no sample yet
+    tasks[0].logger.clock = {"began_at": now - 49, "sampled_at": now, "steps": 10,
+                             "phases": {contract.PHASE_IN_STEP: 30.0}}
+    assert " · goodput 50% · " in status.text()
+    tasks[0].logger.clock["began_at"] = now - 90  # the ended attempt's process
+    assert " · goodput 20% · " in status.text()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -225,12 +226,29 @@ def console_for(config: LaunchConfig) -> ConsoleSink:
                        lead=LEAD_AUTO if config.show is None else None)
 
 
+def _versions() -> dict[str, str | None]:
+    """tfrun's, TensorFlow's and Keras' installed versions (from their metadata: no import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("tfrun", "tensorflow", "keras", "tf-keras"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
+
+
 def write_config(config: LaunchConfig, plan: ClusterPlan, run_dir: Path, multi: bool) -> None:
     launch = config.to_dict()
     # Secrets on the command line (--token X) stay out of the run directory.
     launch["script_args"] = redact_args(config.script_args)
     launch["forward_env"] = redact_args(config.forward_env)
     text = json.dumps({
+        # the command line when tfrun's own (the Python API's caller's argv is not one)
+        "command": shlex.join(["tfrun", *redact_args(sys.argv[1:])])
+        if sys.argv and Path(sys.argv[0]).name in ("tfrun", "__main__.py") else None,
+        "versions": _versions(),
         "launch": launch,
         "tf_configs": {str(t): plan.task_config(t).to_dict() for t in plan.tasks} if multi else {},
     }, indent=2) + "\n"

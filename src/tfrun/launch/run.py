@@ -10,6 +10,7 @@ never imports this module (the steps before its tasks start are in ``preparing``
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -23,7 +24,9 @@ from .engines.base import Backend
 from .output import ConsoleSink
 from .results.redact import redact_args
 from .results.rundir import RESUMABLE
+from .results.runstats import read_metrics, representative_task
 from .results.tensorboard import TensorBoardServer
+from .results.tensorboard_ledger import write_ledger
 from .supervise import RunResult, Supervisor, describe_result
 
 __all__ = ["resume_line", "supervise"]
@@ -38,6 +41,8 @@ def supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
     try:
         result = Supervisor(config, plan, run_dir, backends, console, make_spec,
                             reform=reform).run()
+        if tensorboard is not None:
+            _ledger_to_tensorboard(run_dir)
     finally:
         if tensorboard is not None:
             tensorboard.stop()
@@ -47,6 +52,19 @@ def supervise(config: LaunchConfig, plan: ClusterPlan, run_dir: Path,
         console.info(resume_line(run_dir, sys.argv, backed_up=_has_backups(run_dir)))
     _write_report(run_dir, console)
     return result
+
+
+def _ledger_to_tensorboard(run_dir: Path) -> None:
+    """The goodput ledger and the lead task's step-time deviation as TensorBoard scalars."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return  # no summary (the disk refused it): nothing to draw
+    files = {p.stem: p for p in (run_dir / "metrics").glob("*.jsonl")}
+    lead = representative_task(list(files))
+    samples = [r for r in read_metrics(files[lead]) if r.get("event") == "resources"] \
+        if lead else []
+    write_ledger(run_dir, summary.get("goodput") or {}, samples)
 
 
 def resume_line(run_dir: Path, argv: Sequence[str], backed_up: bool = True) -> str:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from ... import contract
 
-__all__ = ["PARTS", "headline", "ledger", "mark_launch"]
+__all__ = ["PARTS", "headline", "kept_so_far", "ledger", "mark_launch"]
 
 #: The ledger's parts, in the order a table shows them.
 PARTS = ("steps kept", "start-up", "cluster formation", "tracing", "steps redone",
@@ -136,6 +136,13 @@ def ledger(attempts: list[dict]) -> dict:
             "steps_redone": sum(int(a.get("steps_redone") or 0) for a in attempts),
             "between_launches": round(between_launches, 3), "launches": launches,
             "per_attempt": per_attempt}
+
+
+def kept_so_far(attempts: list[dict]) -> float:
+    """Seconds of kept steps in this launch's ended attempts (the live status line adds the
+    running attempt's own)."""
+    ours = [a for a in attempts if not a.get("earlier_launch")]
+    return ledger(ours)["parts"]["steps kept"] if ours else 0.0
 
 
 def mark_launch(attempts: list[dict], started: float, ended: float) -> None:

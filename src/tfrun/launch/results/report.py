@@ -29,6 +29,7 @@ import base64
 import html
 import io
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -351,6 +352,40 @@ def _membership_html(summary: dict, t0: float) -> str:
     return "\n".join(out + ["</table>"])
 
 
+def _about_html(data: RunData) -> str:
+    """The command, the versions, when it started, and a link to each task's log."""
+    config, items = data.config, []
+    if config.get("command"):
+        items.append(f"<code>{html.escape(config['command'])}</code>")
+    versions = config.get("versions") or {}
+    found = [f"{name} {version}" for name, version in versions.items() if version]
+    if found:
+        items.append(html.escape(", ".join(found)))
+    started = data.summary.get("started_at")
+    if isinstance(started, (int, float)):
+        items.append("started " + time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)))
+    logs = sorted((data.run_dir / "logs").glob("*.log"))
+    if logs:
+        items.append("logs: " + ", ".join(
+            f"<a href='logs/{html.escape(p.name)}'>{html.escape(p.stem)}</a>" for p in logs))
+    return "<p class='about'>" + " · ".join(items) + "</p>" if items else ""
+
+
+def _config_html(config: dict) -> str:
+    """The launch's settings as a table, unset ones (None, empty) left out."""
+    launch = config.get("launch", config)
+    rows = []
+    for key, value in launch.items():
+        if value is None or value == [] or value == {} or value == "":
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, False, 0))
+        elif isinstance(value, list):
+            value = " ".join(str(v) for v in value)
+        rows.append(f"<tr><td>{html.escape(key)}</td><td>{html.escape(str(value))}</td></tr>")
+    return "<table class='config'>" + "".join(rows) + "</table>"
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write ``report.html`` and ``report/*.png`` in ``run_dir``; return the HTML's path."""
     data = load_run(run_dir)
@@ -374,6 +409,7 @@ def write_report(run_dir: str | Path) -> Path:
             "no traceback: it was stuck, not failed; its stacks are above" if stuck
             else "no traceback in its log")
         parts.append(f"<pre class='traceback'>{html.escape(str(traceback))}</pre>")
+    parts.append(_about_html(data))
     book = summary.get("goodput")
     if book:  # the report opens with where the time went
         parts.append("<h2>Where the time went</h2>" + ledger_table(book))
@@ -407,9 +443,7 @@ def write_report(run_dir: str | Path) -> Path:
         parts.append(f"<h2>Membership ({len(summary['membership'])} re-form(s) of the "
                      "cluster)</h2>" + _membership_html(summary, data.started))
     parts.append("<h2>Tasks</h2>" + _tasks_html(summary, data.started))
-    parts.append("<h2>Resolved configuration</h2><pre>"
-                 + html.escape(json.dumps(data.config.get("launch", data.config), indent=1))
-                 + "</pre>")
+    parts.append("<h2>Resolved configuration</h2>" + _config_html(data.config))
     target = data.run_dir / "report.html"
     tmp = target.with_suffix(".html.tmp")
     tmp.write_text(_page(f"tfrun report: {data.run_dir.name}", "\n".join(parts)),

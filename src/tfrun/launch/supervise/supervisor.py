@@ -27,6 +27,7 @@ from ...cluster import ClusterPlan, TaskId
 from ..config import LaunchConfig
 from ..engines.base import Backend, TaskSpec
 from ..output import LEAD_AUTO, ConsoleSink
+from ..results.goodput import kept_so_far
 from .attempts import Attempts, earlier_attempts
 from .context import RunContext
 from .elastic import Elastic, Reform
@@ -90,7 +91,9 @@ class Supervisor:
         self.stragglers = StragglerWatch(say=console.info, event=ctx.event)
         self.status = StatusLine(console, lambda: ctx.records,
                                  stragglers=lambda: self.stragglers.named,
-                                 restarts=lambda: ctx.restarts, started=self._start_time)
+                                 restarts=lambda: ctx.restarts, started=self._start_time,
+                                 kept_before=lambda: kept_so_far(ctx.attempts),
+                                 attempt_started=lambda: ctx.ledger.started_at)
         self.stopper = TaskStopper(ctx.backend, ctx.transition, say=console.info,
                                    event=ctx.event)
         #: a failed run's first failure and collateral (summary.json's ``verdict``)
