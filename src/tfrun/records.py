@@ -93,6 +93,8 @@ class TaskSample:
     #: phase clock began (``clock_began``: this task's ``time.time()``, at tfrun's import)
     phase_seconds: dict | None = None
     clock_began: float | None = None
+    #: the training loss at its newest sampled step (Keras' running mean of the epoch)
+    loss: float | None = None
 
     def to_record(self) -> dict:
         """The record's JSON object: the fields that are set, with ``event``."""
@@ -124,7 +126,7 @@ class TaskSample:
             run_wait_seconds=_number(record.get("run_wait_seconds")),
             unmeasured=tuple(str(u) for u in unmeasured) if isinstance(unmeasured, list) else (),
             phase_seconds=_seconds_by_name(record.get("phase_seconds")),
-            clock_began=_number(record.get("clock_began")))
+            clock_began=_number(record.get("clock_began")), loss=_number(record.get("loss")))
 
 
 def _seconds_by_name(value) -> dict | None:

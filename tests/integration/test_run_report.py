@@ -53,8 +53,9 @@ def test_every_task_is_on_the_timeline_and_one_loss_curve_per_worker(runs):
     page = (runs["two"].run_dir / "report.html").read_text()
     # (the progress chart only when a sample fell inside training: this run is short)
     progress = (runs["two"].run_dir / "report" / "step_rates.png").exists()
+    per_step = (runs["two"].run_dir / "report" / "per_step.png").exists()
     # ... and the ledger's bar, the report's first chart (issue 72)
-    assert page.count("src='data:image/png;base64,") == 5 + progress
+    assert page.count("src='data:image/png;base64,") == 5 + progress + per_step
     assert page.index("Where the time went") < page.index("Task timeline")
     assert (runs["two"].run_dir / "report" / "ledger.png").exists()
     assert "<title>tfrun report: two</title>" in page

@@ -103,3 +103,15 @@ def test_tfruns_own_time_before_and_after_a_launchs_attempts_is_in_the_ledger():
     book = ledger(attempts)
     assert book["wall"] == 30.75 and book["parts"]["start-up"] == 3.5
     assert book["parts"]["stop and exit"] == 1.25 and book["parts"]["unaccounted"] == 0.0
+
+
+def test_the_time_inside_tfruns_exchange_is_told_apart_within_the_steps():
+    first = _attempt(0.0, 10.0, began=1.0, sampled=9.0, steps=10,
+                     phases={contract.PHASE_IN_STEP: 6.0, contract.PHASE_SETUP: 2.0})
+    first["clock"]["exchange_seconds"] = 1.5
+    second = _attempt(11.0, 20.0, began=12.0, sampled=19.0, steps=10,
+                      phases={contract.PHASE_IN_STEP: 6.0, contract.PHASE_SETUP: 1.0})
+    second["clock"]["exchange_seconds"] = 2.0
+    assert ledger([first, second])["inside_steps"] == {"exchange": 3.5}
+    del first["clock"]["exchange_seconds"], second["clock"]["exchange_seconds"]
+    assert ledger([first, second])["inside_steps"] == {"exchange": None}  # TensorFlow's ring

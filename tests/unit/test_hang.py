@@ -316,3 +316,28 @@ def test_without_tfrun_s_exchange_the_counts_name_nobody():
     hang = HangClock(step_timeout=None).check(
         100.0, [_in_step("worker:0", (61, 60)), _in_step("worker:1", (61, 60))])
     assert hang.culprits == []
+
+
+def test_a_sample_carries_the_loss_noted_at_the_step_it_is_due():
+    """Issue 72: the loss is read only at a step that asks for a sample (every
+    SAMPLE_STEPS steps, SAMPLE_FLOOR seconds apart), and travels in the typed sample."""
+    from tfrun.records import TaskSample
+
+    progress.reset()
+    woken = []
+    progress.sample_when_due(lambda: woken.append(1))
+    try:
+        due = []
+        for _ in range(progress.SAMPLE_STEPS):
+            progress.step_began()
+            due.append(progress.due_after_this_step())
+            if due[-1]:
+                progress.note_loss(0.5)
+            progress.step_ended()
+        assert due == [False] * (progress.SAMPLE_STEPS - 1) + [True] and woken == [1]
+        assert progress.snapshot()["loss"] == 0.5
+        record = TaskSample(time=1.0, steps_done=5, doing="callbacks", loss=0.5).to_record()
+        assert TaskSample.from_record(record).loss == 0.5
+    finally:
+        progress.sample_when_due(None)
+        progress.reset()

@@ -268,6 +268,8 @@ def _recorder_class(callback_base, epoch_only: bool):
             progress.step_began()
 
         def on_train_batch_end(self, batch, logs=None):
+            if logs and progress.due_after_this_step():  # read only when a sample takes it
+                progress.note_loss(_number(logs.get("loss")))
             progress.step_ended()
             self._timing.batch_end(batch)
 
@@ -499,7 +501,8 @@ class _Measurements:
             exchange_seconds=counts.get("exchange_seconds"), cpu_percent=cpu,
             rss_mb=usage.get("rss_mb"), threads=usage.get("threads"), cpu_taken=taken,
             run_wait_seconds=waited, unmeasured=tuple(self.failed_now),
-            phase_seconds=state["phase_seconds"], clock_began=state["clock_began"])
+            phase_seconds=state["phase_seconds"], clock_began=state["clock_began"],
+            loss=state.get("loss"))
 
 
 def _start_resource_sampler(interval: float) -> None:

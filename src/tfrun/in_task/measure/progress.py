@@ -39,7 +39,7 @@ import time
 from ... import contract
 
 __all__ = ["IN_STEP", "BETWEEN_STEPS", "FIRST_STEP", "SAMPLE_STEPS", "SAMPLE_FLOOR", "busy",
-           "doing", "fit_began", "loop_reported", "reset", "sample_when_due", "sampled",
+           "doing", "due_after_this_step", "fit_began", "loop_reported", "note_loss", "reset", "sample_when_due", "sampled",
            "snapshot", "start_clock", "step_began", "step_ended"]
 
 # The phases' names are the contract's: the launcher's hang clock reads them.
@@ -100,6 +100,7 @@ def reset() -> None:
     _entered[0] = time.monotonic()
     _state.update(steps_done=0, doing=SETUP)
     _state.pop("last_step_at", None)
+    _state.pop("loss", None)
     _reported[0] = None
     _first_step[0] = False
     _last_sample[0], _last_sample[1] = 0, 0.0
@@ -132,6 +133,21 @@ def fit_began() -> None:
 
 def step_began() -> None:
     _enter(FIRST_STEP if _first_step[0] else IN_STEP)
+
+
+def due_after_this_step() -> bool:
+    """Whether the step ending now will ask for a sample (``step_ended``): the moment to
+    note what the sample should carry of it (``note_loss``), and only then."""
+    return (_on_due[0] is not None
+            and _state["steps_done"] + 1 - _last_sample[0] >= SAMPLE_STEPS
+            and time.monotonic() - _last_sample[1] >= SAMPLE_FLOOR)
+
+
+def note_loss(loss: float | None) -> None:
+    """The training loss the next sample carries (Keras' running mean of the epoch, as its
+    progress bar shows it): the report charts it every few steps, not per epoch only."""
+    if loss is not None:
+        _state["loss"] = loss
 
 
 def step_ended() -> None:

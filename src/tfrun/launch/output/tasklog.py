@@ -220,7 +220,8 @@ class TaskLogger:
         self._note_taken(sample)
         if sample.phase_seconds is not None and sample.clock_began is not None:
             self.clock = {"began_at": sample.clock_began, "sampled_at": sample.time,
-                          "phases": sample.phase_seconds, "steps": sample.steps_done}
+                          "phases": sample.phase_seconds, "steps": sample.steps_done,
+                          "exchange_seconds": sample.exchange_seconds}
         if sample.unmeasured:
             self.unmeasured = sample.unmeasured
 

@@ -103,7 +103,8 @@ def _attempt_parts(attempt: dict) -> tuple[dict[str, float], float]:
 def ledger(attempts: list[dict]) -> dict:
     """The run's ledger over ``attempts`` (summary.json's, earlier launches' included):
     ``parts`` (seconds per part, ``PARTS`` order), ``wall`` (their sum: every attempt and
-    the downtime between attempts of one launch), ``goodput`` (steps kept / wall, None
+    the downtime between attempts of one launch), ``inside_steps`` (``exchange``: seconds
+    of the steps spent in tfrun's exchange, None when it did not run), ``goodput`` (steps kept / wall, None
     without time), ``steps_redone``, ``between_launches`` (seconds between launches, not
     in ``wall``), ``launches`` and ``per_attempt`` (each attempt's parts and wall)."""
     total = dict.fromkeys(PARTS, 0.0)
@@ -131,7 +132,12 @@ def ledger(attempts: list[dict]) -> dict:
                             "wall": round(wall, 3), "new_launch": new_launch})
         previous = attempt
     wall = sum(total.values())
+    # inside the steps: the time in tfrun's exchange (its collectives; None when TensorFlow's
+    # own all-reduce ran, which tfrun does not clock)
+    exchange = [(a.get("clock") or {}).get("exchange_seconds") for a in attempts]
+    exchange = [float(x) for x in exchange if isinstance(x, (int, float))]
     return {"parts": {p: round(s, 3) for p, s in total.items()}, "wall": round(wall, 3),
+            "inside_steps": {"exchange": round(sum(exchange), 3) if exchange else None},
             "goodput": round(total["steps kept"] / wall, 4) if wall > 0 else None,
             "steps_redone": sum(int(a.get("steps_redone") or 0) for a in attempts),
             "between_launches": round(between_launches, 3), "launches": launches,

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .plotting import gapped, pyplot
 from .report_goodput import attempt_bars, ledger_figure, ledger_table
-from .report_progress import findings_html, plot_step_rates
+from .report_progress import findings_html, plot_loss_per_step, plot_step_rates
 from .runstats import RunStats, compare, read_metrics, read_run, table_cells
 
 __all__ = ["RunData", "load_run", "plot_timeline", "plot_metrics", "plot_throughput",
@@ -423,6 +423,7 @@ def write_report(run_dir: str | Path) -> Path:
         parts.append("<h2>Numbers</h2>" + _table_html(compare([data.stats])))
     for name, title, plot in (("timeline", "Task timeline", plot_timeline),
                               ("metrics", "Loss per epoch", plot_metrics),
+                              ("per_step", "Loss and time per step", plot_loss_per_step),
                               ("throughput", "Throughput", plot_throughput),
                               ("step_rates", "Progress per task", plot_step_rates),
                               ("resources", "CPU and memory", plot_resources)):

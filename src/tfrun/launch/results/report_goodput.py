@@ -35,6 +35,11 @@ def ledger_table(book: dict) -> str:
             share = f"{seconds / wall:.1%}" if wall else "-"
             rows.append(f"<tr><td>{html.escape(part)}</td><td>{seconds:.1f}</td>"
                         f"<td>{share}</td></tr>")
+            exchange = (book.get("inside_steps") or {}).get("exchange")
+            if part == "steps kept" and exchange:
+                rows.append(f"<tr><td>&nbsp;&nbsp;of all steps: in the exchange</td>"
+                            f"<td>{exchange:.1f}</td><td>{exchange / wall:.1%}</td></tr>"
+                            if wall else "")
     rows.append(f"<tr><th>wall</th><th>{wall:.1f}</th><th>100%</th></tr></table>")
     notes = [f"<p><b>{html.escape(said)}</b>"]
     if book.get("steps_redone"):

@@ -22,7 +22,8 @@ import html
 
 from .plotting import gapped, pyplot
 
-__all__ = ["findings_html", "plot_step_rates", "step_rates"]
+__all__ = ["findings_html", "loss_and_step_time", "plot_loss_per_step", "plot_step_rates",
+           "step_rates"]
 
 
 def step_rates(samples: list[dict]) -> list[tuple[float, float]]:
@@ -74,6 +75,71 @@ def plot_step_rates(data):
     others.set_ylim(0, 1)
     others.set_xlabel("seconds since launch")
     others.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def loss_and_step_time(samples: list[dict]) -> list[list[tuple[int, float | None, float | None]]]:
+    """(global step -- else the process's own step count --, loss, seconds per step since
+    the sample before) per sample of one task, in runs of one process each (a restart
+    starts a new run).
+
+    >>> loss_and_step_time([{"step": 10, "loss": 0.9, "steps_done": 10, "last_step_at": 1.0},
+    ...                     {"step": 20, "loss": 0.7, "steps_done": 20, "last_step_at": 3.0},
+    ...                     {"step": 15, "steps_done": 5, "last_step_at": 9.0}])
+    [[(10, 0.9, None), (20, 0.7, 0.2)], [(15, None, None)]]
+    """
+    runs: list[list] = []
+    before = None
+    for sample in samples:
+        done = sample.get("steps_done")
+        if not isinstance(done, int):
+            continue
+        # the global step where the task notes it (with backups), else its own count
+        step = sample["step"] if isinstance(sample.get("step"), int) else done
+        if before is None or done < before["steps_done"]:
+            runs.append([])
+            before = None
+        seconds = None
+        if before is not None and done > before["steps_done"] and \
+                isinstance(sample.get("last_step_at"), (int, float)) and \
+                isinstance(before.get("last_step_at"), (int, float)):
+            seconds = round((sample["last_step_at"] - before["last_step_at"])
+                            / (done - before["steps_done"]), 6)
+        if before is None or done > before["steps_done"]:
+            runs[-1].append((step, sample.get("loss"), seconds))
+        before = sample
+    return [run for run in runs if run]
+
+
+def plot_loss_per_step(data):
+    """The lead task's loss and time per step every few steps (its samples), against the
+    global step: one line per process (a resumed one goes on from its step)."""
+    lead = min((t for t in data.metrics if t.split(":")[0] in ("chief", "master", "worker")),
+               key=lambda t: (t.split(":")[0] != "chief", t), default=None)
+    if lead is None:
+        return None
+    samples = [r for r in data.metrics[lead] if r.get("event") == "resources"]
+    runs = loss_and_step_time(samples)
+    if not any(loss is not None or seconds is not None for run in runs for _, loss, seconds in run):
+        return None
+    plt = pyplot()
+    fig, (losses, times) = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
+    for n, run in enumerate(runs):
+        label = lead if n == 0 else f"{lead} (start {n + 1})"
+        points = [(step, loss) for step, loss, _ in run if loss is not None]
+        if points:
+            losses.plot(*zip(*points), marker=".", color=f"C{n % 10}", label=label)
+        points = [(step, seconds * 1000) for step, _, seconds in run if seconds is not None]
+        if points:
+            times.plot(*zip(*points), marker=".", color=f"C{n % 10}", label=label)
+    losses.set_ylabel("loss (epoch's running mean)")
+    losses.set_title(f"Loss and time per step, every few steps ({lead})")
+    if losses.get_lines():
+        losses.legend(fontsize=8)
+    times.set_ylabel("ms per step (end to end)")
+    times.set_ylim(bottom=0)
+    times.set_xlabel("global step")
     fig.tight_layout()
     return fig
 
