@@ -79,6 +79,22 @@ def ledger_figure(bars: list[tuple[str, dict]]):
 
 
 def attempt_bars(book: dict) -> list[tuple[str, dict]]:
-    """One bar per attempt (marked when it began a new launch of the same command)."""
-    return [(f"attempt {a.get('attempt')}" + (" (launch)" if a.get("new_launch") else ""),
-             a.get("parts") or {}) for a in book.get("per_attempt") or []]
+    """One bar per attempt, then, for a run of several launches of the same command, one
+    per launch (its attempts' parts summed).
+
+    >>> attempt_bars({"per_attempt": [
+    ...     {"attempt": 1, "parts": {"steps kept": 2.0}, "new_launch": False},
+    ...     {"attempt": 2, "parts": {"steps kept": 3.0}, "new_launch": True}]})
+    [('attempt 1', {'steps kept': 2.0}), ('attempt 2', {'steps kept': 3.0}), ('launch 1', {'steps kept': 2.0}), ('launch 2', {'steps kept': 3.0})]
+    """
+    attempts = book.get("per_attempt") or []
+    bars = [(f"attempt {a.get('attempt')}", a.get("parts") or {}) for a in attempts]
+    launches: list[dict] = []
+    for attempt in attempts:
+        if not launches or attempt.get("new_launch"):
+            launches.append({})
+        for part, seconds in (attempt.get("parts") or {}).items():
+            launches[-1][part] = launches[-1].get(part, 0.0) + seconds
+    if len(launches) > 1:
+        bars += [(f"launch {n}", parts) for n, parts in enumerate(launches, 1)]
+    return bars
