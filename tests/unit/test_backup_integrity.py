@@ -201,13 +201,17 @@ def test_a_full_disk_keeps_the_older_backup_says_so_once_and_the_next_one_tries_
     assert [(e["event"], e["backup"], e["errno"]) for e in events] == [
         (contract.BACKUP_NOT_WRITTEN_EVENT, f"step-{s}", 28) for s in (2, 3)]
     assert sorted(os.listdir(store.directory)) == ["step-1.json", "step-1.state"]
+    assert store.failing  # a preemption's save asked now would say it was not written
+    store.write(model, "step-3", {**MARK, "step": 3}, wait=True)  # a preemption's: on this thread
+    assert store.wait() and store.failing
     (save,) = store.saves()
     store.load(_fresh_big(keras), save)  # intact
     shutil.rmtree(small_disk / "worker-0" / "step-1.state")  # space freed (and step-1 gone)
     store.write(model, "step-4", {**MARK, "step": 4})
     assert store.wait()
-    assert "backups are written again (step-4 is complete, after 2 the disk refused)" \
+    assert "backups are written again (step-4 is complete, after 3 the disk refused)" \
         in capsys.readouterr().out
+    assert not store.failing
 
 
 def _fresh_big(keras):

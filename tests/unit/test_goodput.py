@@ -115,3 +115,21 @@ def test_the_time_inside_tfruns_exchange_is_told_apart_within_the_steps():
     assert ledger([first, second])["inside_steps"] == {"exchange": 3.5}
     del first["clock"]["exchange_seconds"], second["clock"]["exchange_seconds"]
     assert ledger([first, second])["inside_steps"] == {"exchange": None}  # TensorFlow's ring
+
+
+def test_a_preemption_whose_save_the_disk_refused_is_not_called_backed_up():
+    """The task says its backup was not written (``saved`` False): the attempt records
+    where it stopped apart, and no ``preempted_at_step`` (the launcher's "backed up
+    there")."""
+    import types
+
+    logger = types.SimpleNamespace(training_events=[], last_step=None, last_epoch=None,
+                                   clock=None, join=lambda timeout=None: None)
+    record = types.SimpleNamespace(task="worker:0", logger=logger)
+    marks = AttemptMarks()
+    marks.begin([record])
+    logger.training_events.append({"event": contract.PREEMPTED_EVENT, "step": 42,
+                                   "saved": False})
+    attempt = marks.note_training_events([record], {"started_at": 0.0})
+    assert attempt["preempted_without_backup_at_step"] == 42
+    assert "preempted_at_step" not in attempt

@@ -106,15 +106,25 @@ def die_of_sigterm() -> None:
     os._exit(PREEMPTED_EXIT)
 
 
-def stop_preempted(who: str, step: int, where: str, *, epoch: int, batch: int) -> None:
+def stop_preempted(who: str, step: int, where: str, *, epoch: int, batch: int,
+                   saved: bool = True) -> None:
     """After the preemption save: say so, tell the launcher, end the task with 143.
+    ``saved`` False: the disk refused the save (said before): the line and the event say
+    that the resume goes back to an older backup.
 
     SystemExit unwinds the script (its ``finally`` blocks run); then the process ends at
     the first exit handler, without Python's final garbage collection: with a model of
     real size it took 18 s (201.9M parameters, TF 2.21), which the notice's grace may not
     have left -- and the backup is on disk already."""
-    print(f"tfrun: preempted: {who} saved at step {step} ({where}); stopping", flush=True)
-    record_training_event(contract.PREEMPTED_EVENT, step=step, epoch=epoch, batch=batch)
+    if saved:
+        print(f"tfrun: preempted: {who} saved at step {step} ({where}); stopping", flush=True)
+        record_training_event(contract.PREEMPTED_EVENT, step=step, epoch=epoch, batch=batch)
+    else:
+        print(f"tfrun: preempted at step {step} ({where}): its backup was not written (the "
+              "disk refused it, above); stopping: the resume goes back to the newest backup "
+              "before it", flush=True)
+        record_training_event(contract.PREEMPTED_EVENT, step=step, epoch=epoch, batch=batch,
+                              saved=False)
     atexit.register(_end_now)
     raise SystemExit(PREEMPTED_EXIT)
 

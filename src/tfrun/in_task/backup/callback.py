@@ -90,13 +90,10 @@ class ConsistentBackup(Resume):
             if self._last_saved_step != step:
                 self._save(f"step-{step}", self._epoch, batch + 1, wait=True)
             with self.watch.busy("the backup"):
-                if not self.store.wait():  # on disk before the task stops
-                    print(f"tfrun: the preemption's backup at step {step} was not written "
-                          "(above): the resume goes back to the newest backup before it",
-                          flush=True)
+                written = self.store.wait() and not self.store.failing  # on disk first
             stop_preempted("every worker", step,
                            f"epoch {self._epoch + 1}, batch {batch + 1}",
-                           epoch=self._epoch + 1, batch=batch + 1)
+                           epoch=self._epoch + 1, batch=batch + 1, saved=written)
 
     def on_test_begin(self, logs=None):
         self.watch.doing = "evaluation"

@@ -226,6 +226,11 @@ class BackupStore:
             self._failures = 0
         return True
 
+    @property
+    def failing(self) -> bool:
+        """Whether the newest backup asked for was refused by the disk (none complete since)."""
+        return self._failures > 0
+
     def _refused(self, writing: dict, error: OSError) -> None:
         """Say (once per kind of error) and record that the disk refused a backup."""
         self._failures += 1

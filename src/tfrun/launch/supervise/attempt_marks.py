@@ -82,6 +82,9 @@ class AttemptMarks:
                     if found not in kept:
                         kept.append(found)
                     continue
+                if event.get("saved") is False:  # preempted, the save refused by the disk
+                    attempt.setdefault("preempted_without_backup_at_step", event.get("step"))
+                    continue
                 if isinstance(event.get("step"), int):
                     attempt.setdefault(f"{event['event']}_at_step", event["step"])
         self._note_clock(records, attempt)
