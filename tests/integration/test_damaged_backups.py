@@ -228,51 +228,41 @@ def test_sigkill_in_the_middle_of_a_50m_parameter_backup_leaves_the_older_one_wh
 
 
 def test_a_disk_that_fills_during_training_keeps_the_older_backups_and_training_going(
-        tmp_path, step_backup_reference):
+        tmp_path, step_backup_reference, small_disk):
     """The workers back up to a real 1 MiB tmpfs; after their step-20 backups the test fills
     it. Each backup after that is refused by the disk: each worker says so once, trains on,
     and keeps its older backups; worker:1 is then SIGKILLed and the restart resumes from
     step 20 (the newest complete backup), ending with an uninterrupted run's weights; the
     run's end and summary.json count what was not written."""
-    import subprocess
-
     reference = step_backup_reference("3")
-    disk = tmp_path / "small-disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (root needed): {mounted.stderr.strip()}")
-    try:
-        run = Run(tmp_path, ["--workers", "2", "--max-restarts", "1", SCRIPT,
-                             str(tmp_path / "full"), "3", "10", "0.05",
-                             f"--backups-on={disk}"], name="full").start()
-        log = tmp_path / "full-steps-worker-0.log"
-        _wait_for_step(run, log, 22)
-        with open(disk / "filler", "wb", buffering=0) as filler:  # the disk full
-            try:
-                while True:
-                    filler.write(b"\0" * 4096)
-                    filler.flush()
-            except OSError:
-                pass
-        _wait_for_step(run, log, 45)
-        pid = [e for e in run.events() if e["event"] == "state" and e["task"] == "worker:1"
-               and e["new"] == "running"][-1]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        assert run.wait(600) == 0, run.stdout[-3000:]
-        steps = _steps(log)
-        assert min(s for r, s in steps if r == 1) == 21, steps  # from step 20's backup
-        for i in range(2):
-            text = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
-            # said once per process (the first attempt's and the restart's)
-            assert text.count("not written: No space left on device") == 2, text[-3000:]
-            assert "the older backups stay (newest: step-20)" in text
-        refused = [d for a in run.summary["attempts"] for d in a.get("backups_not_written", [])]
-        assert {d["task"] for d in refused} == {"worker:0", "worker:1"}
-        assert all(d["error"] == "No space left on device" for d in refused)
-        assert f"backups: {len(refused)} not written" in run.stdout
-        _same_weights(tmp_path, "full", reference)
-        assert_nothing_left(run)
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+    disk = small_disk
+    run = Run(tmp_path, ["--workers", "2", "--max-restarts", "1", SCRIPT,
+                         str(tmp_path / "full"), "3", "10", "0.05",
+                         f"--backups-on={disk}"], name="full").start()
+    log = tmp_path / "full-steps-worker-0.log"
+    _wait_for_step(run, log, 22)
+    with open(disk / "filler", "wb", buffering=0) as filler:  # the disk full
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+                filler.flush()
+        except OSError:
+            pass
+    _wait_for_step(run, log, 45)
+    pid = [e for e in run.events() if e["event"] == "state" and e["task"] == "worker:1"
+           and e["new"] == "running"][-1]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert run.wait(600) == 0, run.stdout[-3000:]
+    steps = _steps(log)
+    assert min(s for r, s in steps if r == 1) == 21, steps  # from step 20's backup
+    for i in range(2):
+        text = (run.run_dir / "logs" / f"worker-{i}.log").read_text()
+        # said once per process (the first attempt's and the restart's)
+        assert text.count("not written: No space left on device") == 2, text[-3000:]
+        assert "the older backups stay (newest: step-20)" in text
+    refused = [d for a in run.summary["attempts"] for d in a.get("backups_not_written", [])]
+    assert {d["task"] for d in refused} == {"worker:0", "worker:1"}
+    assert all(d["error"] == "No space left on device" for d in refused)
+    assert f"backups: {len(refused)} not written" in run.stdout
+    _same_weights(tmp_path, "full", reference)
+    assert_nothing_left(run)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -156,21 +155,6 @@ def test_a_shared_directory_offers_the_other_workers_copy_of_a_damaged_one(tmp_p
         mine.load(_fresh(keras), copies[-1])
     assert [c["directory"] for c in mine.visible_saves()] == [other.directory]
     mine.load(_fresh(keras), mine.visible_saves()[0])
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 1 MiB tmpfs (root): writes past it fail with ENOSPC, as a full disk's do."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (root needed): {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_full_disk_keeps_the_older_backup_says_so_once_and_the_next_one_tries_again(
