@@ -461,7 +461,7 @@ def test_sigterm_to_tfrun_saves_then_the_same_command_resumes_at_that_step(
     assert book["launches"] == 2 and book["steps_redone"] == 0, book
     launches = [first_wall, again.summary["ended_at"] - again.summary["started_at"]]
     assert abs(book["wall"] - sum(launches)) <= 0.05 * sum(launches), (book, launches)
-    assert book["between_launches"] > 0 and abs(book["parts"]["unaccounted"]) <= 0.05 * book["wall"]
+    assert book["between_launches"] > 0 and abs(book["parts"]["unaccounted"]) <= 0.05 * book["wall"], book
     from tfrun.launch.results.report import load_run, plot_resources, write_report
 
     page = write_report(again.run_dir).read_text()

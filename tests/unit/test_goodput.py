@@ -105,6 +105,33 @@ def test_tfruns_own_time_before_and_after_a_launchs_attempts_is_in_the_ledger():
     assert book["parts"]["stop and exit"] == 1.25 and book["parts"]["unaccounted"] == 0.0
 
 
+def test_a_clock_that_runs_past_the_attempts_marks_is_counted_once():
+    """Recorded shape of an interrupted launch: tfrun marks the attempt ended when the
+    signal arrives, then its tasks back up (the clock's last sample 2.7 s later, inside the
+    launch's end); a task forked from a warm process began its clock 0.4 s before the
+    attempt's mark. Every second lands in one part: nothing is negative, the backup is the
+    clock's, and the launch's wall is unchanged."""
+    from tfrun.launch.results.goodput import mark_launch
+
+    attempts = [_attempt(10.0, 30.0, began=9.6, sampled=32.7, steps=40, ended="signal",
+                         phases={contract.PHASE_SETUP: 3.0, contract.PHASE_IN_STEP: 16.0,
+                                 contract.PHASE_BETWEEN_STEPS: 1.0, "the backup": 3.1})]
+    mark_launch(attempts, 9.0, 33.0)
+    book = ledger(attempts)
+    parts = book["parts"]
+    assert book["wall"] == 24.0 and sum(parts.values()) == pytest.approx(24.0)
+    assert parts["unaccounted"] == pytest.approx(0.0, abs=1e-6), parts
+    assert parts["backups"] == 3.1 and parts["steps kept"] == 16.0
+    assert parts["start-up"] == pytest.approx(3.6) and parts["stop and exit"] == 0.3
+    # a clock that began before the launch's own start: its setup is clipped to the launch
+    early = [_attempt(10.0, 30.0, began=8.0, sampled=29.0, steps=40,
+                      phases={contract.PHASE_SETUP: 3.0, contract.PHASE_IN_STEP: 18.0})]
+    mark_launch(early, 9.0, 30.5)
+    book = ledger(early)
+    assert book["wall"] == 21.5 and book["parts"]["start-up"] == 2.0
+    assert book["parts"]["unaccounted"] == pytest.approx(0.0, abs=1e-6), book["parts"]
+
+
 def test_the_time_inside_tfruns_exchange_is_told_apart_within_the_steps():
     first = _attempt(0.0, 10.0, began=1.0, sampled=9.0, steps=10,
                      phases={contract.PHASE_IN_STEP: 6.0, contract.PHASE_SETUP: 2.0})

@@ -71,31 +71,41 @@ def _attempt_parts(attempt: dict) -> tuple[dict[str, float], float]:
     started, ended = float(attempt["started_at"]), float(attempt["ended_at"])
     # tfrun's own time before a launch's first attempt (planning, ports, the run dir) and
     # after its last (the summary), in the first and last attempt of each launch
-    launch_head = max(0.0, started - float(attempt.get("launch_started_at", started)))
-    launch_tail = max(0.0, float(attempt.get("launch_ended_at", ended)) - ended)
-    wall = max(0.0, ended - started) + launch_head + launch_tail
+    ended = max(started, ended)
+    first = min(started, float(attempt.get("launch_started_at", started)))
+    last = max(ended, float(attempt.get("launch_ended_at", ended)))
+    wall = last - first
     parts = dict.fromkeys(PARTS, 0.0)
     clock = attempt.get("clock")
     if not clock:  # no sample arrived (a task that died at start): all of it start-up
-        parts["start-up"] = wall - launch_tail
-        parts["stop and exit"] = launch_tail
+        parts["start-up"] = ended - first
+        parts["stop and exit"] = last - ended
         return parts, wall
-    parts["start-up"] += min(wall, max(0.0, float(clock["began_at"]) - started))
-    parts["start-up"] += launch_head
-    parts["stop and exit"] += launch_tail
+    began, sampled = float(clock["began_at"]), float(clock["sampled_at"])
+    # The task's clock may run past the launcher's marks: a task forked from a process
+    # started earlier begins just before the attempt's mark, and an interrupted run's tasks
+    # back up after the attempt was marked ended. Within the launch that time is the
+    # clock's (its phases say what it was), not tfrun's own as well: counted once.
+    start = max(first, min(started, began))
+    end = min(last, max(ended, sampled))
+    phases = {phase: float(seconds) for phase, seconds in clock.get("phases", {}).items()}
+    before = max(0.0, start - began)  # still outside: the clock began in its start-up
+    if before and contract.PHASE_SETUP in phases:
+        phases[contract.PHASE_SETUP] = max(0.0, phases[contract.PHASE_SETUP] - before)
+    parts["start-up"] += max(0.0, began - start) + (start - first)
+    parts["stop and exit"] += max(0.0, end - sampled) + (last - end)
     steps_seconds = 0.0
-    for phase, seconds in clock.get("phases", {}).items():
+    for phase, seconds in phases.items():
         part = _PHASE_PART.get(phase, "after training")
         if part == "steps":
-            steps_seconds += float(seconds)
+            steps_seconds += seconds
         else:
-            parts[part] += float(seconds)
+            parts[part] += seconds
     redone = int(attempt.get("steps_redone") or 0)
     steps = int(clock.get("steps") or 0)
     redone_seconds = min(steps_seconds, steps_seconds * redone / steps) if steps else 0.0
     parts["steps redone"] = redone_seconds
     parts["steps kept"] = steps_seconds - redone_seconds
-    parts["stop and exit"] += max(0.0, ended - float(clock["sampled_at"]))
     parts["unaccounted"] = wall - sum(parts.values())
     return parts, wall
 
