@@ -29,7 +29,6 @@ its cost that way). Outside tfrun nothing is installed, and ``log_metrics`` prin
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -40,8 +39,8 @@ from ... import contract
 from ..exchange import arrivals
 from . import breakdown, progress
 from .checkpoint_phase import mark_saving_callbacks
+from .record_lines import record_training_event, write_record as _write
 from .contention import CpuContention, RunQueueWait
-from ...contract import METRICS_LINE
 from ...records import TaskError, TaskSample
 from ..start._post_import import when_imported
 
@@ -75,27 +74,6 @@ def _numbers(values: dict) -> dict[str, float]:
 def _emit(record: dict) -> None:
     if enabled():
         _write(record)
-
-
-def _write(record: dict) -> None:
-    """One ``tfrun:metrics`` line on stdout, time-stamped."""
-    record = {"time": round(time.time(), 3), **record}
-    try:
-        sys.stdout.write(f"{METRICS_LINE}{json.dumps(record, separators=(',', ':'))}\n")
-        sys.stdout.flush()
-    except (OSError, ValueError):  # stdout closed: recording must never fail training
-        pass
-
-
-def record_training_event(event: str, **fields) -> None:
-    """Tell the launcher about a turn in training (``preempted``, ``resumed``): a
-    ``tfrun:metrics`` record it keeps for the attempt it happens in, even with metrics
-    recording off (the summary's attempts need it). Outside tfrun: nothing.
-
-        >>> record_training_event("resumed", step=40, epoch=2, batch=10)  # doctest: +SKIP
-    """
-    if os.environ.get(contract.RUN_DIR):
-        _write({"event": event, **fields})
 
 
 def record_error(error: TaskError) -> None:
