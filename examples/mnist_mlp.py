@@ -21,7 +21,11 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--data", default="digits", choices=["digits", "mnist"])
 parser.add_argument("--epochs", type=int, default=15)
 parser.add_argument("--batch-per-replica", type=int, default=32)
+parser.add_argument("--seed", type=int, default=None,
+                    help="seed the initial weights and dropout: runs that differ in one flag compare")
 args = parser.parse_args()
+if args.seed is not None:
+    keras.utils.set_random_seed(args.seed)
 
 (x_train, y_train), (x_test, y_test) = load(args.data)
 strategy = tfrun.strategy()

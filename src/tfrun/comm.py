@@ -18,11 +18,16 @@ Items:
 ``0`` lets TensorFlow choose), ``timeout=SECONDS`` (a collective that takes longer fails) and
 ``compress=fp16|bf16|none`` (the TCP exchange sends 16-bit values: half the bytes on the
 wire, summed in float32; the default ``none`` keeps every bit -- only tfrun's TCP exchange
-compresses, so ``shm``, ``ring`` and ``nccl`` refuse it).
+compresses, the TCP stage of the two-stage one included, so ``shm``, ``ring`` and ``nccl``
+refuse it; see ``tfrun.in_task.exchange.compression``) and ``feedback`` (with ``compress``:
+each task keeps what rounding took from its gradients and adds it to the next step's) and
+``overlap=on|off`` (across hosts a step's gradients leave in buckets of ``pack`` bytes, 2 MiB
+when 0, while backprop still runs -- ``tfrun.in_task.exchange.overlap``; ``off`` exchanges
+them all at once after backprop, for comparison).
 Sizes take K/M/G suffixes (powers of 1024, optional ``B``/``iB``).
 
     >>> CommOptions.parse("ring,pack=4MB,timeout=120")
-    CommOptions(implementation='ring', bytes_per_pack=4194304, timeout_seconds=120.0, compression='none')
+    CommOptions(implementation='ring', bytes_per_pack=4194304, timeout_seconds=120.0, compression='none', feedback=False, overlap=True)
     >>> CommOptions.parse("pack=0").to_text()
     'auto,pack=0'
 """
@@ -52,10 +57,13 @@ class CommOptions:
     bytes_per_pack: int = 0
     timeout_seconds: float | None = None
     compression: str = "none"
+    feedback: bool = False
+    overlap: bool = True
 
     @classmethod
     def parse(cls, text: str) -> CommOptions:
-        implementation, pack, timeout, compression = "auto", 0, None, "none"
+        implementation, pack, timeout, compression, feedback = "auto", 0, None, "none", False
+        overlap = True
         items = [item.strip() for item in text.split(",")]
         if not text.strip() or not all(items):
             raise ConfigError("--comm has an empty item", expected=_expected(), fix=_FIX,
@@ -65,6 +73,10 @@ class CommOptions:
             key = key.strip().lower()
             if not sep and key in IMPLEMENTATIONS:
                 implementation = key
+            elif not sep and key == "feedback":
+                feedback = True
+            elif sep and key == "overlap" and value.strip().lower() in ("on", "off"):
+                overlap = value.strip().lower() == "on"
             elif sep and key == "pack":
                 pack = _parse_size(value.strip(), text)
             elif sep and key == "timeout":
@@ -84,13 +96,21 @@ class CommOptions:
                               expected="--comm auto or tcp with compress=...",
                               fix=f"Pass e.g. --comm tcp,compress={compression}, or drop compress",
                               received=repr(text))
-        return cls(implementation, pack, timeout, compression)
+        if feedback and compression == "none":
+            raise ConfigError("--comm feedback keeps the rounding error of a compressed "
+                              "exchange; nothing is compressed",
+                              expected="feedback with compress=fp16 or compress=bf16",
+                              fix="Pass e.g. --comm compress=bf16,feedback, or drop feedback",
+                              received=repr(text))
+        return cls(implementation, pack, timeout, compression, feedback, overlap)
 
     def to_text(self) -> str:
         """The ``--comm`` text (``contract.COMM``) that parses back to these options."""
         text = f"{self.implementation},pack={self.bytes_per_pack}"
         text += f",timeout={self.timeout_seconds:g}" if self.timeout_seconds else ""
-        return text + (f",compress={self.compression}" if self.compression != "none" else "")
+        text += f",compress={self.compression}" if self.compression != "none" else ""
+        text += ",feedback" if self.feedback else ""
+        return text + ("" if self.overlap else ",overlap=off")
 
     def to_tf(self):
         """``tf.distribute.experimental.CommunicationOptions`` (imports TensorFlow); ``shm``
@@ -168,7 +188,7 @@ def collective_members(environ, implementations: tuple[str, ...]) -> CollectiveM
 
 def _expected() -> str:
     return ("comma-separated: one of auto/shm/tcp/ring/nccl, pack=SIZE (e.g. 4MB, 0 = TensorFlow "
-            "chooses), timeout=SECONDS, compress=fp16|bf16|none")
+            "chooses), timeout=SECONDS, compress=fp16|bf16|none, feedback, overlap=on|off")
 
 
 def parse_size(value: str) -> int | None:

@@ -14,7 +14,7 @@ spells a ``TFRUN_*`` variable name: a script started by hand with these variable
 """
 
 __all__ = [
-    "BACKUP_DAMAGED_EVENT", "BACKUP_NOT_WRITTEN_EVENT", "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE", "DEFER_IMPORTS",
+    "BACKUP_DAMAGED_EVENT", "BACKUP_NOT_WRITTEN_EVENT", "EXCHANGE_MEASURED_EVENT", "BACKUP_WRITE", "BATCH_REPLICAS", "BATCH_WORKERS", "BREAKDOWN", "HOSTS_AWAY", "CACHE_DIR", "CGROUP", "COMM", "COMPAT_DISABLE", "DEFER_IMPORTS",
     "COMPAT_FORCE", "CONTROLLED", "CPUS", "DEVICES", "DEVICES_REPLACED", "DOCTOR", "ENV_PREFIX", "FORK_TASKS", "WARM_STARTER", "WARM_STARTER_IGNORES",
     "HOST_LOOPBACK", "K8S_DNS_TIMEOUT", "K8S_JOBSET", "K8S_JOB_INDEX", "K8S_KIND", "K8S_PORT",
     "K8S_REPLICATED_JOB", "K8S_ROLES", "K8S_SUBDOMAIN", "KEEP_TF_SIGTERM", "KERAS",
@@ -216,8 +216,14 @@ BACKUP_DAMAGED_EVENT = "backup_damaged"
 #: ... the disk refused a backup (full, an I/O error): ``backup``, ``step``, ``error``,
 #: ``errno``; training went on from the older backups.
 BACKUP_NOT_WRITTEN_EVENT = "backup_not_written"
+#: ... the exchange across hosts was measured a few steps in
+#: (``tfrun.in_task.exchange.link_watch``): ``share`` of the time waited for it over
+#: ``seconds``, the bytes sent would take ``link_share`` of it on links of ``link_gbit_s``,
+#: with ``compression``; ``binds`` when the link holds the steps up, then ``hint`` says what
+#: would help.
+EXCHANGE_MEASURED_EVENT = "exchange_measured"
 TRAINING_EVENTS = (PREEMPTED_EVENT, RESUMED_EVENT, STOPPED_EVENT, BACKUP_DAMAGED_EVENT,
-                   BACKUP_NOT_WRITTEN_EVENT)
+                   BACKUP_NOT_WRITTEN_EVENT, EXCHANGE_MEASURED_EVENT)
 
 # ---------------------------------------------------------------- what a task is doing
 #: A resources sample's ``doing``: what the task's main thread does now

@@ -212,6 +212,21 @@ class FakeHosts:
                     pass
         return found
 
+    def shape(self, i: int, rate: str | None) -> None:
+        """Limit what host i sends to ``rate`` (tc's syntax, e.g. ``"2gbit"``: a cloud VM's
+        link) with a token bucket on its network interface; None removes the limit. What
+        it receives is limited by the sender's own bucket."""
+        device = f"{PREFIX}v{i}"
+        if rate is None:
+            subprocess.run(["ip", "netns", "exec", self.ns(i), "tc", "qdisc", "del", "dev",
+                            device, "root"], capture_output=True)
+            return
+        # A burst of 256 KiB holds a few of the 64 KiB segments veth sends at once (a smaller
+        # one drops them); 20 ms of queue before the bucket drops.
+        subprocess.run(["ip", "netns", "exec", self.ns(i), "tc", "qdisc", "replace", "dev",
+                        device, "root", "tbf", "rate", rate, "burst", "256kb", "latency",
+                        "20ms"], check=True, capture_output=True, text=True)
+
     def link(self, i: int, up: bool) -> None:
         """Plug host i's network cable in or out (a partition)."""
         _ip("-n", self.ns(i), "link", "set", f"{PREFIX}v{i}", "up" if up else "down")

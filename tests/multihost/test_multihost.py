@@ -435,14 +435,18 @@ def pernode(hosts, tmp_path, extra: list[str], script: list[str], ranks=(1, 2)) 
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("keras_flags, comm", [([], "auto"), (["--keras", "2"], "auto"),
+@pytest.mark.parametrize("keras_flags, comm", [([], "auto,pack=1KB"),
+                                               (["--keras", "2"], "auto,pack=1KB"),
                                                ([], "ring"), ([], "auto,compress=fp16")])
 def test_pernode_launch_mwms_is_exact_and_logs_land_side_by_side(fake_hosts, reference, tmp_path,
                                                                   keras_flags, comm):
     """Both Keras flavours through tfrun's TCP exchange (the default across hosts), and
     TensorFlow's ring (--comm ring): the weights of a single process, within 1e-5. With
     fp16 on the wire (--comm compress=fp16) the workers still agree bit for bit, and the
-    weights move from the single process's by float16 rounding: more than 1e-7, under 1e-2."""
+    weights move from the single process's by float16 rounding: more than 1e-7, under 1e-2.
+    The exchange's gradients go in many buckets of 1 KiB while backprop runs (pack=1KB);
+    the same run with them all in one exchange after backprop (overlap=off) gives the same
+    weights, bit for bit, in both flavours."""
     hub, node2 = pernode(fake_hosts, tmp_path, [*keras_flags, "--comm", comm],
                          [EXACTNESS, "distributed", str(tmp_path / "out")])
     assert hub.wait() == 0, hub.stdout[-4000:]
@@ -453,6 +457,19 @@ def test_pernode_launch_mwms_is_exact_and_logs_land_side_by_side(fake_hosts, ref
     moved = max(float(np.abs(results[0][f"spe1_w{i}"] - reference[f"spe1_w{i}"]).max())
                 for i in range(4))
     assert (moved > 1e-7) == compressed, moved
+    if "pack=1KB" in comm:
+        overlapped = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
+        assert "gradients in buckets overlapping backprop" in overlapped, overlapped[-3000:]
+        after = tmp_path / "overlap-off"
+        runs = pernode(fake_hosts, after, [*keras_flags, "--comm", "auto,overlap=off"],
+                       [EXACTNESS, "distributed", str(after / "out")])
+        assert [run.wait() for run in runs] == [0, 0], runs[0].stdout[-4000:]
+        assert "gradients after backprop (overlap=off)" in \
+            (after / "run" / "logs" / "worker-0.log").read_text()
+        for worker, got in enumerate(results):
+            other = dict(np.load(after / f"out-worker-{worker}.npz"))
+            for key in ("spe1_w0", "spe1_w1", "spe1_w2", "spe1_w3", "spe1_eval"):
+                np.testing.assert_array_equal(got[key], other[key])
     log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
     assert ("tfrun: all-reduce over TCP: 2 workers on 2 hosts" in log) == (comm != "ring"), log
     assert "node rank 1 (node-2) joined" in hub.stdout
@@ -461,6 +478,57 @@ def test_pernode_launch_mwms_is_exact_and_logs_land_side_by_side(fake_hosts, ref
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {t["task"]: t["host"] for t in summary["tasks"]} == {"worker:0": "node-1", "worker:1": "node-2"}
     warm_hosts.assert_served(tmp_path / "run", starters=2)  # each node's, either Keras
+    assert_nothing_left(fake_hosts)
+
+
+@pytest.mark.tf
+def test_pernode_the_link_hint_is_said_on_a_shaped_link_and_not_on_an_unshaped_one(
+        fake_hosts, tmp_path):
+    """The scaling benchmark's MLP (7.1 MiB of gradients a step, 1024 samples per worker:
+    about 0.1 s of compute) across 2 hosts: over links shaped to 200 Mbit/s the exchange
+    binds the step and worker:0 says so once, with the flag that helps (its launcher does,
+    with --quiet-tasks); at memory speed it does not, even when the suite's other tests
+    slow the transfers down (the bytes would have to take a sixth of the step there). Both
+    measured in summary.json."""
+    measured = {}
+    for rate in ("200mbit", None):
+        name = rate or "unshaped"
+        out = tmp_path / name
+        out.mkdir()
+        for i in (1, 2):
+            fake_hosts.shape(i, rate)
+        try:
+            hub, node2 = pernode(fake_hosts, out, ["--quiet-tasks"], [
+                # 25 exchanges at least (5 of warm-up): 30 steps, 60 at memory speed (the
+                # window is 2 s too)
+                str(ROOT / "benchmarks" / "_scaling_worker.py"), str(out), "--steps",
+                "15" if rate else "30", "--epochs", "1", "--batch", "1024"])
+            assert hub.wait() == 0, hub.stdout[-4000:]
+            assert node2.wait() == 0, node2.stdout[-4000:]
+        finally:
+            for i in (1, 2):
+                fake_hosts.shape(i, None)
+        summary = json.loads((out / "run" / "summary.json").read_text())
+        (measured[name],) = [a["exchange"] for a in summary["attempts"]]
+        said = [line for line in hub.stdout.splitlines() if "exchange: " in line
+                and "of each step waits" in line]
+        measured[name]["said"] = said
+        from tfrun.launch.results.report import write_report  # (the suite's runs write none)
+
+        measured[name]["report"] = write_report(out / "run").read_text()
+    shaped, unshaped = measured["200mbit"], measured["unshaped"]
+    assert shaped["binds"] and shaped["share"] > 1 / 3 and shaped["link_share"] > 0.2, shaped
+    assert 0.1 < shaped["link_gbit_s"] < 0.3, shaped  # the link as measured when it formed
+    assert len(shaped["said"]) == 1 and shaped["said"][0].startswith("tfrun: worker:0: exchange: ")
+    assert shaped["said"][0].endswith(
+        "--comm compress=bf16 halves its bytes"), shaped
+    assert "Gbit/s link (the bytes a worker sends take" in shaped["said"][0]
+    assert "<h2>Exchange across hosts</h2>" in shaped["report"]
+    assert "<b>it binds the step</b>" in shaped["report"]
+    numbers = {k: v for k, v in unshaped.items() if k != "report"}
+    assert not unshaped["binds"] and unshaped["hint"] is None and unshaped["said"] == [], numbers
+    assert "it does not bind the step" in unshaped["report"], numbers
+    assert unshaped["link_gbit_s"] > 2, unshaped
     assert_nothing_left(fake_hosts)
 
 

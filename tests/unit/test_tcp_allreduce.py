@@ -3,6 +3,7 @@ over real TCP connections on loopback. No TensorFlow in these processes: they me
 a directory standing in for TensorFlow's coordination service (the key-value store the
 tasks use); the strategy-level tests run on fake hosts (tests/multihost/test_multihost.py)."""
 
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -523,3 +524,69 @@ def test_two_stages_give_every_task_the_same_sum(hosts, per_host, tmp_path):
             out, dtypes = got[rank]
             assert isinstance(out, list), out
             assert out[i] == expected.tobytes(), (rank, i)
+
+
+# --------------------------------------------------------------------------- compressed, whole
+
+
+def _compressed_member(plan, root, results, wire, two_stage=False):
+    """``all_reduce_compressed`` of float32 arrays: what the exchange thread runs for a
+    bucket with ``--comm compress=`` (TensorFlow's casts, as in a task)."""
+    try:
+        import tensorflow  # noqa: F401 -- a task has it: the casts go through it
+
+        group = HierarchicalGroup(plan, DirectoryStore(root)) if two_stage \
+            else _open(plan, root)
+        arrays = [_floats("float32", n)(plan.rank) for n in (1000, 1, 2501)]
+        out = group.all_reduce_compressed(arrays, wire)
+        results.put((plan.rank, [o.tobytes() for o in out], [str(o.dtype) for o in out]))
+        group.close()
+    except BaseException as exc:  # reported to the test
+        results.put((plan.rank, repr(exc), None))
+
+
+def _rounded_sum(values, wire):
+    """Every value rounded to ``wire``, summed as float32 in order, the sum rounded again:
+    what the compressed exchange computes (NumPy's casts: the same bits as TensorFlow's)."""
+    from tfrun.in_task.exchange import compression
+
+    total = None
+    for v in values:
+        v = compression.up(compression.down(v, wire), wire)
+        total = v if total is None else total + v
+    return compression.up(compression.down(total, wire), wire)
+
+
+@pytest.mark.parametrize("wire", ["fp16", "bf16"])
+def test_a_compressed_all_reduce_rounds_each_gradient_and_the_sum_and_every_task_agrees(
+        wire, tmp_path, monkeypatch):
+    got, _ = _run(3, tmp_path, _compressed_member, extra=(wire,))
+    from tfrun.in_task.exchange import compression
+
+    monkeypatch.setattr(compression, "_tensorflow", lambda: None)  # NumPy's casts here
+    for i, n in enumerate((1000, 1, 2501)):
+        expected = _rounded_sum([_floats("float32", n)(r) for r in range(3)], wire)
+        exact = sum(_floats("float32", n)(r).astype(np.float64) for r in range(3))
+        for rank in range(3):
+            out, dtypes = got[rank]
+            assert isinstance(out, list), out
+            assert dtypes[i] == "float32" and out[i] == expected.tobytes(), (rank, i)
+        # (the values are ~100: fp16 keeps 11 bits, bf16 8)
+        assert np.abs(expected - exact).max() < (1.0 if wire == "fp16" else 8.0)
+        assert np.abs(expected - exact).max() > 0  # rounded indeed
+
+
+def test_a_compressed_two_stage_all_reduce_rounds_the_host_sums_only(tmp_path, monkeypatch):
+    """Two workers on each of two hosts: shared memory sums float32; what crosses hosts,
+    the host sums, is rounded to bf16."""
+    plans = [dataclasses.replace(p, across=dataclasses.replace(p.across, compression="bf16"))
+             for p in _two_stage_plans(2, 2)]
+    got, _ = _run(4, tmp_path, _compressed_member, extra=("bf16", True), plans=plans)
+    from tfrun.in_task.exchange import compression
+
+    monkeypatch.setattr(compression, "_tensorflow", lambda: None)
+    for i, n in enumerate((1000, 1, 2501)):
+        hosts = [_floats("float32", n)(2 * h) + _floats("float32", n)(2 * h + 1) for h in (0, 1)]
+        expected = _rounded_sum(hosts, "bf16")
+        for rank in range(4):
+            assert got[rank][0][i] == expected.tobytes(), (rank, i)

@@ -249,6 +249,9 @@ INTERNALS: tuple[Internal, ...] = (
              "the collective options' module", feature=EXCHANGE),
     Internal("tensorflow", "tensorflow.python.ops", None, "control_flow_util",
              "the XLA context check's module", feature=EXCHANGE),
+    Internal("tensorflow", "tensorflow.python.framework.ops", "Operation", "_add_control_input",
+             "ordering backprop so a bucket's exchange starts before the rest is computed",
+             feature=EXCHANGE),
     # Keras 3: the symbolic build that makes every variable before a step is scheduled;
     # tf.distribute's dataset function behind a distributed dataset; the resumed epoch.
     Internal("keras", "keras.src.trainers.trainer", "Trainer", "_symbolic_build",

@@ -16,11 +16,13 @@ do not change.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import weakref
 
-from . import arrivals, hierarchical_allreduce, tcp_allreduce
+from . import (arrivals, compression, hierarchical_allreduce, link_watch, overlap,
+               tcp_allreduce)
 from .shm_allreduce import ShmGroup, ShmPlan, plan_from_env
 
 __all__ = ["current_exchange", "current_group", "current_via", "install"]
@@ -29,6 +31,9 @@ _SUMMABLE = ("float16", "bfloat16", "float32", "float64")
 _group = None  # the ShmGroup, TcpGroup or HierarchicalGroup this process joined
 _group_lock = threading.Lock()
 _last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> last exchange
+_exchanges: overlap.Exchanges | None = None  # the TCP group's exchange thread
+_bucket_keys = itertools.count()  # each traced bucket's own (its error feedback's key)
+_link_watch = link_watch.LinkWatch()
 
 
 def install(environ=None) -> bool:
@@ -69,15 +74,22 @@ def _hook(module, plan) -> None:
         # In a graph, TensorFlow concatenates each pack of gradients into one tensor for
         # all_reduce and splits the sum apart: two more copies of every gradient per step.
         # The native op and the TCP exchange take the pack as it is (the Python shared-memory
-        # exchange keeps TensorFlow's way).
+        # exchange keeps TensorFlow's way). Across hosts the step's gradients go in buckets
+        # that overlap backprop (``overlap``).
         from tensorflow.python.eager import context
 
         from . import _native
 
         merged = self._options.merge(options)
+        graph = not context.executing_eagerly()
+        every = [tensor for pack in input_tensor_packs for tensor in pack]
+        if graph and every and not isinstance(plan, ShmPlan) \
+                and getattr(plan, "across", plan).overlap \
+                and all(_applies(self, plan, tensor, merged) for tensor in every):
+            return _overlapped_all_reduce(self._device, every, plan, merged)
         outputs = []
         for pack in input_tensor_packs:
-            if not context.executing_eagerly() and len(pack) > 1 \
+            if graph and len(pack) > 1 \
                     and len({tensor.dtype for tensor in pack}) == 1 \
                     and all(_applies(self, plan, tensor, merged) for tensor in pack) \
                     and (not isinstance(plan, ShmPlan) or _native.kernel() is not None):
@@ -133,18 +145,19 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout) -> list:
 
         def call():
             return native_op(tensors, timeout_seconds=timeout or 0.0)
-    elif _compresses(plan, tensors):
-        def call():
-            return _compressed_all_reduce(plan, tensors, timeout)
     elif not isinstance(plan, ShmPlan):  # TCP, or shared memory then TCP
+        wire, graph_wire = _crossing(plan, tensors)
+        key = next(_bucket_keys)
+
         def exchange_many(*values):
-            with arrivals.exchange():
-                return _joined(plan).all_reduce_many([np.asarray(v) for v in values],
-                                                     timeout)
+            run = _runner(_joined(plan), timeout, wire, graph_wire, key)
+            return _exchanges.run(run, [np.asarray(v) for v in values])
 
         def call():
-            results = tf.py_function(exchange_many, list(tensors), [t.dtype for t in tensors])
-            return results if isinstance(results, (list, tuple)) else [results]
+            handed = _to_wire(tensors, graph_wire)
+            results = tf.py_function(exchange_many, handed, [t.dtype for t in handed])
+            results = results if isinstance(results, (list, tuple)) else [results]
+            return _from_wire(results, tensors, graph_wire)
     else:
         (tensor,) = tensors  # batch_all_reduce only hands packs to the native op and TCP
 
@@ -171,51 +184,158 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout) -> list:
     return results
 
 
-def _compresses(plan, tensors) -> bool:
-    """Whether ``--comm compress=`` applies: the TCP exchange, float32 values of known sizes."""
-    return getattr(plan, "compression", "none") != "none" and all(
-        t.dtype.name == "float32" and t.shape.is_fully_defined() for t in tensors)
-
-
-def _compressed_all_reduce(plan, tensors, timeout) -> list:
-    """The all-reduce of float32 ``tensors`` with 16-bit values on the wire (Horovod's
-    ``Compression.fp16``, but summed as float32): TensorFlow casts them down, the exchange
-    scatters every owner its slice, TensorFlow sums the slices as float32 in rank order and
-    casts the sum down, the exchange gathers the sums, TensorFlow casts them back up. The
-    casts run in TensorFlow (vectorized; NumPy's float16 conversion is several times
-    slower). Every task gets the same bits: each slice is summed once, by its owner."""
+def _overlapped_all_reduce(device, tensors, plan, options) -> list:
+    """The sums of ``tensors`` (a step's gradients, in the order backprop makes them), in
+    buckets whose exchange overlaps the computation of the next (see ``overlap``)."""
     import numpy as np
     import tensorflow as tf
+    from tensorflow.python.framework import ops
 
-    wire = tf.float16 if plan.compression == "fp16" else tf.bfloat16
-    shapes = [tuple(int(d) for d in t.shape) for t in tensors]
-    total = sum(int(np.prod(shape)) for shape in shapes)
-    length = tcp_allreduce.slice_length(total, plan.size, plan.rank)
-    # The exchange moves the 16-bit values as uint16: NumPy has no bfloat16 of its own.
-    small = [tf.bitcast(tf.cast(t, wire), tf.uint16) for t in tensors]
+    group, exchanges = _joined(plan), _exchanges
+    timeout = options.timeout_seconds
+    sizes = [(t, (t.dtype.name, (t.shape.num_elements() or 0) * t.dtype.size)) for t in tensors]
+    cut = [[t for t, _ in bucket]
+           for bucket in overlap.buckets(sizes, options.bytes_per_pack or overlap.BUCKET_BYTES)]
+    graph = ops.get_default_graph()
+    before = [op for op in (_last_op.get(graph),) if op is not None]
+    crossings = [_crossing(plan, bucket) for bucket in cut]
+    sent = _sent_bytes(plan, cut, [wire for wire, _ in crossings])
+    tickets, leading = [], set()
+    for bucket, (wire, graph_wire) in zip(cut, crossings):
+        run = _runner(group, timeout, wire, graph_wire, next(_bucket_keys))
+        with ops.device(device):
+            handed = _to_wire(bucket, graph_wire)
 
-    def scatter(*values):
-        with arrivals.exchange():
-            return _joined(plan).reduce_scatter([np.asarray(v) for v in values], timeout)
+        def start(*values, run=run, first=not tickets):
+            if first:
+                _link_watch.round_started(sent)
+            return np.int64(exchanges.start(run, [np.asarray(v) for v in values]))
 
-    def gather(mine):
-        with arrivals.exchange():
-            return _joined(plan).all_gather(np.asarray(mine), shapes, timeout)
-
-    parts = tf.py_function(scatter, small, [tf.uint16] * plan.size)
-    total_sum = None
-    for part in parts:  # rank order
-        part.set_shape([length])
-        part = tf.cast(tf.bitcast(part, wire), tf.float32)
-        total_sum = part if total_sum is None else total_sum + part
-    gathered = tf.py_function(gather, [tf.bitcast(tf.cast(total_sum, wire), tf.uint16)],
-                              [tf.uint16] * len(tensors))
-    gathered = gathered if isinstance(gathered, (list, tuple)) else [gathered]
+        with ops.device(device), ops.control_dependencies(before):
+            tickets.append(tf.py_function(start, handed, tf.int64))
+        before = [tickets[-1].op]
+        if len(cut) > 1:
+            _start_before_the_rest(tickets[-1].op, bucket, leading)
     results = []
-    for result, shape, tensor in zip(gathered, shapes, tensors):
-        result.set_shape(shape)
-        results.append(tf.cast(tf.bitcast(result, wire), tensor.dtype))
+    # Every finish after the last start: one executor thread never waits in a finish while
+    # a gradient it would start is still to be computed.
+    with ops.device(device), ops.control_dependencies(before):
+        for ticket, bucket, (_, graph_wire) in zip(tickets, cut, crossings):
+            sums = tf.py_function(lambda t: exchanges.finish(int(t)), [ticket],
+                                  [tf.uint16 if graph_wire else t.dtype for t in bucket])
+            sums = sums if isinstance(sums, (list, tuple)) else [sums]
+            results.extend(_from_wire(sums, bucket, graph_wire))
+    _last_op[graph] = before[0]
     return results
+
+
+def _start_before_the_rest(start, bucket, leading: set) -> None:
+    """Make the backprop ops that share an input with ``bucket``'s gradients, and do not
+    lead to them, wait for the bucket's ``start`` op.
+
+    Why: when a layer's gradient and the gradient that flows on to the layers below are
+    both ready to compute, TensorFlow's executor may compute the second first (measured:
+    it does, with one inter-op thread), and the bucket's exchange then starts only when
+    backprop is nearly done. With these edges the bucket's gradients come first and its
+    exchange runs beside the rest of backprop. An op that leads to ``start`` (its
+    ancestors, kept in ``leading`` from one bucket to the next: the starts are chained)
+    never gets one: no cycle.
+    """
+    stack = [start]
+    while stack:
+        op = stack.pop()
+        if op in leading:
+            continue
+        leading.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    for gradient in bucket:
+        for given in gradient.op.inputs:
+            for sibling in given.consumers():
+                if sibling not in leading and sibling.graph is start.graph:
+                    sibling._add_control_input(start)
+
+
+def _sent_bytes(plan, cut, wires) -> float:
+    """The bytes this task sends in one exchange of the buckets ``cut`` (each on its wire of
+    ``wires``, None: float32): ``2 (n - 1) / n`` of them over a TCP group of ``n`` (each of
+    a host's ``k`` workers carries ``1/k`` of the host's sum in two stages), half as many
+    when compressed."""
+    across = getattr(plan, "across", plan)
+    local = plan.local.size if hasattr(plan, "local") else 1
+    total = sum((t.shape.num_elements() or 0) * t.dtype.size * (0.5 if wire else 1)
+                for bucket, wire in zip(cut, wires) for t in bucket)
+    return total * 2 * (across.size - 1) / across.size / local
+
+
+#: Below this, a bucket goes in full precision: its bytes are not what an exchange of it
+#: waits for (a loss's or a metric's scalar), and casting it would cost more than it saves.
+_COMPRESS_FROM_BYTES = 512
+
+
+def _wire(plan, tensors) -> str | None:
+    """The 16-bit wire ``--comm compress=`` asks for when it applies to ``tensors`` (float32
+    values of known sizes, ``_COMPRESS_FROM_BYTES`` or more), else None (full precision)."""
+    across = getattr(plan, "across", plan)  # the two-stage plan compresses its TCP stage
+    wire = getattr(across, "compression", "none")
+    if wire == "none" or not all(t.dtype.name == "float32" and t.shape.is_fully_defined()
+                                 for t in tensors):
+        return None
+    if sum(t.shape.num_elements() * 4 for t in tensors) < _COMPRESS_FROM_BYTES:
+        return None
+    return wire
+
+
+def _crossing(plan, tensors) -> tuple[str | None, str | None]:
+    """How one exchange of ``tensors`` crosses: its wire (``_wire``), and the same wire
+    again when the step's graph casts to it and back (None: the exchange thread does, or
+    nothing is cast).
+
+    The graph casts on a flat TCP group without error feedback: TensorFlow's casts run on
+    the step's own threads, and the exchange thread only sums. Error feedback keeps its
+    float32 residuals on the exchange thread, and the two-stage group rounds its host's
+    float32 sum there. Both give the same bits (round to nearest, ties to even)."""
+    wire = _wire(plan, tensors)
+    in_graph = isinstance(plan, tcp_allreduce.TcpPlan) and not plan.feedback
+    return wire, wire if in_graph else None
+
+
+def _to_wire(tensors, graph_wire: str | None) -> list:
+    """``tensors`` as the exchange thread gets them: cast by the graph to ``graph_wire``'s
+    16 bits (as uint16), or as they are (None)."""
+    if graph_wire is None:
+        return list(tensors)
+    import tensorflow as tf
+
+    return [tf.bitcast(tf.cast(t, compression.DTYPES[graph_wire]), tf.uint16) for t in tensors]
+
+
+def _from_wire(sums, tensors, graph_wire: str | None) -> list:
+    """The exchange thread's ``sums`` back as ``tensors``' shapes and dtypes (``_to_wire``
+    undone)."""
+    import tensorflow as tf
+
+    results = []
+    for total, tensor in zip(sums, tensors):
+        total.set_shape(tensor.shape)
+        results.append(total if graph_wire is None else tf.cast(
+            tf.bitcast(total, compression.DTYPES[graph_wire]), tensor.dtype))
+    return results
+
+
+def _runner(group, timeout, wire, graph_wire, key):
+    """What the exchange thread runs for one exchange (``_crossing``'s ``wire`` and
+    ``graph_wire``; ``key``: the bucket's, for error feedback)."""
+    if graph_wire is not None:
+        return lambda arrays: compression.sum_on_wire(group, arrays, wire, timeout)
+    return lambda arrays: _reduce(group, arrays, timeout, wire, key)
+
+
+def _reduce(group, arrays, timeout, wire, key) -> list:
+    """One all-reduce on the exchange thread: full precision, or ``wire``'s 16 bits."""
+    if wire is None:
+        return group.all_reduce_many(arrays, timeout)
+    return group.all_reduce_compressed(arrays, wire, timeout, key=key)
 
 
 def current_exchange() -> str | None:
@@ -253,8 +373,9 @@ def _joined(plan):
             if plan.rank == 0:
                 hosts = len(set(plan.hosts))
                 print(f"tfrun: all-reduce over TCP: {plan.size} workers on {hosts} "
-                      f"host{'s' if hosts > 1 else ''} (tfrun's exchange; --comm ring for "
-                      "TensorFlow's collectives)", file=sys.stderr, flush=True)
+                      f"host{'s' if hosts > 1 else ''} (tfrun's exchange{_how(plan)}; --comm "
+                      "ring for TensorFlow's collectives)", file=sys.stderr, flush=True)
+            _start_exchanges(plan, plan)
             return _group
         loaded = _native.kernel()  # built/loaded once per process; None: the Python path
         if not isinstance(plan, ShmPlan):
@@ -264,8 +385,9 @@ def _joined(plan):
                 print(f"tfrun: all-reduce in two stages: shared memory among the "
                       f"{plan.local.size} workers of each host ({_group.local.exchange} "
                       f"exchange), then TCP across {plan.across.size} hosts (tfrun's "
-                      "exchange; --comm ring for TensorFlow's collectives)", file=sys.stderr,
-                      flush=True)
+                      f"exchange{_how(plan.across)}; --comm ring for TensorFlow's "
+                      "collectives)", file=sys.stderr, flush=True)
+            _start_exchanges(plan, plan.across)
             return _group
         _group = ShmGroup(plan)
         if loaded is not None:
@@ -278,3 +400,22 @@ def _joined(plan):
                   f"host ({how}; --comm ring for TensorFlow's collectives)", file=sys.stderr,
                   flush=True)
         return _group
+
+
+def _how(tcp_plan) -> str:
+    """What the start line adds about the TCP exchange: overlap and compression."""
+    how = ", gradients in buckets overlapping backprop" if tcp_plan.overlap else \
+        ", gradients after backprop (overlap=off)"
+    if tcp_plan.compression != "none":
+        how += f", {tcp_plan.compression} on the wire" + (
+            " with error feedback" if tcp_plan.feedback else "")
+    return how
+
+
+def _start_exchanges(plan, tcp_plan) -> None:
+    """The joined TCP (or two-stage) group's exchange thread, and its links measured once
+    (every task at once: they all join while tracing the same step) for ``LinkWatch``."""
+    global _exchanges
+    _exchanges = overlap.Exchanges()
+    link = _group.link_mib_s(nbytes=4 << 20, repeats=5, fastest=True)
+    _link_watch.begin(link, tcp_plan.compression, _exchanges, speaker=plan.rank == 0)

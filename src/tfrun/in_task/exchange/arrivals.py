@@ -34,7 +34,7 @@ import time
 from ... import contract
 from . import _native
 
-__all__ = ["exchange", "reset", "snapshot"]
+__all__ = ["entered", "exchange", "left", "reset", "snapshot", "waited"]
 
 _counts = [0, 0, 0.0]  # entered, left, seconds inside (Python exchanges; under the GIL)
 
@@ -52,6 +52,25 @@ def exchange():
     finally:
         _counts[2] += time.perf_counter() - entered
         _counts[1] += 1
+
+
+def entered() -> None:
+    """A collective run apart from the step's thread (``overlap.Exchanges``) began ..."""
+    if _counting():
+        _counts[0] += 1
+
+
+def left() -> None:
+    """... and ended (however)."""
+    if _counting():
+        _counts[1] += 1
+
+
+def waited(seconds: float) -> None:
+    """The step waited ``seconds`` for a collective run apart (only the wait counts: the
+    transfer that ran beside the step's computation is not this task waiting)."""
+    if _counting():
+        _counts[2] += seconds
 
 
 @functools.cache

@@ -78,7 +78,9 @@ def plan_from_env(environ=None) -> HierarchicalPlan | None:
     hosts = list(by_host)
     across = tcp_allreduce.TcpPlan(rank=hosts.index(host),
                                    names=tuple(by_host[h][local_rank] for h in hosts),
-                                   hosts=tuple(hosts))
+                                   hosts=tuple(hosts), compression=members.comm.compression,
+                                   feedback=members.comm.feedback,
+                                   overlap=members.comm.overlap)
     return HierarchicalPlan(rank=members.rank, names=names, local=local, across=across)
 
 
@@ -110,13 +112,25 @@ class HierarchicalGroup:
         return self.across.link_mib_s(*args, **kwargs)
 
     def all_reduce_many(self, arrays, timeout: float | None = None) -> list:
+        return self._two_stages(arrays, lambda mine: self.across.all_reduce_many(mine, timeout),
+                                timeout)
+
+    def all_reduce_compressed(self, arrays, wire: str, timeout: float | None = None, *,
+                              key=None) -> list:
+        """``all_reduce_many`` with ``wire``'s 16-bit values on the TCP stage (the host's
+        float32 sum is what is rounded; shared memory moves float32)."""
+        return self._two_stages(
+            arrays, lambda mine: self.across.all_reduce_compressed(mine, wire, timeout, key=key),
+            timeout)
+
+    def _two_stages(self, arrays, across, timeout) -> list:
         import numpy as np
 
         host_sums = [s.reshape(-1) for s in self.local.all_reduce_many(arrays, timeout)]
         k, j = self.plan.local.size, self.plan.local.rank
         bounds = tcp_allreduce._bounds(sum(s.size for s in host_sums), k)
         mine = tcp_allreduce._pieces(host_sums, bounds[j], bounds[j + 1])
-        sums = self.across.all_reduce_many(mine, timeout) if mine else []
+        sums = across(mine) if mine else []
         spread = [np.zeros_like(s) for s in host_sums]
         for place, value in zip(tcp_allreduce._pieces(spread, bounds[j], bounds[j + 1]), sums):
             place[:] = value

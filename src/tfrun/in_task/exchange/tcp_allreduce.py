@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ...comm import collective_members
-from . import tcp_handshake
+from . import compression, tcp_handshake
 
 __all__ = ["TcpGroup", "TcpPlan", "plan_from_env", "slice_length"]
 
@@ -66,6 +66,8 @@ class TcpPlan:
     names: tuple[str, ...]
     hosts: tuple[str, ...]
     compression: str = "none"   # --comm compress=: "fp16"/"bf16" on the wire, or "none"
+    feedback: bool = False      # --comm feedback: the rounding error goes into the next step
+    overlap: bool = True        # --comm overlap=: buckets exchanged while backprop runs
 
     @property
     def size(self) -> int:
@@ -87,7 +89,8 @@ def plan_from_env(environ=None) -> TcpPlan | None:
     if members.comm.implementation == "auto" and len(set(members.hosts)) != len(members.hosts):
         return None
     return TcpPlan(rank=members.rank, names=members.names, hosts=members.hosts,
-                   compression=members.comm.compression)
+                   compression=members.comm.compression, feedback=members.comm.feedback,
+                   overlap=members.comm.overlap)
 
 
 class PeerLeft(ConnectionError):
@@ -133,6 +136,7 @@ class TcpGroup:
         self._peers: dict[int, socket.socket] = {}
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="tfrun-tcp-send")
         self._buffers: dict = {}
+        self._feedback = compression.ErrorFeedback() if plan.feedback else None
         store = KeyValue() if store is None else store
         # Keys named after the group's tasks: the same on each of them (not a run dir: each
         # Kubernetes pod has its own), and distinct for every group of one cluster.
@@ -222,6 +226,13 @@ class TcpGroup:
         self._gather(_pieces(outs, bounds[rank], bounds[rank + 1]), outs, bounds, timeout)
         return [out.reshape(np.shape(a)) for out, a in zip(outs, arrays)]
 
+    def all_reduce_compressed(self, arrays, wire: str, timeout: float | None = None, *,
+                              key=None) -> list:
+        """``all_reduce_many`` of float32 arrays with ``wire``'s 16-bit values on the wire
+        (``compression.all_reduce``; with the plan's error feedback, kept per ``key``)."""
+        return compression.all_reduce(self, arrays, wire, timeout, feedback=self._feedback,
+                                      key=key)
+
     def reduce_scatter(self, arrays, timeout: float | None = None) -> list:
         """The first half of an all-reduce, for a caller that sums itself (the compressed
         exchange sums 16-bit values as float32 in TensorFlow): this task's slice of the
@@ -277,10 +288,13 @@ class TcpGroup:
                         for _, frm in self._order()], timeout,
                        (b"g", outs[0].dtype.str, bounds[-1]))
 
-    def link_mib_s(self, nbytes: int = 8 << 20, repeats: int = 5) -> float:
+    def link_mib_s(self, nbytes: int = 8 << 20, repeats: int = 5, *,
+                   fastest: bool = False) -> float:
         """The links' measured bandwidth, MiB/s: every task sends ``nbytes`` to the next rank
         while it receives as many from the previous one (both directions busy at once, as in
-        an all-reduce); the median of ``repeats``. Every task must call it at the same point."""
+        an all-reduce); the median of ``repeats``, or with ``fastest`` the fastest (the
+        link's capacity: other processes on the host's cores only ever slow a transfer
+        down). Every task must call it at the same point."""
         import numpy as np
 
         size, rank = self.plan.size, self.plan.rank
@@ -293,7 +307,7 @@ class TcpGroup:
                            (b"l", payload.dtype.str, nbytes))
             times.append(time.perf_counter() - started)
         times = sorted(times[1:])  # the first warms the connections up
-        return nbytes / (1 << 20) / times[len(times) // 2]
+        return nbytes / (1 << 20) / (times[0] if fastest else times[len(times) // 2])
 
     def _received(self, dtype, length: int) -> dict:
         import numpy as np

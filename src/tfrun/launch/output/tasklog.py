@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, NamedTuple
 
-from ...contract import DEVICES_REPLACED, TRAINING_EVENTS
+from ...contract import DEVICES_REPLACED, EXCHANGE_MEASURED_EVENT, TRAINING_EVENTS
 from ...records import TaskError, TaskSample
 from .console import ConsoleSink
 from .noise import NoiseFilter
@@ -191,6 +191,9 @@ class TaskLogger:
             self.last_epoch = record
         elif record.get("event") in TRAINING_EVENTS:
             self.training_events.append(record)
+            if record.get("event") == EXCHANGE_MEASURED_EVENT and record.get("hint"):
+                # said by the launcher: shown with --quiet-tasks too
+                self.console.info(f"{self.task}: {record['hint']}")
         elif record.get("event") == "step" and isinstance(record.get("step"), int):
             self.last_step = record["step"]
         sample = TaskSample.from_record(record)

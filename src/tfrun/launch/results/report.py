@@ -39,7 +39,7 @@ from .report_progress import findings_html, plot_loss_per_step, plot_step_rates
 from .runstats import RunStats, compare, read_metrics, read_run, table_cells
 
 __all__ = ["RunData", "load_run", "plot_timeline", "plot_metrics", "plot_throughput",
-           "plot_resources", "write_report", "write_comparison"]
+           "plot_resources", "write_report", "write_comparison", "exchange_html"]
 
 _STATE_COLORS = {"running": "#4c72b0", "succeeded": "#55a868", "failed": "#c44e52",
                  "stopped": "#8c8c8c"}
@@ -386,6 +386,33 @@ def _config_html(config: dict) -> str:
     return "<table class='config'>" + "".join(rows) + "</table>"
 
 
+def exchange_html(attempts: list[dict]) -> str:
+    """What the exchange across hosts cost each step, as each attempt measured it (empty
+    when no attempt did: one host, or TensorFlow's collectives).
+
+    >>> exchange_html([{"exchange": {"task": "worker:0", "share": 0.46, "link_share": 0.45,
+    ...     "link_gbit_s": 1.9, "compression": "none", "seconds": 3.1, "binds": True,
+    ...     "hint": "exchange: 46% ..."}}])
+    '<h2>Exchange across hosts</h2><p>46% of the time waited for the exchange over 1.9 Gbit/s links, whose bytes take 45% of the time there (worker:0, over 3.1 s): <b>it binds the step</b>. exchange: 46% ...</p>'
+    """
+    lines = []
+    for number, attempt in enumerate(attempts, 1):
+        measured = attempt.get("exchange")
+        if not measured:
+            continue
+        where = f"attempt {number}: " if len(attempts) > 1 else ""
+        text = (f"{where}{measured['share']:.0%} of the time waited for the exchange over "
+                f"{measured['link_gbit_s']:g} Gbit/s links, whose bytes take "
+                f"{measured['link_share']:.0%} of the time there ({measured['task']}, over "
+                f"{measured['seconds']:g} s")
+        text += f", {measured['compression']} on the wire)" \
+            if measured.get("compression") not in (None, "none") else ")"
+        text += ": <b>it binds the step</b>. " + html.escape(str(measured["hint"])) \
+            if measured.get("binds") else ": it does not bind the step."
+        lines.append(f"<p>{text}</p>")
+    return "<h2>Exchange across hosts</h2>" + "".join(lines) if lines else ""
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write ``report.html`` and ``report/*.png`` in ``run_dir``; return the HTML's path."""
     data = load_run(run_dir)
@@ -418,6 +445,7 @@ def write_report(run_dir: str | Path) -> Path:
             png = _png(fig)
             (out_dir / "ledger.png").write_bytes(png)
             parts.append(_img(png, "Where the time went, per attempt"))
+    parts.append(exchange_html(summary.get("attempts") or []))
     parts.append(findings_html(summary))
     if data.stats is not None:
         parts.append("<h2>Numbers</h2>" + _table_html(compare([data.stats])))

@@ -14,7 +14,8 @@ stood, the rest read from there. Pure bookkeeping on the records' loggers.
 
 from __future__ import annotations
 
-from ...contract import BACKUP_DAMAGED_EVENT, BACKUP_NOT_WRITTEN_EVENT, STOPPED_EVENT
+from ...contract import (BACKUP_DAMAGED_EVENT, BACKUP_NOT_WRITTEN_EVENT,
+                         EXCHANGE_MEASURED_EVENT, STOPPED_EVENT)
 from .records import TaskRecord
 
 __all__ = ["AttemptMarks", "backup_troubles"]
@@ -59,7 +60,8 @@ class AttemptMarks:
                              before: dict | None = None) -> dict:
         """Add the attempt's ``preempted_at_step`` / ``resumed_at_step`` (the steps its
         tasks reported: every worker saves and resumes at the same one), who stopped
-        without the agreed backup, what its backups met, the newest step it reached
+        without the agreed backup, what its backups met, how much of each step waited for
+        the exchange across hosts (``exchange``), the newest step it reached
         (``reached_step``) and its reference task's phase clock (``clock``: the goodput
         ledger's input) to ``attempt``, once its tasks have ended; and to ``before`` (the
         attempt before it, if any) the steps this one redid (``steps_redone``). Returns
@@ -81,6 +83,14 @@ class AttemptMarks:
                     kept = attempt.setdefault(where, [])
                     if found not in kept:
                         kept.append(found)
+                    continue
+                if event.get("event") == EXCHANGE_MEASURED_EVENT:
+                    # whether the exchange across hosts bound the step (said once, by rank 0)
+                    attempt.setdefault("exchange", {
+                        "task": str(record.task),
+                        **{k: event.get(k) for k in ("share", "link_share", "link_gbit_s",
+                                                     "compression", "seconds", "binds",
+                                                     "hint")}})
                     continue
                 if event.get("saved") is False:  # preempted, the save refused by the disk
                     attempt.setdefault("preempted_without_backup_at_step", event.get("step"))
