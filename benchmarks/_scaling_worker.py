@@ -1,8 +1,8 @@
 """Benchmark task for bench_scaling.py: seed 000's MLP, weak scaling, no tfrun API.
 
-    python _scaling_worker.py OUT_DIR [--steps 40] [--epochs 3]
+    python _scaling_worker.py OUT_DIR [--steps 40] [--epochs 3] [--batch 256]
 
-784-1024-1024-10 MLP (Keras 3), 256 synthetic samples per worker per step. With a
+784-1024-1024-10 MLP (Keras 3), 256 synthetic samples per worker per step (``--batch``). With a
 multi-task TF_CONFIG it trains under MultiWorkerMirroredStrategy (made plainly, so tfrun's
 --comm reaches it as it would a user's script); alone, without a strategy. Writes
 OUT_DIR/result-<task index>.json: steps/s over the timed epochs (the first epoch, which
@@ -23,6 +23,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out_dir")
 parser.add_argument("--steps", type=int, default=40, help="steps per epoch")
 parser.add_argument("--epochs", type=int, default=3, help="timed epochs (plus one warm-up)")
+parser.add_argument("--batch", type=int, default=256, help="samples per worker per step")
 args = parser.parse_args()
 
 tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
@@ -30,7 +31,7 @@ workers = sum(len(v) for k, v in tf_config.get("cluster", {}).items() if k in ("
 index = tf_config.get("task", {}).get("index", 0)
 strategy = tf.distribute.MultiWorkerMirroredStrategy() if workers > 1 else tf.distribute.get_strategy()
 keras.utils.set_random_seed(0)  # the same initial weights in every run: final losses compare
-per_worker = 256
+per_worker = args.batch
 rng = np.random.default_rng(index)
 x = rng.normal(size=(args.steps * per_worker, 784)).astype("float32")
 y = rng.integers(0, 10, size=len(x)).astype("int32")

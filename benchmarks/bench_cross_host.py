@@ -1,10 +1,12 @@
 """Scaling across hosts: 2 or 3 fake hosts, by hand and under tfrun, side by side.
 
     python benchmarks/bench_cross_host.py [--hosts 2] [--per-host 1] [--rounds 3] [--keras 3|2]
+                                          [--link 2gbit] [--variants '--comm compress=bf16']
 
 Root only: the hosts are network namespaces (tests/multihost/fake_hosts.py: each its own
 IP, port space and hostname, joined by a bridge), each pinned to one CPU of this machine
-(host i to CPU i mod CPUs). The workload is bench_scaling.py's: the scaling tutorial's
+(host i to CPU i mod CPUs). Their links run at memory speed unless ``--link RATE`` shapes
+what each host sends (``tc``'s token bucket, e.g. ``2gbit``: a cloud VM's link). The workload is bench_scaling.py's: the scaling tutorial's
 784-1024-1024-10 MLP, weak scaling, 256 samples per worker per step, one worker per host
 (``--per-host K``: K, sharing the host's CPU; tfrun then sums on each host through shared
 memory before TCP), a plain MultiWorkerMirroredStrategy (benchmarks/_scaling_worker.py). Each round runs, one
@@ -40,6 +42,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "multihost"))
+sys.path.insert(0, str(HERE.parent / "tests"))  # fake_hosts' clean-up imports warm_tasks
 from fake_hosts import FakeHosts, available  # noqa: E402
 
 SCRIPT = str(HERE / "_scaling_worker.py")
@@ -52,6 +55,9 @@ parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--keras", choices=("3", "2"), default="3")
 parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--link", default=None, metavar="RATE",
+                    help="shape each host's outgoing traffic to RATE (tc's syntax, e.g. 2gbit: "
+                         "a cloud VM's link); default: memory speed")
 parser.add_argument("--variants", default="",
                     help="extra tfrun rows, ';'-separated flag sets, e.g. '--comm tcp,pack=1MB'")
 args = parser.parse_args()
@@ -129,6 +135,8 @@ def main() -> None:
         sys.exit(f"bench_cross_host.py: {reason}")
     scratch = Path(tempfile.mkdtemp(prefix="tfrun-bench-cross-host-"))
     hosts = FakeHosts(args.hosts, scratch / "hosts").up()
+    for i in range(1, args.hosts + 1):
+        hosts.shape(i, args.link)
     runs = {"1 process, 1 CPU (baseline)": one_process,
             f"by hand ({args.hosts} hosts, TensorFlow's ring)": by_hand,
             **{name: (lambda h, out, f=flags: with_tfrun(h, out, f))
@@ -150,7 +158,7 @@ def main() -> None:
     base, hand = median[names[0]], median[names[1]]
     cpus = min(args.hosts, len(CPUS))
     print(f"\n{args.hosts} fake hosts x {args.per_host} worker(s), a CPU each of {len(CPUS)}, "
-          f"Keras {args.keras}, weak scaling, "
+          f"Keras {args.keras}, links {args.link or 'at memory speed'}, weak scaling, "
           f"{args.rounds} interleaved rounds, median samples/s; efficiency against {cpus} x the "
           "baseline")
     print(f"  {'configuration':<44} {'samples/s':>10} {'efficiency':>10} {'/by hand':>9} "
