@@ -217,13 +217,16 @@ def test_a_task_whose_backup_outlasts_the_preemption_grace_is_named(fake_run):
             "ready" not in (run.run_dir / "logs" / "worker-1.log").read_text():
         assert time.monotonic() < deadline, "worker:1 never started"
         time.sleep(0.1)
-    started = time.monotonic()
+    started, signalled = time.monotonic(), time.time()
     run.proc.send_signal(signal.SIGTERM)
     assert run.wait(30) == 143, run.stdout
     assert time.monotonic() - started >= 3.0  # the preemption grace, not the stop grace
     assert ("worker:1: still running 3s after the stop notice (--preemption-grace): killed "
             "before its backup finished") in run.stdout
-    assert run.summary["attempts"][-1]["backup_not_finished"] == ["worker:1"]
+    attempt = run.summary["attempts"][-1]
+    assert attempt["backup_not_finished"] == ["worker:1"]
+    # the attempt ends once its tasks are stopped: their backup time is the attempt's
+    assert attempt["ended_at"] >= signalled + 3.0, (attempt, signalled)
     assert "preemption grace 3s" in run.stdout  # the resolved configuration says it
     assert_nothing_left(run)
 

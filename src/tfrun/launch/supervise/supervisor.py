@@ -210,17 +210,21 @@ class Supervisor:
         if kind in (Watch.FAIL, Watch.HANG, Watch.JOIN_TIMEOUT):
             # before the others are stopped
             self.verdict = name_first_failure(ctx, outcome, self.watchdogs)
-        ctx.end_attempt(outcome.record if kind is not Watch.SUCCESS else None, kind.value)
+        if kind is Watch.SIGNAL:
+            late: list[TaskRecord] = []
+            try:
+                late = self._stop_saving()
+            finally:
+                # Stamped once the tasks are stopped: the backup they write on their way out
+                # is this attempt's time (the goodput ledger's), not tfrun's after it.
+                ctx.end_attempt(outcome.record, kind.value)
+                self._note_late(late)
+        else:
+            ctx.end_attempt(outcome.record if kind is not Watch.SUCCESS else None, kind.value)
         if kind is Watch.SUCCESS:
             self._finish_untracked()
             return self._result(0, RunStatus.SUCCEEDED, None, "")
-        if kind is Watch.SIGNAL and ctx.plan.cluster.ps:
-            # The coordinator backs up the variables it reads from the ps on its way out
-            # (tfrun.backup_and_restore): it goes first, the ps and workers after it.
-            self._stop([r for r in ctx.running() if r.task.role == "chief"],
-                       grace=self.config.stop_grace, saving=True)
-        self._stop(ctx.running(), grace=self.config.stop_grace,
-                   at_once=kind is not Watch.SIGNAL, saving=kind is Watch.SIGNAL)
+        self._stop(ctx.running(), grace=self.config.stop_grace, at_once=True)
         record = outcome.record
         if kind is Watch.FAIL:
             assert record is not None and record.exit_code is not None
@@ -244,6 +248,19 @@ class Supervisor:
             message += (f"; preempted at step {step}: backed up there, and the same "
                         "command (same --run-dir) resumes from it")
         return self._result(128 + ctx.signal, RunStatus.INTERRUPTED, None, message)
+
+    def _stop_saving(self) -> list[TaskRecord]:
+        """Stop every task with time to back up (an interrupted run resumes from there);
+        returns the tasks killed before their backup finished."""
+        ctx, late = self.ctx, []
+        if ctx.plan.cluster.ps:
+            # The coordinator backs up the variables it reads from the ps on its way out
+            # (tfrun.backup_and_restore): it goes first, the ps and workers after it.
+            late += self.stopper.stop([r for r in ctx.running() if r.task.role == "chief"],
+                                      grace=self.config.stop_grace, saving=True,
+                                      preemption_grace=self.config.preemption_grace)
+        return late + self.stopper.stop(ctx.running(), grace=self.config.stop_grace, saving=True,
+                                        preemption_grace=self.config.preemption_grace)
 
     def _result(self, exit_code: int, status: RunStatus, root: TaskRecord | None,
                 message: str, failed_because: TaskRecord | None = None) -> RunResult:
@@ -313,8 +330,11 @@ class Supervisor:
               saving: bool = False) -> None:
         """Stop ``records``' running tasks (``TaskStopper.stop``); the tasks killed before
         their backup finished are named in the attempt (summary.json)."""
-        late = self.stopper.stop(records, grace=grace, at_once=at_once, saving=saving,
-                                 preemption_grace=self.config.preemption_grace)
+        self._note_late(self.stopper.stop(records, grace=grace, at_once=at_once, saving=saving,
+                                          preemption_grace=self.config.preemption_grace))
+
+    def _note_late(self, late: list[TaskRecord]) -> None:
+        """Name the tasks killed before their backup finished in the newest attempt."""
         if late and self.ctx.attempts:
             self.ctx.attempts[-1].setdefault("backup_not_finished", []).extend(
                 str(r.task) for r in late)
