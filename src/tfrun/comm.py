@@ -17,17 +17,19 @@ Items:
 ``pack=SIZE`` (``bytes_per_pack``: gradients are all-reduced in packs of about this size;
 ``0`` lets TensorFlow choose), ``timeout=SECONDS`` (a collective that takes longer fails) and
 ``compress=fp16|bf16|none`` (the TCP exchange sends 16-bit values: half the bytes on the
-wire, summed in float32; the default ``none`` keeps every bit -- only tfrun's TCP exchange
-compresses, the TCP stage of the two-stage one included, so ``shm``, ``ring`` and ``nccl``
-refuse it; see ``tfrun.in_task.exchange.compression``) and ``feedback`` (with ``compress``:
-each task keeps what rounding took from its gradients and adds it to the next step's) and
-``overlap=on|off`` (across hosts a step's gradients leave in buckets of ``pack`` bytes, 2 MiB
-when 0, while backprop still runs -- ``tfrun.in_task.exchange.overlap``; ``off`` exchanges
-them all at once after backprop, for comparison).
+wire, summed in float32; the default ``none`` keeps every bit -- tfrun's exchanges round
+the same way on shared memory too, where float32 still moves, so that a run's numerics do
+not depend on where its workers are; ``ring`` and ``nccl`` refuse it; see
+``tfrun.in_task.exchange.compression``) and ``feedback`` (with ``compress``: each task
+keeps what rounding took from its gradients and adds it to the next step's) and
+``overlap=on|off|auto`` (a step's gradients are exchanged in buckets of ``pack`` bytes,
+2 MiB when 0, while backprop still runs -- ``tfrun.in_task.exchange.overlap``; ``off``
+exchanges them all at once after backprop; ``auto``, the default, overlaps across hosts and
+not on one host, where the native op inside the step measured faster).
 Sizes take K/M/G suffixes (powers of 1024, optional ``B``/``iB``).
 
     >>> CommOptions.parse("ring,pack=4MB,timeout=120")
-    CommOptions(implementation='ring', bytes_per_pack=4194304, timeout_seconds=120.0, compression='none', feedback=False, overlap=True)
+    CommOptions(implementation='ring', bytes_per_pack=4194304, timeout_seconds=120.0, compression='none', feedback=False, overlap=None)
     >>> CommOptions.parse("pack=0").to_text()
     'auto,pack=0'
 """
@@ -58,12 +60,12 @@ class CommOptions:
     timeout_seconds: float | None = None
     compression: str = "none"
     feedback: bool = False
-    overlap: bool = True
+    overlap: bool | None = None  # None: auto (across hosts on, on one host off)
 
     @classmethod
     def parse(cls, text: str) -> CommOptions:
         implementation, pack, timeout, compression, feedback = "auto", 0, None, "none", False
-        overlap = True
+        overlap: bool | None = None
         items = [item.strip() for item in text.split(",")]
         if not text.strip() or not all(items):
             raise ConfigError("--comm has an empty item", expected=_expected(), fix=_FIX,
@@ -75,8 +77,8 @@ class CommOptions:
                 implementation = key
             elif not sep and key == "feedback":
                 feedback = True
-            elif sep and key == "overlap" and value.strip().lower() in ("on", "off"):
-                overlap = value.strip().lower() == "on"
+            elif sep and key == "overlap" and value.strip().lower() in ("on", "off", "auto"):
+                overlap = {"on": True, "off": False, "auto": None}[value.strip().lower()]
             elif sep and key == "pack":
                 pack = _parse_size(value.strip(), text)
             elif sep and key == "timeout":
@@ -90,10 +92,10 @@ class CommOptions:
             else:
                 raise ConfigError(f"--comm item {item!r} is not understood", expected=_expected(),
                                   fix=_FIX, received=repr(text))
-        if compression != "none" and implementation not in ("auto", "tcp"):
-            raise ConfigError(f"--comm compress={compression} needs tfrun's TCP exchange; "
-                              f"{implementation} moves full precision",
-                              expected="--comm auto or tcp with compress=...",
+        if compression != "none" and implementation not in ("auto", "tcp", "shm"):
+            raise ConfigError(f"--comm compress={compression} needs tfrun's exchange; "
+                              f"TensorFlow's {implementation} moves full precision",
+                              expected="--comm auto, tcp or shm with compress=...",
                               fix=f"Pass e.g. --comm tcp,compress={compression}, or drop compress",
                               received=repr(text))
         if feedback and compression == "none":
@@ -110,7 +112,7 @@ class CommOptions:
         text += f",timeout={self.timeout_seconds:g}" if self.timeout_seconds else ""
         text += f",compress={self.compression}" if self.compression != "none" else ""
         text += ",feedback" if self.feedback else ""
-        return text + ("" if self.overlap else ",overlap=off")
+        return text + {None: "", True: ",overlap=on", False: ",overlap=off"}[self.overlap]
 
     def to_tf(self):
         """``tf.distribute.experimental.CommunicationOptions`` (imports TensorFlow); ``shm``
@@ -188,7 +190,7 @@ def collective_members(environ, implementations: tuple[str, ...]) -> CollectiveM
 
 def _expected() -> str:
     return ("comma-separated: one of auto/shm/tcp/ring/nccl, pack=SIZE (e.g. 4MB, 0 = TensorFlow "
-            "chooses), timeout=SECONDS, compress=fp16|bf16|none, feedback, overlap=on|off")
+            "chooses), timeout=SECONDS, compress=fp16|bf16|none, feedback, overlap=on|off|auto")
 
 
 def parse_size(value: str) -> int | None:

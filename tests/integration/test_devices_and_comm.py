@@ -53,24 +53,27 @@ def task_logs(run: Run) -> str:
      "(native exchange;"),
     (["--workers", "2"], ("worker:0", "worker:1"), {"TFRUN_SHM_KERNEL": "0"},
      "(Python exchange, the native one is unavailable: TFRUN_SHM_KERNEL=0;"),
-], ids=["default", "shm", "python-exchange"])
+    (["--workers", "2", "--comm", "overlap=on"], ("worker:0", "worker:1"), {},
+     "(native exchange, gradients in buckets overlapping backprop;"),
+], ids=["default", "shm", "python-exchange", "overlap"])
 def test_workers_on_one_host_all_reduce_through_shared_memory(tmp_path, flags, tasks, env, path):
     """Default (and --comm shm): the strategy's all-reduces, made plainly or by
     tfrun.strategy(), go through tfrun's exchange (native, or Python when turned off),
     which TensorFlow's own options still describe as AUTO; the sum is right. A pack of
     values in a graph (as gradients are) goes to the native op as it is, one exchange and
-    no concat/split; the Python exchange keeps TensorFlow's concat. (Training through it:
-    test_keras_exactness.py.)"""
+    no concat/split; the Python exchange keeps TensorFlow's concat. With overlap=on the
+    pack goes to the exchange thread in buckets instead: neither op nor concat. (Training
+    through it: test_keras_exactness.py.)"""
     run = Run(tmp_path, [*flags, str(SCRIPTS / "comm_probe.py")], env=env)
     assert run.run(300) == 0, run.stdout[-3000:]
     got = probes(run, "comm_probe")
     assert {t: g["implementation"] for t, g in got.items()} == dict.fromkeys(tasks, "AUTO")
     assert run.stdout.count("comm_probe: all-reduce sum 2") == 2
     packs = probes(run, "comm_probe_pack")
-    native = path.startswith("(native")
+    native, op = path.startswith("(native"), path.startswith("(native exchange;")
     assert packs == dict.fromkeys(tasks, {
         "sums": [[2.0], [4.0], [6.0]], "shapes": [[3, 2], [5], [2, 2, 2]], "concat": not native,
-        "native_exchange_inputs": [3] if native else []}), packs
+        "native_exchange_inputs": [3] if op else []}), packs
     logs = task_logs(run)
     assert logs.count(SHM_LINE + "2 workers on this host") == 1, logs[-3000:]  # rank 0 says it
     assert logs.count(SHM_LINE + "2 workers on this host " + path) == 1, logs[-3000:]

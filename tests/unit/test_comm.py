@@ -21,6 +21,7 @@ from tfrun.cli.run import config_from_args
     ("tcp,compress=fp16", CommOptions("tcp", 0, None, "fp16")),
     ("compress=BF16,pack=1M", CommOptions("auto", 1 << 20, None, "bf16")),
     ("tcp,compress=none", CommOptions("tcp", 0, None)),
+    ("shm,compress=bf16,feedback", CommOptions("shm", 0, None, "bf16", True)),
 ])
 def test_comm_text_parses_and_round_trips(text, want):
     assert CommOptions.parse(text) == want
@@ -31,7 +32,7 @@ def test_comm_text_parses_and_round_trips(text, want):
     ("", "empty item"), ("ring,", "empty item"), ("rings", "'rings'"), ("pack=lots", "'lots'"),
     ("pack=-1", "'-1'"), ("timeout=0", "'0'"), ("timeout=inf", "'inf'"), ("bytes=4", "'bytes=4'"),
     ("compress=int8", "'int8'"), ("ring,compress=fp16", "'ring,compress=fp16'"),
-    ("shm,compress=bf16", "'shm,compress=bf16'"),
+    ("nccl,compress=bf16", "'nccl,compress=bf16'"),
 ])
 def test_bad_comm_text_is_a_clear_error(text, named):
     with pytest.raises(ConfigError) as caught:

@@ -166,11 +166,33 @@ def test_comm_options_for_feedback_and_overlap():
     options = CommOptions.parse("compress=bf16,feedback,overlap=off")
     assert (options.compression, options.feedback, options.overlap) == ("bf16", True, False)
     assert CommOptions.parse(options.to_text()) == options
-    assert CommOptions.parse("auto").overlap is True
+    assert CommOptions.parse("auto").overlap is None  # auto: by where the workers are
+    for text in ("overlap=on", "overlap=auto", "shm,overlap=on"):
+        assert CommOptions.parse(CommOptions.parse(text).to_text()) == CommOptions.parse(text)
     with pytest.raises(ConfigError, match="nothing is compressed"):
         CommOptions.parse("feedback")
     with pytest.raises(ConfigError, match="not understood"):
         CommOptions.parse("overlap=sometimes")
+
+
+@pytest.mark.parametrize("comm, hosts, overlaps", [
+    ("auto", ("a", "b"), True), ("auto,overlap=off", ("a", "b"), False),
+    ("auto", ("a", "a"), False), ("auto,overlap=on", ("a", "a"), True),
+    ("shm,compress=bf16", ("a", "a"), False),
+])
+def test_overlap_by_default_across_hosts_and_not_on_one(comm, hosts, overlaps):
+    """On one host the native op inside the step measured faster than buckets on the
+    exchange thread (benchmarks.md): overlap there only when asked."""
+    import json
+
+    from tfrun.in_task.exchange import shm_allreduce, tcp_allreduce
+
+    env = {"TF_CONFIG": json.dumps({"cluster": {"worker": [f"{h}:{1 + i}" for i, h in enumerate(hosts)]},
+                                    "task": {"type": "worker", "index": 0}}),
+           "TFRUN_RUN_DIR": "/r", "TFRUN_COMM": comm}
+    plan = shm_allreduce.plan_from_env(env) or tcp_allreduce.plan_from_env(env)
+    assert isinstance(plan, shm_allreduce.ShmPlan) == (hosts[0] == hosts[1])
+    assert plan.overlap is overlaps
 
 
 def _tensor(elements, dtype="float32", known=True):

@@ -68,10 +68,10 @@ class TestPlan:
         assert "one host" in str(error.value) and "a, b" in str(error.value)
 
 
-def _plans(size):
+def _plans(size, **fields):
     address = f"\0tfrun-shm-test-{uuid.uuid4().hex}"
     names = tuple(f"worker:{i}" for i in range(size))
-    return [ShmPlan(rank=r, names=names, address=address) for r in range(size)]
+    return [ShmPlan(rank=r, names=names, address=address, **fields) for r in range(size)]
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +110,13 @@ def _member(plan, chunk_bytes, arrays, results, native=None):
         results.put((plan.rank, repr(exc), None))
 
 
-def _run(size, arrays, chunk_bytes=1 << 20, natives=None, member=_member):
-    """Each rank's results; ``natives``: per rank, None (Python) or the native library."""
+def _run(size, arrays, chunk_bytes=1 << 20, natives=None, member=_member, **plan_fields):
+    """Each rank's results; ``natives``: per rank, None (Python) or the native library;
+    ``plan_fields``: the plans' ``--comm`` fields."""
     results = CTX.Queue()
     natives = natives or [None] * size
     procs = [CTX.Process(target=member, args=(p, chunk_bytes, arrays, results, native))
-             for p, native in zip(_plans(size), natives)]
+             for p, native in zip(_plans(size, **plan_fields), natives)]
     for p in procs:
         p.start()
     got = dict((rank, (out, dtypes)) for rank, out, dtypes in (results.get(timeout=60) for _ in procs))
@@ -155,6 +156,51 @@ def test_the_native_and_the_python_exchange_speak_the_same_protocol(native_libra
     python = _run(3, ARRAYS, chunk_bytes=4096)
     assert all(isinstance(out, list) for out, _ in mixed.values()), mixed
     assert mixed == python
+
+
+def _compressed_member(plan, chunk_bytes, arrays, results, native=None):
+    """Two ``all_reduce_compressed`` of the same float32 arrays, as the exchange thread runs
+    a bucket's with ``--comm compress=`` (with feedback, the second adds the first's
+    rounding error)."""
+    try:
+        group = _open(plan, native, chunk_bytes=chunk_bytes)
+        out = []
+        for _ in range(2):
+            out += group.all_reduce_compressed([a(plan.rank) for a in arrays], plan.compression,
+                                               key="bucket")
+        results.put((plan.rank, [o.tobytes() for o in out], [str(o.dtype) for o in out]))
+        group.close()
+    except BaseException as exc:  # reported to the test
+        results.put((plan.rank, repr(exc), None))
+
+
+@pytest.mark.parametrize("wire, feedback", [("fp16", False), ("bf16", True)])
+def test_a_compressed_all_reduce_gives_the_bits_the_tcp_exchange_gives(wire, feedback, exchange):
+    """Each task's values rounded to 16 bits (after the kept error, with feedback), summed
+    as float32 in rank order, the sum rounded: what the TCP exchange computes (its test:
+    test_tcp_allreduce.py), so a run's numerics do not depend on where its workers are."""
+    from tfrun.in_task.exchange.compression import down, up
+
+    def rounded(values):
+        return up(down(values, wire), wire)
+
+    arrays = [_floats("float32", n) for n in (1000, 1, 2501)]
+    got = _run(3, arrays, chunk_bytes=4096, natives=[exchange] * 3, member=_compressed_member,
+               compression=wire, feedback=feedback)
+    changed = []
+    for i, make in enumerate(arrays):
+        first = rounded(sum(rounded(make(r)) for r in range(3)))
+        kept = [make(r) - rounded(make(r)) if feedback else 0 for r in range(3)]
+        second = rounded(sum(rounded(make(r) + kept[r]) for r in range(3)))
+        assert first.dtype == second.dtype == np.float32
+        for rank in range(3):
+            out, dtypes = got[rank]
+            assert isinstance(out, list), out
+            assert out[i] == first.tobytes() and out[len(arrays) + i] == second.tobytes(), (rank, i)
+        exact = sum(make(r).astype(np.float64) for r in range(3))
+        assert 0 < np.abs(first - exact).max() < (1.0 if wire == "fp16" else 8.0)  # rounded
+        changed.append(bool((first != second).any()))
+    assert any(changed) == feedback, changed  # the kept error went into the second
 
 
 def _cut_member(plan, chunk_bytes, cuts, results, native=None):

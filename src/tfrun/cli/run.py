@@ -238,9 +238,10 @@ def _add_tensorflow_flags(parser: argparse.ArgumentParser) -> None:
     tf.add_argument("--comm", default=None, metavar="OPTIONS",
                     help="collective all-reduce options for MultiWorkerMirroredStrategy: "
                          "auto|shm|tcp|ring|nccl, pack=SIZE, timeout=SECONDS, compress=bf16|fp16 "
-                         "(16-bit values on tfrun's TCP exchange), feedback (keep the rounding "
-                         "error for the next step), overlap=on|off (gradient buckets exchanged "
-                         "while backprop runs, on by default), e.g. 'ring,pack=4MB'; "
+                         "(gradients rounded to 16 bits by tfrun's exchange: half the bytes across "
+                         "hosts), feedback (keep the rounding error for the next step), "
+                         "overlap=on|off|auto (gradient buckets exchanged while backprop runs; "
+                         "auto, the default: across hosts only), e.g. 'ring,pack=4MB'; "
                          "auto (default, on CPU): shared memory when every worker is on one "
                          "host, tfrun's TCP exchange across hosts (after shared memory on each "
                          "host when they run several each), TensorFlow's collectives otherwise")

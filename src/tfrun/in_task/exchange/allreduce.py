@@ -73,9 +73,9 @@ def _hook(module, plan) -> None:
     def batch_all_reduce(self, input_tensor_packs, options=None):
         # In a graph, TensorFlow concatenates each pack of gradients into one tensor for
         # all_reduce and splits the sum apart: two more copies of every gradient per step.
-        # The native op and the TCP exchange take the pack as it is (the Python shared-memory
-        # exchange keeps TensorFlow's way). Across hosts the step's gradients go in buckets
-        # that overlap backprop (``overlap``).
+        # The native op and the exchange thread take the pack as it is (the Python
+        # shared-memory exchange keeps TensorFlow's way). With overlap on, the step's
+        # gradients go in buckets that overlap backprop (``overlap``).
         from tensorflow.python.eager import context
 
         from . import _native
@@ -83,8 +83,7 @@ def _hook(module, plan) -> None:
         merged = self._options.merge(options)
         graph = not context.executing_eagerly()
         every = [tensor for pack in input_tensor_packs for tensor in pack]
-        if graph and every and not isinstance(plan, ShmPlan) \
-                and getattr(plan, "across", plan).overlap \
+        if graph and every and _via_exchanges(plan) and getattr(plan, "across", plan).overlap \
                 and all(_applies(self, plan, tensor, merged) for tensor in every):
             return _overlapped_all_reduce(self._device, every, plan, merged)
         outputs = []
@@ -92,7 +91,7 @@ def _hook(module, plan) -> None:
             if graph and len(pack) > 1 \
                     and len({tensor.dtype for tensor in pack}) == 1 \
                     and all(_applies(self, plan, tensor, merged) for tensor in pack) \
-                    and (not isinstance(plan, ShmPlan) or _native.kernel() is not None):
+                    and (_via_exchanges(plan) or _native.kernel() is not None):
                 outputs.extend(_exchange_all_reduce(self._device, pack, None, plan,
                                                     merged.timeout_seconds))
             else:
@@ -125,7 +124,7 @@ def _applies(launcher, plan, tensor, options) -> bool:
 
 def _exchange_all_reduce(device, tensors, control_input, plan, timeout) -> list:
     """The all-reduce of ``tensors`` (one tensor for the Python shared-memory exchange; any
-    number of one dtype for the native op and the TCP exchange, which exchange their
+    number of one dtype for the native op and the exchange thread, which exchange their
     concatenation without making it) as a list of sums."""
     import numpy as np
     import tensorflow as tf
@@ -133,19 +132,20 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout) -> list:
 
     from . import _native
 
-    loaded = _native.kernel() if isinstance(plan, ShmPlan) else None
-    if loaded is not None or not isinstance(plan, ShmPlan):
-        # The native op, and the TCP exchange (it meets its peers through TensorFlow's
-        # coordination service), need the group before the step first runs: join now, while
-        # tracing (every worker traces the same step; the Python shared-memory exchange
-        # joins at its first call instead).
+    through = _via_exchanges(plan)
+    loaded = None if through else _native.kernel()
+    if loaded is not None or through:
+        # The native op, and the exchange thread (the TCP exchange meets its peers through
+        # TensorFlow's coordination service), need the group before the step first runs:
+        # join now, while tracing (every worker traces the same step; the Python
+        # shared-memory exchange joins at its first call instead).
         _joined(plan)
     if loaded is not None:
         native_op = loaded[0].tfrun_shm_all_reduce
 
         def call():
             return native_op(tensors, timeout_seconds=timeout or 0.0)
-    elif not isinstance(plan, ShmPlan):  # TCP, or shared memory then TCP
+    elif through:  # TCP, shared memory then TCP, or shared memory beside the step
         wire, graph_wire = _crossing(plan, tensors)
         key = next(_bucket_keys)
 
@@ -182,6 +182,15 @@ def _exchange_all_reduce(device, tensors, control_input, plan, timeout) -> list:
         result.set_shape(tensor.shape)
     _last_op[graph] = results[0].op
     return results
+
+
+def _via_exchanges(plan) -> bool:
+    """Whether the exchange thread (``overlap.Exchanges``) carries ``plan``'s all-reduces:
+    always across hosts; on shared memory when overlap or compression asks for it (else the
+    native op, or the Python exchange, runs each one inside the step)."""
+    if not isinstance(plan, ShmPlan):
+        return True
+    return plan.overlap or plan.compression != "none"
 
 
 def _overlapped_all_reduce(device, tensors, plan, options) -> list:
@@ -362,7 +371,7 @@ def current_via() -> str | None:
 
 
 def _joined(plan):
-    global _group
+    global _group, _exchanges
     from . import _native
 
     with _group_lock:
@@ -397,18 +406,23 @@ def _joined(plan):
             if loaded is None:
                 how += f", the native one is unavailable: {_native.kernel_reason()}"
             print(f"tfrun: all-reduce through shared memory: {plan.size} workers on this "
-                  f"host ({how}; --comm ring for TensorFlow's collectives)", file=sys.stderr,
-                  flush=True)
+                  f"host ({how}{_how(plan)}; --comm ring for TensorFlow's collectives)",
+                  file=sys.stderr, flush=True)
+        if _via_exchanges(plan):
+            _exchanges = overlap.Exchanges()  # no link to measure: memory speed
         return _group
 
 
-def _how(tcp_plan) -> str:
-    """What the start line adds about the TCP exchange: overlap and compression."""
-    how = ", gradients in buckets overlapping backprop" if tcp_plan.overlap else \
-        ", gradients after backprop (overlap=off)"
-    if tcp_plan.compression != "none":
-        how += f", {tcp_plan.compression} on the wire" + (
-            " with error feedback" if tcp_plan.feedback else "")
+def _how(plan) -> str:
+    """What the start line adds about ``plan``'s exchange (TCP or shared memory): overlap
+    and compression."""
+    shared_memory = isinstance(plan, ShmPlan)  # there, after backprop is the default
+    how = ", gradients in buckets overlapping backprop" if plan.overlap else \
+        "" if shared_memory else ", gradients after backprop (overlap=off)"
+    if plan.compression != "none":
+        rounded = "rounding (float32 moves)" if shared_memory else "on the wire"
+        how += f", {plan.compression} {rounded}" + (
+            " with error feedback" if plan.feedback else "")
     return how
 
 

@@ -15,7 +15,9 @@ scatter every owner its slice (``reduce_scatter``), sums the slices as float32 i
 order, casts the sum down, gathers the sums (``all_gather``) and casts them up. Every task
 gets the same bits: each slice is summed once, by its owner. The values travel as
 ``uint16`` (NumPy has no bfloat16); bf16 is rounded to nearest, ties to even, as
-TensorFlow's cast does.
+TensorFlow's cast does. Between workers of one host (shared memory,
+``all_reduce_in_float32``) the values are rounded the same way but move as float32: the
+bytes cost nothing there, and a run's numerics do not depend on where its workers are.
 
     >>> import numpy as np
     >>> up(down(np.array([1.0, 1.00390625, 3.0e38], np.float32), "bf16"), "bf16").tolist()
@@ -26,7 +28,8 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["DTYPES", "ErrorFeedback", "WIRES", "all_reduce", "down", "sum_on_wire", "up"]
+__all__ = ["DTYPES", "ErrorFeedback", "WIRES", "all_reduce", "all_reduce_in_float32", "down",
+           "sum_on_wire", "up"]
 
 WIRES = ("fp16", "bf16")
 #: Each wire's TensorFlow dtype (by name): the step's graph casts to it too.
@@ -63,7 +66,6 @@ def up(wire_values, wire: str):
     return (wire_values.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-
 def _tensorflow():
     """TensorFlow when the process has it (a task does): its float16 casts run several times
     faster than NumPy's. bfloat16 stays in NumPy: its casts are a few integer operations,
@@ -97,13 +99,34 @@ def all_reduce(group, arrays, wire: str, timeout: float | None = None, *,
     ``feedback``, this task's rounding error of ``key``'s last exchange is added first."""
     import numpy as np
 
+    sums = sum_on_wire(group, _rounded(arrays, wire, feedback, key), wire, timeout)
+    return [up(s, wire).reshape(np.shape(a)) for s, a in zip(sums, arrays)]
+
+
+def all_reduce_in_float32(group, arrays, wire: str, timeout: float | None = None, *,
+                          feedback: ErrorFeedback | None = None, key=None) -> list:
+    """``all_reduce``'s numerics over a group that moves float32 values (a ``ShmGroup``:
+    in shared memory the bytes are not what an exchange waits for, so halving them would
+    gain nothing): every task's values rounded to ``wire`` (after ``feedback``, as
+    ``all_reduce``), summed as float32 in rank order by ``group.all_reduce_many``, the sum
+    rounded again. The same bits as ``all_reduce`` gives: a run computes the same whether
+    its workers share a host or not."""
+    import numpy as np
+
+    rounded = [up(small, wire) for small in _rounded(arrays, wire, feedback, key)]
+    sums = group.all_reduce_many(rounded, timeout)
+    return [up(down(s, wire), wire).reshape(np.shape(a)) for s, a in zip(sums, arrays)]
+
+
+def _rounded(arrays, wire: str, feedback: ErrorFeedback | None, key) -> list:
+    """float32 ``arrays`` flat and rounded to ``wire`` (uint16), with ``feedback``'s kept
+    error of ``key`` added first."""
+    import numpy as np
+
     flats = [np.ascontiguousarray(a, np.float32).reshape(-1) for a in arrays]
     if feedback is not None:
-        small = [feedback.apply((key, i), flat, wire) for i, flat in enumerate(flats)]
-    else:
-        small = [down(flat, wire) for flat in flats]
-    sums = sum_on_wire(group, small, wire, timeout)
-    return [up(s, wire).reshape(np.shape(a)) for s, a in zip(sums, arrays)]
+        return [feedback.apply((key, i), flat, wire) for i, flat in enumerate(flats)]
+    return [down(flat, wire) for flat in flats]
 
 
 def sum_on_wire(group, small, wire: str, timeout: float | None = None) -> list:

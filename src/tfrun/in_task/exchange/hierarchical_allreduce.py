@@ -80,7 +80,7 @@ def plan_from_env(environ=None) -> HierarchicalPlan | None:
                                    names=tuple(by_host[h][local_rank] for h in hosts),
                                    hosts=tuple(hosts), compression=members.comm.compression,
                                    feedback=members.comm.feedback,
-                                   overlap=members.comm.overlap)
+                                   overlap=members.comm.overlap is not False)
     return HierarchicalPlan(rank=members.rank, names=names, local=local, across=across)
 
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from ... import contract
 from ...comm import collective_members
+from . import compression
 
 __all__ = ["ShmGroup", "ShmPlan", "plan_from_env"]
 
@@ -66,11 +67,15 @@ SPIN_SECONDS = 0.005
 @dataclass(frozen=True)
 class ShmPlan:
     """Who takes part: this task's ``rank`` among ``names`` (chief first, then workers),
-    and the abstract socket ``address`` all of them meet at."""
+    and the abstract socket ``address`` all of them meet at; ``compression``, ``feedback``
+    and ``overlap`` as ``--comm`` asked (see ``TcpPlan``)."""
 
     rank: int
     names: tuple[str, ...]
     address: str
+    compression: str = "none"   # --comm compress=: values rounded as the TCP exchange does
+    feedback: bool = False      # --comm feedback: the rounding error goes into the next step
+    overlap: bool = False       # --comm overlap=on: buckets exchanged while backprop runs
 
     @property
     def size(self) -> int:
@@ -110,7 +115,9 @@ def plan_from_env(environ=None) -> ShmPlan | None:
     key = json.dumps([environ.get(contract.RUN_DIR, ""),
                       sorted(members.cluster.as_dict().items())])
     address = "\0tfrun-shm-" + hashlib.sha256(key.encode()).hexdigest()[:24]
-    return ShmPlan(rank=members.rank, names=members.names, address=address)
+    return ShmPlan(rank=members.rank, names=members.names, address=address,
+                   compression=members.comm.compression, feedback=members.comm.feedback,
+                   overlap=members.comm.overlap is True)
 
 
 class ShmGroup:
@@ -132,6 +139,7 @@ class ShmGroup:
         self._maps: list[mmap.mmap] = []
         self._native = None                              # the ctypes library, once handed over
         self._native_views: list = []                    # keep the mapped addresses valid
+        self._feedback = compression.ErrorFeedback() if plan.feedback else None
         memfd = os.memfd_create(f"tfrun-shm-{plan.rank}", os.MFD_CLOEXEC)
         fds: list[int] = []
         try:
@@ -242,7 +250,9 @@ class ShmGroup:
                  [self._peers[r].fileno() if r in self._peers else -1
                   for r in range(self.plan.size)],
                  stride=self._stride, chunk_bytes=self.chunk_bytes, exchanges=self._exchanges,
-                 spin_seconds=_spin_seconds(self.plan.size))
+                 # Overlapped, the exchange thread waits beside backprop, on the same CPU:
+                 # spinning there would take that CPU from it.
+                 spin_seconds=0.0 if self.plan.overlap else _spin_seconds(self.plan.size))
         self._native = library
 
     @property
@@ -283,6 +293,14 @@ class ShmGroup:
                                flat.dtype, timeout)
             outs = np.split(out, np.cumsum([f.size for f in flats])[:-1])
         return [out.reshape(np.shape(a)) for out, a in zip(outs, arrays)]
+
+    def all_reduce_compressed(self, arrays, wire: str, timeout: float | None = None, *,
+                              key=None) -> list:
+        """``all_reduce_many`` of float32 ``arrays`` rounded to ``wire``'s 16 bits, and the
+        sums rounded again: the TCP exchange's numerics, with float32 in shared memory
+        (``compression.all_reduce_in_float32``; with the plan's error feedback, per ``key``)."""
+        return compression.all_reduce_in_float32(self, arrays, wire, timeout,
+                                                 feedback=self._feedback, key=key)
 
     def _exchange(self, mine, result, dtype, timeout) -> None:
         import numpy as np

@@ -90,7 +90,7 @@ def plan_from_env(environ=None) -> TcpPlan | None:
         return None
     return TcpPlan(rank=members.rank, names=members.names, hosts=members.hosts,
                    compression=members.comm.compression, feedback=members.comm.feedback,
-                   overlap=members.comm.overlap)
+                   overlap=members.comm.overlap is not False)
 
 
 class PeerLeft(ConnectionError):
@@ -204,7 +204,8 @@ class TcpGroup:
         """``all_reduce`` of several arrays of one dtype at once, as if of their
         concatenation (which is never made: the bytes go from and to the arrays themselves,
         so another task may cut the same values differently); the sums come back as arrays
-        of the same shapes, 64-byte aligned (TensorFlow then takes them without a copy)."""
+        of the same shapes, 64-byte aligned (a py_function's result is still copied into a
+        new tensor: TensorFlow 2.21 copies aligned NumPy arrays too)."""
         import numpy as np
 
         flats = _flats(arrays)
