@@ -1,8 +1,10 @@
-"""Shared helpers for the benchmarks: launch tfrun, read the tasks' result files."""
+"""Shared helpers for the benchmarks: launch tfrun, interleave configurations, write and
+read the tasks' result files."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,6 +35,29 @@ def _run(flags: list[str], script: str, args: list[str], label: str, run_dir: Pa
     return json.loads(files[0].read_text())
 
 
+def write_result(result: dict) -> None:
+    """In a benchmark task: ``result`` as ``$TFRUN_RUN_DIR/result-<role>-<index>.json``,
+    the file ``run_tfrun`` reads back (the chief's, or worker 0's)."""
+    import tfrun
+
+    info = tfrun.task()
+    path = Path(os.environ["TFRUN_RUN_DIR"]) / f"result-{info.role}-{info.index}.json"
+    path.write_text(json.dumps(result))
+
+
+def interleaved(names, rounds: int, measure) -> dict[str, list]:
+    """``measure(name, round)`` for every name, ``rounds`` times, the order reversed every
+    other round (A B, B A, ...): drift of the machine, and whatever the run before leaves
+    (a warm page cache, a busy core), hit every configuration alike. Returns name -> the
+    rounds' results."""
+    names = list(names)
+    results: dict[str, list] = {name: [] for name in names}
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else reversed(names):
+            results[name].append(measure(name, round_))
+    return results
+
+
 def print_table(title: str, rows: list[tuple[str, float]], unit: str, baseline: str) -> None:
     base = dict(rows)[baseline]
     print(title)
@@ -43,14 +68,13 @@ def print_table(title: str, rows: list[tuple[str, float]], unit: str, baseline: 
 
 
 def compare(configs: list[tuple[str, list[str], str, list[str]]], rounds: int) -> list[tuple[str, float]]:
-    """Run every (name, tfrun flags, script, args) ``rounds`` times, interleaved (A B A B ...),
-    so that drift of the machine hits every configuration alike; returns median steps/s."""
+    """Run every (name, tfrun flags, script, args) ``rounds`` times, ``interleaved``;
+    returns median steps/s."""
     import statistics
 
-    samples: dict[str, list[float]] = {name: [] for name, *_ in configs}
-    for r in range(rounds):
-        for name, flags, script, args in configs:
-            samples[name].append(run_tfrun(flags, script, args, f"{name[:12]}-{r}")["steps_per_second"])
+    launches = {name: (flags, script, args) for name, flags, script, args in configs}
+    samples = interleaved(launches, rounds, lambda name, r: run_tfrun(
+        *launches[name], f"{name[:12]}-{r}")["steps_per_second"])
     for name, values in samples.items():
         print(f"  {name}: " + ", ".join(f"{v:.1f}" for v in values))
     return [(name, statistics.median(values)) for name, values in samples.items()]

@@ -9,8 +9,6 @@ return}``. AUTOTUNE off sets the input pipeline's ``options.autotune.enabled = F
 everything else is the same.
 """
 
-import json
-import os
 import sys
 import time
 
@@ -18,10 +16,10 @@ import numpy as np
 
 import keras
 import tfrun
+from _common import write_result
 
 width, epochs, steps, autotune = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                   sys.argv[4] == "on")
-info = tfrun.task()
 strategy = tfrun.strategy()
 
 import tensorflow as tf  # noqa: E402 - after tfrun.strategy(), as TensorFlow asks
@@ -51,6 +49,4 @@ class LastStep(keras.callbacks.Callback):
 
 model.fit(data, epochs=epochs, verbose=0, callbacks=[LastStep()])
 after = time.monotonic() - LastStep.ended
-with open(os.path.join(os.environ["TFRUN_RUN_DIR"],
-                       f"result-{info.role}-{info.index}.json"), "w") as f:
-    json.dump({"after_last_step": after}, f)
+write_result({"after_last_step": after})

@@ -5,13 +5,12 @@ Writes $TFRUN_RUN_DIR/result-<role>-<index>.json with steps/s over the timed epo
 """
 
 import argparse
-import json
-import os
 
 import numpy as np
 import tensorflow as tf
 
 import keras
+from _common import write_result
 from _epoch_timer import EpochTimer
 import tfrun
 
@@ -37,8 +36,5 @@ with strategy.scope():
 timer = EpochTimer()
 model.fit(data, epochs=args.epochs + 1, verbose=0, callbacks=[timer])
 timed = timer.times[1:]
-info = tfrun.task()
-result = {"steps_per_second": args.steps * len(timed) / sum(timed), "epoch_seconds": timed,
-          "replicas": strategy.num_replicas_in_sync}
-with open(os.path.join(os.environ["TFRUN_RUN_DIR"], f"result-{info.role}-{info.index}.json"), "w") as f:
-    json.dump(result, f)
+write_result({"steps_per_second": args.steps * len(timed) / sum(timed), "epoch_seconds": timed,
+              "replicas": strategy.num_replicas_in_sync})

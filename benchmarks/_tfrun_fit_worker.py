@@ -5,8 +5,6 @@ Writes $TFRUN_RUN_DIR/result-<role>-<index>.json from the task that runs the scr
 """
 
 import argparse
-import json
-import os
 import time
 
 import numpy as np
@@ -14,6 +12,7 @@ import tensorflow as tf
 
 import keras
 import tfrun
+from _common import write_result
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=100, help="steps per epoch")
@@ -53,7 +52,5 @@ tfrun.fit(model, dataset_fn, epochs=args.epochs + 1, steps_per_epoch=args.steps,
           callbacks=[Timer()], verbose=0)
 timed = Timer.times[1:]
 steps_per_second = args.steps * len(timed) / sum(timed)
-info = tfrun.task()
-with open(os.path.join(os.environ["TFRUN_RUN_DIR"], f"result-{info.role}-{info.index}.json"), "w") as f:
-    json.dump({"steps_per_second": steps_per_second, "strategy": type(strategy).__name__,
-               "examples_per_second": steps_per_second * args.global_batch}, f)
+write_result({"steps_per_second": steps_per_second, "strategy": type(strategy).__name__,
+              "examples_per_second": steps_per_second * args.global_batch})

@@ -11,13 +11,12 @@ weights and the data are seeded: runs that sum alike give the same numbers).
 """
 
 import argparse
-import json
-import os
 import resource
 
 import keras
 import numpy as np
 import tensorflow as tf
+from _common import write_result
 from _epoch_timer import EpochTimer
 
 import tfrun
@@ -32,7 +31,8 @@ strategy = tfrun.strategy()
 keras.utils.set_random_seed(0)
 per_worker = 32
 rng = np.random.default_rng(0)
-x = rng.normal(size=(per_worker * (2 + args.steps), args.width)).astype("float32")
+global_batch = per_worker * strategy.num_replicas_in_sync
+x = rng.normal(size=(global_batch * (2 + args.steps), args.width)).astype("float32")
 y = rng.integers(0, 10, size=len(x)).astype("int32")
 with strategy.scope():
     model = keras.Sequential(
@@ -41,17 +41,15 @@ with strategy.scope():
         + [keras.layers.Dense(10)])
     model.compile(optimizer="sgd",
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-data = tf.data.Dataset.from_tensor_slices((x, y)).batch(per_worker * strategy.num_replicas_in_sync)
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
 warm_up, timed = data.take(2), data.skip(2)
+if int(timed.cardinality()) != args.steps:  # what steps/s divides by is what ran
+    raise SystemExit(f"the timed epoch has {int(timed.cardinality())} steps, not {args.steps}")
 model.fit(warm_up, epochs=1, verbose=0)
 timer = EpochTimer()
 history = model.fit(timed, epochs=1, verbose=0, callbacks=[timer])
-info = tfrun.task()
-result = {"steps_per_second": args.steps / timer.times[0],
-          "parameters": model.count_params(),
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-          "final_loss": float(history.history["loss"][-1]),
-          "weights_abs_sum": sum(float(np.sum(np.abs(w))) for w in model.get_weights())}
-with open(os.path.join(os.environ["TFRUN_RUN_DIR"], f"result-{info.role}-{info.index}.json"),
-          "w") as f:
-    json.dump(result, f)
+write_result({"steps_per_second": args.steps / timer.times[0],
+              "parameters": model.count_params(),
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "final_loss": float(history.history["loss"][-1]),
+              "weights_abs_sum": sum(float(np.sum(np.abs(w))) for w in model.get_weights())})

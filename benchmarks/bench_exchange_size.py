@@ -17,7 +17,7 @@ import argparse
 import statistics
 import sys
 
-from _common import run_tfrun
+from _common import interleaved, run_tfrun
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--rounds", type=int, default=1)
@@ -34,17 +34,16 @@ VARIANTS = {BASELINE: "tcp,overlap=off", "tcp, overlapped (default)": "tcp",
 def main() -> None:
     worker_args = ["--layers", str(args.layers), "--width", str(args.width),
                    "--steps", str(args.steps)]
-    results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
-    for round_ in range(args.rounds):
-        order = list(VARIANTS) if round_ % 2 == 0 else list(reversed(VARIANTS))
-        for name in order:
-            result = run_tfrun(["--workers", "2", "--comm", VARIANTS[name]],
-                               "_wide_mlp_worker.py", worker_args, f"size-{round_}")
-            results[name].append(result)
-            print(f"round {round_ + 1}/{args.rounds}  {name:<26} "
-                  f"{result['steps_per_second']:6.3f} steps/s  "
-                  f"peak {result['peak_rss_mb']:7.0f} MB  loss {result['final_loss']!r}",
-                  flush=True)
+
+    def measure(name: str, round_: int) -> dict:
+        result = run_tfrun(["--workers", "2", "--comm", VARIANTS[name]],
+                           "_wide_mlp_worker.py", worker_args, f"size-{round_}")
+        print(f"round {round_ + 1}/{args.rounds}  {name:<26} "
+              f"{result['steps_per_second']:6.3f} steps/s  "
+              f"peak {result['peak_rss_mb']:7.0f} MB  loss {result['final_loss']!r}", flush=True)
+        return result
+
+    results = interleaved(VARIANTS, args.rounds, measure)
     first = results[BASELINE][0]
     print(f"\n2 workers on one host, {first['parameters'] / 1e6:.0f}M parameters "
           f"({first['parameters'] * 4 / 1e6:.0f} MB of gradients a step), "

@@ -1,6 +1,7 @@
 """Seed 000's scaling table on this machine: 1 process vs 2 workers, by hand and under tfrun.
 
     python benchmarks/bench_scaling.py [--rounds 3] [--steps 40] [--epochs 3]
+                                       [--variants '--comm overlap=off'] [--defaults-only]
 
 Weak scaling (256 samples per worker per step, benchmarks/_scaling_worker.py: the seed's
 784-1024-1024-10 MLP, Keras 3, plain MultiWorkerMirroredStrategy). Each round runs, one
@@ -19,11 +20,13 @@ after the other (so the rounds interleave):
   TensorFlow's collectives and heap setting, CPUs shared, like by hand -- so tfrun /
   by-hand of this row is tfrun's own overhead;
 * 2 workers under tfrun with one default turned back each: ``--cpus-per-task 0`` (the
-  tasks share both CPUs) and ``--mmap-threshold tf`` (TensorFlow's pin).
+  tasks share both CPUs) and ``--mmap-threshold tf`` (TensorFlow's pin);
+* one row more for each ``;``-separated set of tfrun flags in ``--variants``
+  (``--defaults-only`` leaves out the rows above but the baseline, by hand and the defaults).
 
 It prints samples/s per configuration (median over rounds), scaling efficiency
-(samples/s of 2 workers / (2 x the baseline's)) and tfrun / by-hand. Numbers, not checks:
-nothing fails on a slow result.
+(samples/s of 2 workers / (2 x the baseline's)), each round's efficiency (against that
+round's baseline) and tfrun / by-hand. Numbers, not checks: nothing fails on a slow result.
 """
 
 import argparse
@@ -43,6 +46,10 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--variants", default="",
+                    help="';'-separated sets of tfrun flags, a row each, e.g. '--comm overlap=off'")
+parser.add_argument("--defaults-only", action="store_true",
+                    help="leave out the rows that turn one default back")
 args = parser.parse_args()
 SCRIPT_ARGS = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
 ENV = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -53,6 +60,10 @@ TFRUN_VARIANTS = {
     "tfrun --cpus-per-task 0": ["--cpus-per-task", "0"],
     "tfrun --mmap-threshold tf": ["--mmap-threshold", "tf"],
 }
+if args.defaults_only:
+    TFRUN_VARIANTS = {"tfrun --workers 2 (defaults)": []}
+for flags in filter(None, (v.strip() for v in args.variants.split(";"))):
+    TFRUN_VARIANTS[f"tfrun {flags}"] = flags.split()
 
 
 def samples_per_second(out: Path) -> float:
@@ -115,12 +126,15 @@ def main() -> None:
     base = median["1 process, 1 core (baseline)"]
     hand = median["2 workers by hand"]
     print(f"\nweak scaling, {args.rounds} interleaved rounds, {os.cpu_count()} CPUs, median samples/s")
-    print(f"  {'configuration':<58} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} {'/by hand':>9}")
+    print(f"  {'configuration':<58} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} "
+          f"{'/by hand':>9}  efficiency per round")
+    bases = measured["1 process, 1 core (baseline)"]
     for name, value in median.items():
         two = not name.startswith("1 process")
+        rounds = ",".join(f"{v / (2 * b):.2f}" for v, b in zip(measured[name], bases)) if two else ""
         print(f"  {name:<58} {value:10.0f} {value / base:8.2f} "
               f"{value / (2 * base) if two else 1.0:10.2f} "
-              f"{value / hand if two else float('nan'):9.2f}")
+              f"{value / hand if two else float('nan'):9.2f}  {rounds}")
     best = max(TFRUN_VARIANTS, key=median.get)
     print(f"best tfrun setting here: {best} ({median[best] / (2 * base):.2f} efficiency, "
           f"{median[best] / hand:.2f}x by hand)")
