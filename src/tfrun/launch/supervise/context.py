@@ -125,6 +125,12 @@ class RunContext:
                                exit_code=None if record is None else record.exit_code,
                                failure=failure or (record and record.failure))
 
+    def note_backup_not_finished(self, late: list[TaskRecord]) -> None:
+        """Name the tasks killed before their backup finished in the newest attempt."""
+        if late and self.attempts:
+            self.attempts[-1].setdefault("backup_not_finished", []).extend(
+                str(r.task) for r in late)
+
     # ------------------------------------------------------------------ the run dir
 
     def event(self, kind: str, **data) -> None:

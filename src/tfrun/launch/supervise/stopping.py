@@ -32,6 +32,19 @@ class TaskStopper:
         self._backend, self._transition, self._say, self._event = \
             backend_of, transition, say, event
 
+    def stop_saving(self, records: list[TaskRecord], *, coordinator_first: bool, grace: float,
+                    preemption_grace: float) -> list[TaskRecord]:
+        """``stop`` with time to back up (tfrun interrupted: the run resumes from there);
+        with ``coordinator_first`` (parameter servers) the chief first: it backs up the
+        variables it reads from the ps on its way out (``tfrun.backup_and_restore``), so the
+        ps and workers stop after it. Returns the tasks killed before their backup finished."""
+        late = []
+        if coordinator_first:
+            late += self.stop([r for r in records if r.task.role == "chief"], grace=grace,
+                              saving=True, preemption_grace=preemption_grace)
+        return late + self.stop(records, grace=grace, saving=True,
+                                preemption_grace=preemption_grace)
+
     def stop(self, records: list[TaskRecord], *, grace: float, at_once: bool = False,
              saving: bool = False, preemption_grace: float = 0.0) -> list[TaskRecord]:
         """SIGTERM each running task's tree, wait up to ``grace``, SIGKILL what is left;

@@ -210,17 +210,14 @@ class Supervisor:
         if kind in (Watch.FAIL, Watch.HANG, Watch.JOIN_TIMEOUT):
             # before the others are stopped
             self.verdict = name_first_failure(ctx, outcome, self.watchdogs)
-        if kind is Watch.SIGNAL:
-            late: list[TaskRecord] = []
-            try:
-                late = self._stop_saving()
-            finally:
-                # Stamped once the tasks are stopped: the backup they write on their way out
-                # is this attempt's time (the goodput ledger's), not tfrun's after it.
-                ctx.end_attempt(outcome.record, kind.value)
-                self._note_late(late)
-        else:
-            ctx.end_attempt(outcome.record if kind is not Watch.SUCCESS else None, kind.value)
+        late = self.stopper.stop_saving(
+            ctx.running(), coordinator_first=bool(ctx.plan.cluster.ps),
+            grace=self.config.stop_grace, preemption_grace=self.config.preemption_grace,
+        ) if kind is Watch.SIGNAL else []
+        # After the saving stop: the backup the tasks write on their way out is the
+        # attempt's time (the goodput ledger's), not tfrun's after it.
+        ctx.end_attempt(outcome.record if kind is not Watch.SUCCESS else None, kind.value)
+        ctx.note_backup_not_finished(late)
         if kind is Watch.SUCCESS:
             self._finish_untracked()
             return self._result(0, RunStatus.SUCCEEDED, None, "")
@@ -248,19 +245,6 @@ class Supervisor:
             message += (f"; preempted at step {step}: backed up there, and the same "
                         "command (same --run-dir) resumes from it")
         return self._result(128 + ctx.signal, RunStatus.INTERRUPTED, None, message)
-
-    def _stop_saving(self) -> list[TaskRecord]:
-        """Stop every task with time to back up (an interrupted run resumes from there);
-        returns the tasks killed before their backup finished."""
-        ctx, late = self.ctx, []
-        if ctx.plan.cluster.ps:
-            # The coordinator backs up the variables it reads from the ps on its way out
-            # (tfrun.backup_and_restore): it goes first, the ps and workers after it.
-            late += self.stopper.stop([r for r in ctx.running() if r.task.role == "chief"],
-                                      grace=self.config.stop_grace, saving=True,
-                                      preemption_grace=self.config.preemption_grace)
-        return late + self.stopper.stop(ctx.running(), grace=self.config.stop_grace, saving=True,
-                                        preemption_grace=self.config.preemption_grace)
 
     def _result(self, exit_code: int, status: RunStatus, root: TaskRecord | None,
                 message: str, failed_because: TaskRecord | None = None) -> RunResult:
@@ -330,14 +314,9 @@ class Supervisor:
               saving: bool = False) -> None:
         """Stop ``records``' running tasks (``TaskStopper.stop``); the tasks killed before
         their backup finished are named in the attempt (summary.json)."""
-        self._note_late(self.stopper.stop(records, grace=grace, at_once=at_once, saving=saving,
-                                          preemption_grace=self.config.preemption_grace))
-
-    def _note_late(self, late: list[TaskRecord]) -> None:
-        """Name the tasks killed before their backup finished in the newest attempt."""
-        if late and self.ctx.attempts:
-            self.ctx.attempts[-1].setdefault("backup_not_finished", []).extend(
-                str(r.task) for r in late)
+        self.ctx.note_backup_not_finished(self.stopper.stop(
+            records, grace=grace, at_once=at_once, saving=saving,
+            preemption_grace=self.config.preemption_grace))
 
     def _hang_restarts(self, outcome: Outcome) -> bool:
         """Whether the policy restarts the group after this hang (restarts left)."""
