@@ -106,6 +106,17 @@ class CommOptions:
                               received=repr(text))
         return cls(implementation, pack, timeout, compression, feedback, overlap)
 
+    def exchange_fields(self, *, across_hosts: bool) -> dict:
+        """What a plan of tfrun's exchange takes from these options: ``compression``,
+        ``feedback`` and ``overlap`` (``auto``: on for an exchange across hosts, off on one
+        host).
+
+            >>> CommOptions.parse("compress=bf16").exchange_fields(across_hosts=False)
+            {'compression': 'bf16', 'feedback': False, 'overlap': False}
+        """
+        overlap = across_hosts if self.overlap is None else self.overlap
+        return {"compression": self.compression, "feedback": self.feedback, "overlap": overlap}
+
     def to_text(self) -> str:
         """The ``--comm`` text (``contract.COMM``) that parses back to these options."""
         text = f"{self.implementation},pack={self.bytes_per_pack}"

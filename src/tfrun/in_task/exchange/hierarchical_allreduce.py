@@ -78,9 +78,8 @@ def plan_from_env(environ=None) -> HierarchicalPlan | None:
     hosts = list(by_host)
     across = tcp_allreduce.TcpPlan(rank=hosts.index(host),
                                    names=tuple(by_host[h][local_rank] for h in hosts),
-                                   hosts=tuple(hosts), compression=members.comm.compression,
-                                   feedback=members.comm.feedback,
-                                   overlap=members.comm.overlap is not False)
+                                   hosts=tuple(hosts),
+                                   **members.comm.exchange_fields(across_hosts=True))
     return HierarchicalPlan(rank=members.rank, names=names, local=local, across=across)
 
 

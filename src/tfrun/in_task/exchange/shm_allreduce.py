@@ -116,8 +116,7 @@ def plan_from_env(environ=None) -> ShmPlan | None:
                       sorted(members.cluster.as_dict().items())])
     address = "\0tfrun-shm-" + hashlib.sha256(key.encode()).hexdigest()[:24]
     return ShmPlan(rank=members.rank, names=members.names, address=address,
-                   compression=members.comm.compression, feedback=members.comm.feedback,
-                   overlap=members.comm.overlap is True)
+                   **members.comm.exchange_fields(across_hosts=False))
 
 
 class ShmGroup:

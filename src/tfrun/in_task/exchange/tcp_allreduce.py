@@ -89,8 +89,7 @@ def plan_from_env(environ=None) -> TcpPlan | None:
     if members.comm.implementation == "auto" and len(set(members.hosts)) != len(members.hosts):
         return None
     return TcpPlan(rank=members.rank, names=members.names, hosts=members.hosts,
-                   compression=members.comm.compression, feedback=members.comm.feedback,
-                   overlap=members.comm.overlap is not False)
+                   **members.comm.exchange_fields(across_hosts=True))
 
 
 class PeerLeft(ConnectionError):
