@@ -384,8 +384,8 @@ _SET_BY_TENSORFLOW_S_IMPORT = frozenset({
 @pytest.fixture(autouse=True)
 def _environment_as_found():
     """Each test leaves pytest's environment as it found it (then restored, pass or fail).
-    A change that stayed went with every later run of the worker into its tasks: in the CI
-    at f5b407c, ``COLUMNS`` set by the CLI-reference test made 26 runs of one worker import
+    A change that stayed went with every later run of the worker into its tasks: in a CI run,
+    ``COLUMNS`` set by the CLI-reference test made 26 runs of one worker import
     TensorFlow cold (their warm starter had started without it). ``monkeypatch`` undoes its
     own changes before this check."""
     found = dict(os.environ)
@@ -490,11 +490,11 @@ GROUPED_MODULES = ("test_run_report.py", "test_shm_allreduce.py", "test_loopback
 CPU_SHARE_MODULES = ("test_hangs.py", "test_contention.py")
 #: The xdist group of every ``alone`` test, several at a time: they come first in it, one
 #: after the other on one worker, so that the room empties once for all of them
-#: (``side_by_side.turn``'s ``keep``). In ci83, apart, each waited 49-79 s for the room to
-#: empty; in ci104, in two groups (the CPU-share modules' after the quick tier, the fake
+#: (``side_by_side.turn``'s ``keep``). In CI, apart, each waited 49-79 s for the room to
+#: empty; in another run, in two groups (the CPU-share modules' after the quick tier, the fake
 #: hosts' two in the middle of theirs), it emptied twice and the other workers waited 543 s.
 ALONE_GROUP = ENGINE_FOLDERS["multihost"]
-#: The longest local tests (193-204 s and 73-94 s in the CIs at 20a1b2e and 8cae52a),
+#: The longest local tests (193-204 s and 73-94 s in CI),
 #: started early so that neither is what the other workers wait for at the end.
 LONGEST = (
     "test_50m_parameters_on_a_slow_disk_preempted_twice_redo_no_step_and_end_as_uninterrupted",
@@ -567,7 +567,7 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """A test that fails leaves none of the runs it started going: a failed assertion
-    skips the test's own wait, and the run would go on beside the next tests (ci67: 34 s of
+    skips the test's own wait, and the run would go on beside the next tests (in CI: 34 s of
     a ten-kill run). SIGKILL, which tfrun's reaper answers by killing its tasks."""
     before = len(_STARTED)
     try:

@@ -167,7 +167,7 @@ def started_here(directory: Path) -> bool:
     worker's cgroup or below it (True without a cgroup of its own, or when the owner is
     gone). A check that looks in
     the machine's /tmp would otherwise count the live run of a test on another worker
-    whose processes do not use that worker's TMPDIR (ci77 at c2eafaa: a Ray test's teardown
+    whose processes do not use that worker's TMPDIR (in CI: a Ray test's teardown
     named a /tmp directory whose owner no Ray test had started)."""
     if _cgroup is None or not directory.name.startswith("tfrun-tmp-"):
         return True
@@ -200,7 +200,7 @@ def turn(alone: bool, keep: bool = False) -> Iterator[None]:
     test: it first takes the gate, which every test passes on its way in, then waits for
     the room to empty. ``keep`` (an ``alone`` test whose next test on this worker is
     ``alone`` too): both stay held for that one, so that the room is emptied once for
-    several (ci83: two tests of one module each waited 73-79 s for the room, the other
+    several (in CI: two tests of one module each waited 73-79 s for the room, the other
     workers' tests having started in between)."""
     global _held
     shared = _shared()

@@ -3,7 +3,7 @@ environment at import (Keras 3, tf_keras), started at the first local run that n
 which every later such run forks its tasks from.
 
 Why: CPU is the suite's limit on two cores, and every local run's own task starter imported
-TensorFlow and Keras once (6.5-13 CPU s here, about a quarter of the suite's CPU in ci94).
+TensorFlow and Keras once (6.5-13 CPU s here, about a quarter of the suite's CPU).
 Two per environment: one for local clusters (its tasks load the loopback library) and one
 for runs of a single task (theirs do not); a run is given both and the first that may serve
 it does. A run they may not serve (another environment at import, a node agent in a fake

@@ -91,7 +91,7 @@ MATRIX = {
 #: the cluster forms in about 4 s here: the row that never forms it need not wait 40
 FLAGS_OF = {"before-strategy": ("--join-timeout", "15"),
             # the allocation (a callback, to the step limit) reclaims the cgroup's pages
-            # before the kernel kills it: under load that took more than 10 s (ci94), which
+            # before the kernel kills it: under load that took more than 10 s in CI, which
             # is a hang at this table's --step-timeout
             "oom": ("--step-timeout", "120")}
 

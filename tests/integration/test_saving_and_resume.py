@@ -228,7 +228,7 @@ def test_the_input_is_put_back_where_it_was_in_every_epoch_form(tmp_path, flavou
     (one iterator across epochs: the resume reads past 2 epochs and more) and a finite one
     shorter than epochs x steps_per_epoch; and, for the first two, a fit stopped right
     after an epoch's last step (a preemption checked there: tf_keras refused to resume at
-    that step, "Empty logs", in the CI run at d7c3c0d). One process, each flavour's plain
+    that step, "Empty logs", in a CI run). One process, each flavour's plain
     loop. The shuffle order matters: another seed gives other weights."""
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1" if flavour == "2" else "0"}
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "input_position.py"),

@@ -124,7 +124,7 @@ def stop_what_a_test_left() -> None:
     killed, and then anything of theirs left on the hosts. Asserts nothing (a test that
     passed has said ``assert_nothing_left`` itself); it keeps one test's failure midway
     -- its run still going, holding the hosts' ports -- from failing the tests after it
-    (CI at fc6550b: a failed straggler test's run made the next three fail)."""
+    (in CI: a failed straggler test's run made the next three fail)."""
     hosts = _STARTED[0].hosts if _STARTED else None
     while _STARTED:
         run = _STARTED.pop()

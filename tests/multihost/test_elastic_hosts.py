@@ -66,7 +66,7 @@ def _elastic_run(hosts, i: int, command: str, tmp_path: Path, script_args: list[
     args[at:at + 1] = [script, *script_args]
     env = {"TFRUN_SSH_OPT": f"-F {hosts.ssh_config}",
            "TFRUN_RUN_DIR": run_dir or str(tmp_path / "run"),
-           # 6 s, not 3: in ci85 (the machine slow, 2356 s) a spare's fresh agent on
+           # 6 s, not 3: in CI (the machine slow) a spare's fresh agent on
            # node-3 sent no heartbeat for 3 s before its task started, and the re-form failed
            "TFRUN_STOP_GRACE": "3", "TFRUN_HEARTBEAT_TIMEOUT": "6"}
     env.update({f"TFRUN_{k.upper()}": v for k, v in settings.items()})
@@ -475,7 +475,7 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
     assert "node-3 answered again: the restart takes it back: 3 tasks (was 2)" in run.stdout, \
         run.stdout[-4000:]
     summary = json.loads(fake_hosts.read(1, f"{run_dir}/summary.json"))
-    # Two changes, the loss and the return (CI at 2ec1523 saw more, unprinted: now printed).
+    # Two changes, the loss and the return (CI saw more, unprinted: now printed).
     assert len(summary["membership"]) == 2, (summary["membership"], run.stdout[-4000:])
     lost, back = summary["membership"]
     assert lost["left"] == ["node-3"] and back["joined"] == ["node-3"] and back["how"] == "back"
@@ -498,7 +498,7 @@ def test_elastic_a_lost_host_that_answers_again_is_taken_back_at_the_next_restar
 LARGE_MODEL = str(ROOT / "tests" / "scripts" / "large_model.py")
 #: large_model.py's Dense width here: 28.6M parameters, 343 MB of weights and Adam state
 WIDTH = "3072"
-#: Steps per epoch (12 until 2026-11-29): epoch 2 must outlast the writing of the epoch-1
+#: Steps per epoch (12 were too few): epoch 2 must outlast the writing of the epoch-1
 #: backup (its mark was there when step 8, epoch 1's last, was logged: `-s` prints it).
 STEPS = "8"
 

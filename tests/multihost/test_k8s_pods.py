@@ -42,7 +42,7 @@ def _machine_tmp() -> set[Path]:
     run directories there), in this machine's (and this test worker's own). A live run
     directory counts only if this worker started its owner (``side_by_side.temporary_entries``):
     a tfrun that someone ran by hand beside the suite made one in /tmp during this test
-    (CI at 20361b7, its launcher's pid in the name)."""
+    (in CI, its launcher's pid in the name)."""
     return side_by_side.temporary_entries(("__autograph_generated_file", "tfrun-"))
 
 

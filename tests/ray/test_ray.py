@@ -216,7 +216,7 @@ def test_elastic_a_lost_node_leaves_a_smaller_cluster_and_is_taken_back(ray_clus
     args = README_COMMAND_ELASTIC.split()[1:]  # docs/elastic.md's, as written
     at = args.index("train.py")
     # 20 epochs of 10 steps: the 155 steps after the re-formed run's step 45 (over 15 s)
-    # outlast the second node's start on a busy machine (10 epochs did not once, ci99: the
+    # outlast the second node's start on a busy machine (10 epochs did not once in CI: the
     # run had ended when the test looked for worker:0 to kill).
     args[at:at + 1] = [STEP_BACKUP, str(out), "20", "10", "0.1"]
     proc = tfrun(ray_cluster, run, "--stop-grace", "3", "--max-restarts", "1", *args)

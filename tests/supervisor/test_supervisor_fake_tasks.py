@@ -638,7 +638,7 @@ def test_hang_timeout_names_the_silent_task_with_its_stack(fake_run, stuck):
     assert run.summary["status"] == "hang-timeout"
     assert run.summary["root_cause"]["task"] == "worker:1"
     # The silence reported is the one measured when tfrun noticed: at least the timeout,
-    # more when a loaded machine polls late (ci at 5345dd4 said 3s).
+    # more when a loaded machine polls late (CI said 3s).
     said = re.search(r"FAILED: worker:1 made no progress for (\d+)s \(--hang-timeout 2s: "
                      r"no output line\)", run.stdout)
     assert said and int(said.group(1)) >= 2, run.stdout

@@ -204,7 +204,7 @@ def test_a_straggler_by_its_own_work_is_told_computing_from_waiting(slow_cpu, ca
 ])
 def test_a_straggler_waiting_for_a_cpu_is_told_from_one_waiting_for_its_input(
         slow_wait, cause, words):
-    """The -n 4 run at 8cae52a: an unpinned worker on an oversubscribed machine was named
+    """A -n 4 run: an unpinned worker on an oversubscribed machine was named
     input-wait, its extra time neither CPU time nor exchange wait. Its threads' run delay
     (``run_wait_seconds``) tells that wait apart."""
     fast = TaskLoad("worker:0", "h", [0, 0], 200,
@@ -256,7 +256,7 @@ def test_a_second_s_hiccup_is_no_straggler_longer_ones_are():
 
 
 def test_a_slower_trace_over_a_few_steps_is_no_straggler_fifteen_slow_steps_are():
-    """ci84's clean two-host run: worker:0 traced a new function more slowly than worker:1
+    """A CI run's clean two-host run: worker:0 traced a new function more slowly than worker:1
     on a busy machine, one step in each of two 2 s windows -- 1738 ms of own work a step
     against 170 -- and was named at its 14th step. The evidence is counted in steps: fewer
     than 15 are none; 15 slow steps in a row are (samples every 2 s, one step each,
@@ -297,7 +297,7 @@ def test_the_time_after_a_task_s_last_step_is_no_step_time():
 
 
 def test_windows_that_hold_a_fit_s_start_are_no_evidence():
-    """ci95's clean two-host exactness run: fits of 6 and 8 steps, each window of steps
+    """A CI run's clean two-host exactness run: fits of 6 and 8 steps, each window of steps
     after a fit began held that fit's tracing, slower on worker:1's busy host; named
     ``input-wait`` at 1.6x. A window from a sample taken before a fit's first step (setup,
     tracing, after the previous fit) says nothing of a task's pace; the same windows taken
