@@ -13,6 +13,10 @@ memory before TCP), a plain MultiWorkerMirroredStrategy (benchmarks/_scaling_wor
 after the other (so the rounds interleave):
 
 * 1 process on 1 CPU, no strategy: the baseline;
+* the baseline's process on every host at once, each training its own model, no exchange:
+  the ceiling -- what the CPUs give several processes at once (a cloud VM's vCPUs are often
+  hyperthreads sharing a core's arithmetic units: then two at once each run slower than one
+  alone, whatever the exchange does);
 * by hand: one process per worker with a hand-written TF_CONFIG (the hosts' addresses),
   TensorFlow's collectives (gRPC ring) and heap setting -- what a user without tfrun gets
   (Keras 3 through ``python -m tfrun.in_task.start.bootstrap`` only for its Keras 3 fixes, as in
@@ -22,7 +26,8 @@ after the other (so the rounds interleave):
 * the same with ``--comm ring``: TensorFlow's collectives under tfrun.
 
 It prints samples/s (median over rounds), the efficiency -- samples/s over (the CPUs the
-workers have, min(hosts, CPUs)) x the baseline's -- tfrun / by hand, and the last epoch's
+workers have, min(hosts, CPUs)) x the baseline's --, the share of the ceiling a row reaches
+(what the exchange and the strategy cost), tfrun / by hand, and the last epoch's
 loss (the same seeded start everywhere: the runs of several hosts agree to float rounding,
 unless a row compresses, e.g. ``--variants '--comm compress=fp16'``). Numbers, not checks:
 nothing fails on a slow result.
@@ -77,11 +82,15 @@ for flags in filter(None, (v.strip() for v in args.variants.split(";"))):
 LOSSES: dict[str, list[float]] = {}
 
 
-def samples_per_second(out: Path) -> float:
+def samples_per_second(out: Path, row: str | None = None) -> float:
+    """The samples/s of the run whose results are in ``out``; its final loss kept for
+    ``row`` (the row's number; by default from ``out``'s name; "": not kept)."""
     results = [json.loads(p.read_text()) for p in sorted(out.glob("result-*.json"))]
     if not results:
         sys.exit(f"no result in {out}")
-    LOSSES.setdefault(out.name.split("-", 1)[1], []).append(results[0]["final_loss"])
+    row = out.name.split("-", 1)[1] if row is None else row
+    if row:
+        LOSSES.setdefault(row, []).append(results[0]["final_loss"])
     # Every worker takes the same synchronous steps: worker 0's rate is the cluster's.
     return results[0]["steps_per_second"] * results[0]["samples_per_step"]
 
@@ -103,6 +112,22 @@ def one_process(hosts: FakeHosts, out: Path) -> float:
     wait_all([on_host(hosts, 1, [sys.executable, SCRIPT, str(out), *SCRIPT_ARGS], ENV)],
              "the one-process baseline")
     return samples_per_second(out)
+
+
+def side_by_side(hosts: FakeHosts, out: Path) -> float:
+    """The baseline's process on every host at once, each training a model of its own: no
+    exchange, only the CPUs' sharing of what else they share (a cloud VM's vCPUs are often
+    hyperthreads of fewer cores). Their summed samples/s are the most a cluster of these
+    hosts can reach: the ceiling."""
+    runs = []
+    for i, k in ((i, k) for i in range(1, hosts.count + 1) for k in range(args.per_host)):
+        own = out / f"host-{i}-{k}"
+        own.mkdir()
+        runs.append((own, on_host(hosts, i, [sys.executable, SCRIPT, str(own), *SCRIPT_ARGS],
+                                  ENV)))
+    wait_all([proc for _, proc in runs], "the processes side by side")
+    row = out.name.split("-", 1)[1]  # the first host's loss: each trains alone
+    return sum(samples_per_second(own, row if k == 0 else "") for k, (own, _) in enumerate(runs))
 
 
 def by_hand(hosts: FakeHosts, out: Path) -> float:
@@ -138,6 +163,8 @@ def main() -> None:
     for i in range(1, args.hosts + 1):
         hosts.shape(i, args.link)
     runs = {"1 process, 1 CPU (baseline)": one_process,
+            f"{args.hosts * args.per_host} processes at once, no exchange (ceiling)":
+                side_by_side,
             f"by hand ({args.hosts} hosts, TensorFlow's ring)": by_hand,
             **{name: (lambda h, out, f=flags: with_tfrun(h, out, f))
                for name, flags in TFRUN_VARIANTS.items()}}
@@ -155,14 +182,14 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     median = {name: statistics.median(values) for name, values in measured.items()}
     names = list(runs)
-    base, hand = median[names[0]], median[names[1]]
+    base, ceiling, hand = (median[name] for name in names[:3])
     cpus = min(args.hosts, len(CPUS))
     print(f"\n{args.hosts} fake hosts x {args.per_host} worker(s), a CPU each of {len(CPUS)}, "
           f"Keras {args.keras}, links {args.link or 'at memory speed'}, weak scaling, "
           f"{args.rounds} interleaved rounds, median samples/s; efficiency against {cpus} x the "
-          "baseline")
-    print(f"  {'configuration':<44} {'samples/s':>10} {'efficiency':>10} {'/by hand':>9} "
-          f"{'final loss':>11}   per round")
+          "baseline; /ceiling: against the processes side by side")
+    print(f"  {'configuration':<44} {'samples/s':>10} {'efficiency':>10} {'/ceiling':>9} "
+          f"{'/by hand':>9} {'final loss':>11}   per round")
     for i, name in enumerate(names):
         value = median[name]
         several = name != names[0]
@@ -170,7 +197,8 @@ def main() -> None:
             if several else ""
         loss = statistics.median(LOSSES[str(i)])
         print(f"  {name:<44} {value:10.0f} {value / (cpus * base) if several else 1.0:10.2f} "
-              f"{value / hand if several else float('nan'):9.2f} {loss:11.6f}   {rounds}")
+              f"{value / ceiling if several else float('nan'):9.2f} "
+              f"{value / hand if i > 1 else float('nan'):9.2f} {loss:11.6f}   {rounds}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ Weak scaling (256 samples per worker per step, benchmarks/_scaling_worker.py: th
 after the other (so the rounds interleave):
 
 * 1 process pinned to 1 core, no strategy: the baseline;
+* the baseline's process twice at once, a core each, each training its own model, no
+  exchange: the ceiling -- what these cores give two processes at once (a cloud VM's vCPUs
+  are often hyperthreads of one core: then each runs slower than one alone, whatever the
+  exchange does);
 * 2 workers by hand: two processes with hand-written TF_CONFIGs (the seeds' way), started
   as ``python -m tfrun.in_task.start.bootstrap`` so that they get tfrun's Keras 3 fixes (plain Keras 3
   ``fit`` fails under MultiWorkerMirroredStrategy) but no launcher, no supervisor,
@@ -25,8 +29,9 @@ after the other (so the rounds interleave):
   (``--defaults-only`` leaves out the rows above but the baseline, by hand and the defaults).
 
 It prints samples/s per configuration (median over rounds), scaling efficiency
-(samples/s of 2 workers / (2 x the baseline's)), each round's efficiency (against that
-round's baseline) and tfrun / by-hand. Numbers, not checks: nothing fails on a slow result.
+(samples/s of 2 workers / (2 x the baseline's)), the share of the ceiling a row reaches
+(what the exchange and the strategy cost), each round's efficiency (against that round's
+baseline) and tfrun / by-hand. Numbers, not checks: nothing fails on a slow result.
 """
 
 import argparse
@@ -66,6 +71,9 @@ for flags in filter(None, (v.strip() for v in args.variants.split(";"))):
     TFRUN_VARIANTS[f"tfrun {flags}"] = flags.split()
 
 
+CEILING = "2 processes at once, a core each, no exchange (ceiling)"
+
+
 def samples_per_second(out: Path) -> float:
     results = [json.loads(p.read_text()) for p in sorted(out.glob("result-*.json"))]
     if not results:
@@ -79,6 +87,22 @@ def one_process(out: Path) -> float:
     subprocess.run([sys.executable, SCRIPT, str(out), *SCRIPT_ARGS], env=ENV, check=True,
                    preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
     return samples_per_second(out)
+
+
+def side_by_side(out: Path) -> float:
+    """The baseline's process twice at once, each pinned to a core of its own and training
+    its own model: no exchange. Their summed samples/s are the most 2 workers can reach on
+    these cores (a cloud VM's vCPUs are often hyperthreads sharing one core's arithmetic
+    units): the ceiling."""
+    procs = []
+    for k, cpu in enumerate(sorted(os.sched_getaffinity(0))[:2]):
+        (out / str(k)).mkdir()
+        procs.append(subprocess.Popen([sys.executable, SCRIPT, str(out / str(k)), *SCRIPT_ARGS],
+                                      env=ENV, preexec_fn=lambda cpu=cpu: os.sched_setaffinity(
+                                          0, {cpu})))
+    if [p.wait() for p in procs] != [0, 0]:
+        sys.exit("the processes side by side failed")
+    return sum(samples_per_second(out / str(k)) for k in range(len(procs)))
 
 
 def by_hand(out: Path) -> float:
@@ -109,6 +133,7 @@ def with_tfrun(out: Path, flags: list[str]) -> float:
 def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="tfrun-bench-scaling-"))
     runs = {"1 process, 1 core (baseline)": lambda out: one_process(out),
+            CEILING: side_by_side,
             "2 workers by hand": lambda out: by_hand(out),
             **{name: (lambda out, f=flags: with_tfrun(out, f)) for name, flags in TFRUN_VARIANTS.items()}}
     measured: dict[str, list[float]] = {name: [] for name in runs}
@@ -124,17 +149,20 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     median = {name: statistics.median(values) for name, values in measured.items()}
     base = median["1 process, 1 core (baseline)"]
-    hand = median["2 workers by hand"]
-    print(f"\nweak scaling, {args.rounds} interleaved rounds, {os.cpu_count()} CPUs, median samples/s")
+    hand, ceiling = median["2 workers by hand"], median[CEILING]
+    print(f"\nweak scaling, {args.rounds} interleaved rounds, {os.cpu_count()} CPUs, median "
+          "samples/s; /ceiling: against the two processes side by side")
     print(f"  {'configuration':<58} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} "
-          f"{'/by hand':>9}  efficiency per round")
+          f"{'/ceiling':>9} {'/by hand':>9}  efficiency per round")
     bases = measured["1 process, 1 core (baseline)"]
     for name, value in median.items():
         two = not name.startswith("1 process")
+        workers = two and name != CEILING
         rounds = ",".join(f"{v / (2 * b):.2f}" for v, b in zip(measured[name], bases)) if two else ""
         print(f"  {name:<58} {value:10.0f} {value / base:8.2f} "
               f"{value / (2 * base) if two else 1.0:10.2f} "
-              f"{value / hand if two else float('nan'):9.2f}  {rounds}")
+              f"{value / ceiling if workers else float('nan'):9.2f} "
+              f"{value / hand if workers else float('nan'):9.2f}  {rounds}")
     best = max(TFRUN_VARIANTS, key=median.get)
     print(f"best tfrun setting here: {best} ({median[best] / (2 * base):.2f} efficiency, "
           f"{median[best] / hand:.2f}x by hand)")
