@@ -189,12 +189,15 @@ def main() -> None:
           f"{args.rounds} interleaved rounds, median samples/s; efficiency against {cpus} x the "
           "baseline; /ceiling: against the processes side by side")
     print(f"  {'configuration':<44} {'samples/s':>10} {'efficiency':>10} {'/ceiling':>9} "
-          f"{'/by hand':>9} {'final loss':>11}   per round")
+          f"{'/by hand':>9} {'final loss':>11}   efficiency per round; /ceiling per round")
     for i, name in enumerate(names):
         value = median[name]
         several = name != names[0]
         rounds = ", ".join(f"{v / (cpus * b):.2f}" for v, b in zip(measured[name], measured[names[0]])) \
             if several else ""
+        if several:
+            rounds += "; " + ", ".join(f"{v / c:.2f}" for v, c in zip(measured[name],
+                                                                      measured[names[1]]))
         loss = statistics.median(LOSSES[str(i)])
         print(f"  {name:<44} {value:10.0f} {value / (cpus * base) if several else 1.0:10.2f} "
               f"{value / ceiling if several else float('nan'):9.2f} "

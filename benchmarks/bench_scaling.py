@@ -153,16 +153,17 @@ def main() -> None:
     print(f"\nweak scaling, {args.rounds} interleaved rounds, {os.cpu_count()} CPUs, median "
           "samples/s; /ceiling: against the two processes side by side")
     print(f"  {'configuration':<58} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} "
-          f"{'/ceiling':>9} {'/by hand':>9}  efficiency per round")
-    bases = measured["1 process, 1 core (baseline)"]
+          f"{'/ceiling':>9} {'/by hand':>9}  efficiency per round; /ceiling per round")
+    bases, ceilings = measured["1 process, 1 core (baseline)"], measured[CEILING]
     for name, value in median.items():
         two = not name.startswith("1 process")
-        workers = two and name != CEILING
         rounds = ",".join(f"{v / (2 * b):.2f}" for v, b in zip(measured[name], bases)) if two else ""
+        if two:
+            rounds += "; " + ",".join(f"{v / c:.2f}" for v, c in zip(measured[name], ceilings))
         print(f"  {name:<58} {value:10.0f} {value / base:8.2f} "
               f"{value / (2 * base) if two else 1.0:10.2f} "
-              f"{value / ceiling if workers else float('nan'):9.2f} "
-              f"{value / hand if workers else float('nan'):9.2f}  {rounds}")
+              f"{value / ceiling if two else float('nan'):9.2f} "
+              f"{value / hand if two and name != CEILING else float('nan'):9.2f}  {rounds}")
     best = max(TFRUN_VARIANTS, key=median.get)
     print(f"best tfrun setting here: {best} ({median[best] / (2 * base):.2f} efficiency, "
           f"{median[best] / hand:.2f}x by hand)")
