@@ -237,6 +237,24 @@ def test_one_window_s_wait_for_a_cpu_does_not_make_an_input_straggler_cpu_wait()
     assert find_stragglers([fast, steady])[0].cause == "cpu-wait"
 
 
+@pytest.mark.parametrize("others_wait, named", [
+    # the clean fast-step run's numbers (two unpinned workers on two CPUs, 10 ms steps):
+    # own work 17 ms against 12, its threads waiting 34 ms a step for a CPU, the other's 26:
+    # both are short of CPU, and which one the scheduler serves last is chance
+    (0.026, []),
+    # the same, the other task waiting 10 ms a step: this one's CPUs are the busy ones
+    (0.010, ["worker:1"]),
+])
+def test_a_wait_for_a_cpu_every_task_shares_names_nobody(others_wait, named):
+    steps = [0.005] * 3  # worker:0 spends 5 ms of each 17 ms step in the all-reduce
+    fast = TaskLoad("worker:0", "h", [0, 0], 200,
+                    work(*steps, seconds=1.7, cpu=[60.0] * 3, run_wait=[others_wait] * 3))
+    slow = TaskLoad("worker:1", "h", [0, 0], 200,
+                    work(0.0, 0.0, 0.0, seconds=1.7, cpu=[60.0] * 3, run_wait=[0.034] * 3))
+    found = find_stragglers([fast, slow])
+    assert [s.task for s in found] == named and all(s.cause == "cpu-wait" for s in found)
+
+
 def test_a_second_s_hiccup_is_no_straggler_longer_ones_are():
     """Samples 0.5 s apart, 20 steps of 25 ms each: worker:1's own work 1.7x worker:0's in
     its last two windows only (a busy machine's hiccup, the clean run of stop 67's CI)

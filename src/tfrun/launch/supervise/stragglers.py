@@ -25,7 +25,10 @@ whole run -- and nothing says which. Two kinds of evidence come with each resour
   step -- after the last one, the tail of the run -- counts for nobody. What the extra
   time is tells the cause: CPU time (``compute``), time its threads were ready to run
   but waited for a CPU (``cpu-wait``: the host's CPUs, shared by all, oversubscribed;
-  the kernel's schedstat run delay) or neither (``input-wait``).
+  the kernel's schedstat run delay) or neither (``input-wait``). A wait for a CPU the
+  others share names nobody: when their threads wait at least 2/3 as long a step, every
+  task there is short of CPU, and which one the scheduler serves last changes by the
+  second (two unpinned workers on two busy CPUs: 34 ms a step against 26 named one 1.4x).
 
 The finding says how much slower it is, why, and that the others wait for it; it is
 printed once and again when it changes, and kept for summary.json.
@@ -76,6 +79,9 @@ _MIN_WINDOWS = 3
 _MIN_EVIDENCE_SECONDS = 0.6
 #: Seconds at least between two looks at the samples (they come every 2 s by default).
 _CHECK_GAP = 0.2
+#: A cpu-wait straggler's wait for a CPU per step must be this many times the others'
+#: (a wait they share too is the whole host's, not this task's: see the module docstring).
+_MIN_WAIT_OVER_OTHERS = 1.5
 #: The windows over which the CPU-taken evidence must show the others waiting.
 _WAIT_WINDOWS = 5
 #: A straggler is no longer one after this many seconds without the evidence: a look or
@@ -264,10 +270,14 @@ def _own_work(tasks: list[TaskLoad], per_task: dict, measured: dict) -> list[Str
         own, other = sum(recent) / count, sum(others) / count
         their_cpu = [cpu.others(mine_measured.cpu, k, others_count) for k in offsets]
         their_waits = [waits.others(mine_measured.run_wait, k, others_count) for k in offsets]
+        my_wait, others_wait = _mean_known(mine_measured.run_wait[-count:]), \
+            _mean_known(their_waits)
         cause, why = _why_own_work(
             own, other, _mean_known(mine_measured.cpu[-count:]), _mean_known(their_cpu),
-            _mean_known(mine_measured.run_wait[-count:]), _mean_known(their_waits),
+            my_wait, others_wait,
             _waits_in_each(recent, others, mine_measured.run_wait[-count:], their_waits))
+        if cause == "cpu-wait" and my_wait < _MIN_WAIT_OVER_OTHERS * others_wait:
+            continue  # the whole host is short of CPU: see the module docstring
         out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
                              task.steps_done, cause, why))
     return out
