@@ -34,7 +34,7 @@ def test_chief_two_workers_one_ps_with_servers_started_by_the_script(tmp_path):
     line = next(l for l in run.stdout.splitlines() if "PS_RESULT" in l)
     assert line.startswith("[chief:0]")
     result = json.loads(line.split("PS_RESULT ", 1)[1])
-    assert result["last"] < result["first"] / 10
+    assert result["steps"] == 60 and result["after"] < result["before"] / 10, result
     assert "/job:ps/" in result["w_device"] and "/job:ps/" in result["b_device"]
     tasks = run.tasks()
     assert tasks["chief:0"]["state"] == "succeeded"

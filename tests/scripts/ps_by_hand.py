@@ -2,7 +2,8 @@
 from TF_CONFIG; ps and workers start a tf.distribute.Server themselves, the chief
 coordinates ParameterServerStrategy training with a custom loop (Keras 3 cannot fit() it).
 
-Prints one line ``PS_RESULT {...}`` on the chief.
+Prints one line ``PS_RESULT {...}`` on the chief: the loss on all examples before and
+after 60 steps, the steps whose loss came back, and where the variables live.
 """
 
 import json
@@ -24,10 +25,18 @@ else:
         w = tf.Variable(tf.zeros([4, 1]), name="w")
         b = tf.Variable(0.0, name="b")
 
-    def dataset_fn():
+    def examples():
         x = tf.random.stateless_normal([1024, 4], seed=[1, 2])
-        y = tf.matmul(x, true_w) + 0.7
-        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+        return x, tf.matmul(x, true_w) + 0.7
+
+    def dataset_fn():
+        return tf.data.Dataset.from_tensor_slices(examples()).repeat().batch(32)
+
+    def loss_on_all_examples():
+        # read on the chief from the parameter servers, not the loss of some scheduled
+        # step: closures run in no fixed order (the first scheduled may run after dozens)
+        x, y = examples()
+        return float(tf.reduce_mean(tf.square(tf.matmul(x, w.read_value()) + b.read_value() - y)))
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
@@ -43,8 +52,9 @@ else:
             return loss
         return strategy.run(replica_fn, args=(next(it),))
 
+    before = loss_on_all_examples()
     losses = [coordinator.schedule(step, args=(iterator,)) for _ in range(60)]
     coordinator.join()
-    values = [float(l.fetch()) for l in losses]
-    print("PS_RESULT " + json.dumps({"first": values[0], "last": values[-1],
+    print("PS_RESULT " + json.dumps({"before": before, "after": loss_on_all_examples(),
+                                     "steps": len([float(l.fetch()) for l in losses]),
                                      "w_device": w.device, "b_device": b.device}), flush=True)
