@@ -203,6 +203,18 @@ def _logged_steps(path) -> list[tuple[int, int]]:
 README_COMMAND_ELASTIC = "tfrun --backend ray --workers 2 --min-nodes 1 train.py"
 
 
+def _task_of(run, index: str):
+    """The live task process of worker ``index`` of the run in ``run``, or None."""
+    for process in processes_of_run(run):
+        try:
+            if process.environ().get("TFRUN_TASK_INDEX") == index \
+                    and "bootstrap" in " ".join(process.cmdline()):
+                return process
+        except psutil.Error:  # gone while looked at
+            pass
+    return None
+
+
 def test_elastic_a_lost_node_leaves_a_smaller_cluster_and_is_taken_back(ray_cluster, tmp_path):
     """Issue 33 on Ray: --workers 2 --min-nodes 1, one worker per node. Mid-epoch 2 the
     second Ray node dies (its raylet and everything under it SIGKILLed). tfrun sees the
@@ -237,11 +249,14 @@ def test_elastic_a_lost_node_leaves_a_smaller_cluster_and_is_taken_back(ray_clus
         start_second_node()
         second_up = True
         assert proc.poll() is None, finish(proc)[1][-4000:]
-        task = next((p for p in processes_of_run(run)
-                     if p.environ().get("TFRUN_TASK_INDEX") == "0"
-                     and "bootstrap" in " ".join(p.cmdline())), None)
-        assert task is not None, ("worker:0's task is gone before the test could kill it "
-                                  f"(steps: {_logged_steps(log)[-3:]})")
+        # Looked for until it is seen, not once: a look while the process list changes
+        # (the node's start) once found none at step 85 of 200, the run training on.
+        deadline = time.monotonic() + 60
+        while (task := _task_of(run, "0")) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "worker:0's task is gone before the test could kill it "
+                f"(steps: {_logged_steps(log)[-3:]})", finish(proc)[1][-4000:])
+            time.sleep(0.2)
         task.kill()
         code, output = finish(proc)
     finally:
