@@ -242,6 +242,8 @@ def test_one_window_s_wait_for_a_cpu_does_not_make_an_input_straggler_cpu_wait()
     # own work 17 ms against 12, its threads waiting 34 ms a step for a CPU, the other's 26:
     # both are short of CPU, and which one the scheduler serves last is chance
     (0.026, []),
+    # ... another CI run's: 40 ms against 25 (0.034 here against 0.021)
+    (0.021, []),
     # the same, the other task waiting 10 ms a step: this one's CPUs are the busy ones
     (0.010, ["worker:1"]),
 ])
