@@ -11,13 +11,13 @@ log text, and the first-failure line quotes it.
 
 ``TaskSample`` is the task's periodic sample: its progress (steps completed, what it is
 doing and since when) always, and its resource measurements (CPU, memory, CPU others
-took, CPU waited for) when they can be made. A measurement that fails -- a hardened
+took, CPU waited for, the CPUs it may run on) when they can be made. A measurement that fails -- a hardened
 ``/proc``, a container runtime that denies it -- is left out and named in
 ``unmeasured``; the progress still comes, so a task whose measurements stopped is never
 taken for one that stopped.
 
     >>> sample = TaskSample(time=10.0, steps_done=3, doing="in a training step",
-    ...                     cpu_percent=None, unmeasured=("cpu and memory",))
+    ...                     cpu_percent=None, cpus=(0, 1), unmeasured=("cpu and memory",))
     >>> TaskSample.from_record(sample.to_record()) == sample
     True
     >>> sample.to_record()["event"]
@@ -87,6 +87,8 @@ class TaskSample:
     #: the share (0..1) of its CPUs other processes took; seconds its threads waited for one
     cpu_taken: float | None = None
     run_wait_seconds: float | None = None
+    #: the CPUs it may run on (its affinity; empty: unknown)
+    cpus: tuple[int, ...] = ()
     #: the measurements that failed in this sample (named as the task logged them)
     unmeasured: tuple[str, ...] = ()
     #: seconds its main thread spent in each phase so far (``doing``'s values), since its
@@ -124,9 +126,17 @@ class TaskSample:
             cpu_percent=_number(record.get("cpu_percent")), rss_mb=_number(record.get("rss_mb")),
             threads=_count(record.get("threads")), cpu_taken=_number(record.get("cpu_taken")),
             run_wait_seconds=_number(record.get("run_wait_seconds")),
+            cpus=_cpus(record.get("cpus")),
             unmeasured=tuple(str(u) for u in unmeasured) if isinstance(unmeasured, list) else (),
             phase_seconds=_seconds_by_name(record.get("phase_seconds")),
             clock_began=_number(record.get("clock_began")), loss=_number(record.get("loss")))
+
+
+def _cpus(value) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        return ()
+    cpus = tuple(_count(v) for v in value)
+    return () if None in cpus else cpus
 
 
 def _seconds_by_name(value) -> dict | None:

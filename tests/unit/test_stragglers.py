@@ -100,11 +100,12 @@ def test_before_the_first_step_nobody_is_a_straggler():
                             load("worker:1", 0.8, 0.8, steps=0)]) == []
 
 
-def work(*per_step_inside, seconds=2.0, steps=100, cpu=None, run_wait=None):
+def work(*per_step_inside, seconds=2.0, steps=100, cpu=None, run_wait=None, cpus=()):
     """Samples every ``seconds`` with ``steps`` steps between them, each step spending
     the given seconds inside tfrun's exchange (one value per window); ``cpu``: the CPU
     share (% of one core) each window's sample carries; ``run_wait``: the seconds a step
-    of each window waited for a CPU (the samples carry their running total)."""
+    of each window waited for a CPU (the samples carry their running total); ``cpus``:
+    the CPUs the task may run on (the newest sample's count)."""
     samples = [TaskSample(0.0, 0, "", exchange_seconds=0.0,
                           run_wait_seconds=None if run_wait is None else 0.0)]
     inside = ready = 0.0
@@ -114,7 +115,8 @@ def work(*per_step_inside, seconds=2.0, steps=100, cpu=None, run_wait=None):
             ready += steps * run_wait[n - 1]
         samples.append(TaskSample(n * seconds, n * steps, "", exchange_seconds=inside,
                                   cpu_percent=None if cpu is None else cpu[n - 1],
-                                  run_wait_seconds=None if run_wait is None else ready))
+                                  run_wait_seconds=None if run_wait is None else ready,
+                                  cpus=cpus))
     return samples
 
 
@@ -237,6 +239,10 @@ def test_one_window_s_wait_for_a_cpu_does_not_make_an_input_straggler_cpu_wait()
     assert find_stragglers([fast, steady])[0].cause == "cpu-wait"
 
 
+#: Where the two workers run: CPUs (of each) and hosts.
+_SHARED = {"cpus": ((0, 1), (0, 1)), "hosts": ("h", "h")}
+
+
 @pytest.mark.parametrize("others_wait, named", [
     # the clean fast-step run's numbers (two unpinned workers on two CPUs, 10 ms steps):
     # own work 17 ms against 12, its threads waiting 34 ms a step for a CPU, the other's 26:
@@ -247,14 +253,39 @@ def test_one_window_s_wait_for_a_cpu_does_not_make_an_input_straggler_cpu_wait()
     # the same, the other task waiting 10 ms a step: this one's CPUs are the busy ones
     (0.010, ["worker:1"]),
 ])
-def test_a_wait_for_a_cpu_every_task_shares_names_nobody(others_wait, named):
+@pytest.mark.parametrize("placed", [
+    _SHARED,
+    {"cpus": ((), ()), "hosts": ("h", "h")},  # unknown CPUs: they may be shared
+    {"cpus": ((0, 1), (1,)), "hosts": ("h", "h")},  # one CPU in common
+])
+def test_a_wait_for_a_cpu_every_task_shares_names_nobody(others_wait, named, placed):
+    assert _wait_named(others_wait, placed) == named
+
+
+@pytest.mark.parametrize("others_wait", [0.026, 0.021, 0.010])
+@pytest.mark.parametrize("placed", [
+    {"cpus": ((0,), (1,)), "hosts": ("h", "h")},  # pinned to a CPU each
+    {"cpus": ((0, 1), (0, 1)), "hosts": ("h", "g")},  # on two hosts
+])
+def test_a_wait_for_cpus_a_task_has_to_itself_names_it_at_less_than_twice(others_wait,
+                                                                        placed):
+    """A task that shares no CPU with the others waits for its own CPUs only (a busy
+    loop on a pinned worker's CPU): 34 ms against 26 names it."""
+    assert _wait_named(others_wait, placed) == ["worker:1"]
+
+
+def _wait_named(others_wait: float, placed: dict) -> list[str]:
     steps = [0.005] * 3  # worker:0 spends 5 ms of each 17 ms step in the all-reduce
-    fast = TaskLoad("worker:0", "h", [0, 0], 200,
-                    work(*steps, seconds=1.7, cpu=[60.0] * 3, run_wait=[others_wait] * 3))
-    slow = TaskLoad("worker:1", "h", [0, 0], 200,
-                    work(0.0, 0.0, 0.0, seconds=1.7, cpu=[60.0] * 3, run_wait=[0.034] * 3))
+    (fast_cpus, slow_cpus), (fast_host, slow_host) = placed["cpus"], placed["hosts"]
+    fast = TaskLoad("worker:0", fast_host, [0, 0], 200,
+                    work(*steps, seconds=1.7, cpu=[60.0] * 3, run_wait=[others_wait] * 3,
+                         cpus=fast_cpus))
+    slow = TaskLoad("worker:1", slow_host, [0, 0], 200,
+                    work(0.0, 0.0, 0.0, seconds=1.7, cpu=[60.0] * 3, run_wait=[0.034] * 3,
+                         cpus=slow_cpus))
     found = find_stragglers([fast, slow])
-    assert [s.task for s in found] == named and all(s.cause == "cpu-wait" for s in found)
+    assert all(s.cause == "cpu-wait" for s in found), found
+    return [s.task for s in found]
 
 
 def test_a_second_s_hiccup_is_no_straggler_longer_ones_are():

@@ -478,7 +478,8 @@ class _Measurements:
             exchanges_left=counts.get("exchanges_left"),
             exchange_seconds=counts.get("exchange_seconds"), cpu_percent=cpu,
             rss_mb=usage.get("rss_mb"), threads=usage.get("threads"), cpu_taken=taken,
-            run_wait_seconds=waited, unmeasured=tuple(self.failed_now),
+            run_wait_seconds=waited, cpus=tuple(sorted(contention.cpus)),
+            unmeasured=tuple(self.failed_now),
             phase_seconds=state["phase_seconds"], clock_began=state["clock_began"],
             loss=state.get("loss"))
 

@@ -25,11 +25,13 @@ whole run -- and nothing says which. Two kinds of evidence come with each resour
   step -- after the last one, the tail of the run -- counts for nobody. What the extra
   time is tells the cause: CPU time (``compute``), time its threads were ready to run
   but waited for a CPU (``cpu-wait``: the host's CPUs, shared by all, oversubscribed;
-  the kernel's schedstat run delay) or neither (``input-wait``). A wait for a CPU the
-  others share names nobody: when their threads wait at least half as long a step, every
-  task there is short of CPU, and which one the scheduler serves last changes by the
-  second (two unpinned workers on two busy CPUs: 34 ms a step against 26, and 40 against
-  25, each named one 1.4x; a busy loop on one worker's CPU: about 20 against 6).
+  the kernel's schedstat run delay) or neither (``input-wait``). A wait for CPUs the
+  task shares with others of the run on its host (``TaskSample.cpus``: unpinned tasks)
+  names nobody when their threads wait at least half as long a step: every task there
+  is short of CPU, and which one the scheduler serves last changes by the second (two
+  unpinned workers on two busy CPUs: 34 ms a step against 26, and 40 against 25, each
+  named one 1.4x). A task pinned to CPUs of its own waits for them alone (a busy loop
+  on one pinned worker's CPU: about 20 ms a step against 6).
 
 The finding says how much slower it is, why, and that the others wait for it; it is
 printed once and again when it changes, and kept for summary.json.
@@ -80,8 +82,9 @@ _MIN_WINDOWS = 3
 _MIN_EVIDENCE_SECONDS = 0.6
 #: Seconds at least between two looks at the samples (they come every 2 s by default).
 _CHECK_GAP = 0.2
-#: A cpu-wait straggler's wait for a CPU per step must be this many times the others'
-#: (a wait they share too is the whole host's, not this task's: see the module docstring).
+#: A cpu-wait straggler that shares CPUs with other tasks must wait for one this many
+#: times as long a step as they do (a wait they share too is the whole host's, not this
+#: task's: see the module docstring).
 _MIN_WAIT_OVER_OTHERS = 2.0
 #: The windows over which the CPU-taken evidence must show the others waiting.
 _WAIT_WINDOWS = 5
@@ -277,11 +280,25 @@ def _own_work(tasks: list[TaskLoad], per_task: dict, measured: dict) -> list[Str
             own, other, _mean_known(mine_measured.cpu[-count:]), _mean_known(their_cpu),
             my_wait, others_wait,
             _waits_in_each(recent, others, mine_measured.run_wait[-count:], their_waits))
-        if cause == "cpu-wait" and my_wait < _MIN_WAIT_OVER_OTHERS * others_wait:
+        if cause == "cpu-wait" and my_wait < _MIN_WAIT_OVER_OTHERS * others_wait \
+                and _shares_cpus(task, tasks):
             continue  # the whole host is short of CPU: see the module docstring
         out.append(Straggler(task.task, task.host, round(own / max(other, 1e-9), 1),
                              task.steps_done, cause, why))
     return out
+
+
+def _shares_cpus(task: TaskLoad, tasks: list[TaskLoad]) -> bool:
+    """Another task on its host may run on one of its CPUs (either's CPUs unknown: it
+    may). Tasks pinned to CPUs of their own, or on other hosts, wait for a CPU apart."""
+    mine = set(task.work[-1].cpus) if task.work else set()
+    for other in tasks:
+        if other is task or other.host != task.host:
+            continue
+        theirs = other.work[-1].cpus if other.work else ()
+        if not mine or not theirs or mine.intersection(theirs):
+            return True
+    return False
 
 
 def _waits_in_each(mine: list[float], others: list[float], my_waits: list,
