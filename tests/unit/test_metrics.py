@@ -330,6 +330,9 @@ class _Denied:
 
 
 class _Fails:
+    #: a CPU meter knows its CPUs (the task's affinity) even where /proc/stat is denied
+    cpus = frozenset({1, 0})
+
     def __init__(self, exc):
         self.exc = exc
 
@@ -357,7 +360,7 @@ def test_a_sample_whose_measurements_are_denied_still_carries_the_progress(capsy
     for sample in (first, second):
         assert sample.steps_done == 1 and sample.doing == progress.BETWEEN_STEPS
         assert sample.cpu_percent is None and sample.rss_mb is None and sample.cpu_taken is None
-        assert sample.unmeasured == ("cpu and memory", "cpu wait")
+        assert sample.unmeasured == ("cpu and memory", "cpu wait") and sample.cpus == (0, 1)
     said = capsys.readouterr().err.splitlines()
     assert len(said) == 2 and all("could not be measured" in line for line in said), said
     assert "AccessDenied" in said[0] and "its progress is still reported" in said[0]
