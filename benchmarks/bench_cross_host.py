@@ -2,6 +2,7 @@
 
     python benchmarks/bench_cross_host.py [--hosts 2] [--per-host 1] [--rounds 3] [--keras 3|2]
                                           [--link 2gbit] [--variants '--comm compress=bf16']
+                                          [--exchange-timings]
 
 Root only: the hosts are network namespaces (tests/multihost/fake_hosts.py: each its own
 IP, port space and hostname, joined by a bridge), each pinned to one CPU of this machine
@@ -29,8 +30,11 @@ It prints samples/s (median over rounds), the efficiency -- samples/s over (the 
 workers have, min(hosts, CPUs)) x the baseline's --, the share of the ceiling a row reaches
 (what the exchange and the strategy cost), tfrun / by hand, and the last epoch's
 loss (the same seeded start everywhere: the runs of several hosts agree to float rounding,
-unless a row compresses, e.g. ``--variants '--comm compress=fp16'``). Numbers, not checks:
-nothing fails on a slow result.
+unless a row compresses, e.g. ``--variants '--comm compress=fp16'``). With
+``--exchange-timings``, each tfrun row of tfrun's exchange also says where its step goes:
+per bucket of gradients (its bytes as they leave), the milliseconds its collective ran and
+those the step waited for it, worker:0's, the median round's (``_exchange_timings.py``).
+Numbers, not checks: nothing fails on a slow result.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ parser.add_argument("--link", default=None, metavar="RATE",
                          "a cloud VM's link); default: memory speed")
 parser.add_argument("--variants", default="",
                     help="extra tfrun rows, ';'-separated flag sets, e.g. '--comm tcp,pack=1MB'")
+parser.add_argument("--exchange-timings", action="store_true",
+                    help="also time each bucket of tfrun's exchange in the tfrun rows")
 args = parser.parse_args()
 SCRIPT_ARGS = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
 CPUS = sorted(os.sched_getaffinity(0))
@@ -80,6 +86,9 @@ for flags in filter(None, (v.strip() for v in args.variants.split(";"))):
 
 
 LOSSES: dict[str, list[float]] = {}
+#: Per tfrun row: each round's (samples/s, samples per step, timed steps, worker:0's
+#: exchange timings).
+TIMINGS: dict[str, list[tuple[float, int, int, list]]] = {}
 
 
 def samples_per_second(out: Path, row: str | None = None) -> float:
@@ -145,13 +154,31 @@ def by_hand(hosts: FakeHosts, out: Path) -> float:
 def with_tfrun(hosts: FakeHosts, out: Path, flags: list[str]) -> float:
     names = ",".join(hosts.name(i) for i in range(1, hosts.count + 1) for _ in range(args.per_host))
     keras = ["--keras", "2"] if args.keras == "2" else []
+    timing = ["--exchange-timings"] if args.exchange_timings else []
     procs = [on_host(hosts, i, [sys.executable, "-m", "tfrun", "--hosts", names, "--node-rank",
                                 "auto", "--quiet-tasks", "--color", "never", "--run-dir",
-                                str(out / "run"), *keras, *flags, SCRIPT, str(out), *SCRIPT_ARGS],
-                     ENV)
+                                str(out / "run"), *keras, *flags, SCRIPT, str(out), *SCRIPT_ARGS,
+                                *timing], ENV)
              for i in range(hosts.count, 0, -1)]  # the hub last: the others wait for it
     wait_all(procs, f"tfrun {' '.join(flags)}")
-    return samples_per_second(out)
+    rate = samples_per_second(out)
+    result = json.loads((out / "result-0.json").read_text())
+    if result.get("exchange"):
+        TIMINGS.setdefault(" ".join(flags), []).append(
+            (rate, result["samples_per_step"], result["timed_steps"], result["exchange"]))
+    return rate
+
+
+def print_exchange_timings() -> None:
+    """Per tfrun row with tfrun's exchange: its median round's step and buckets."""
+    for flags, rounds in TIMINGS.items():
+        rate, samples, steps, buckets = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
+        print(f"\n  tfrun {flags or '(defaults)'}: a step takes {samples / rate * 1000:.1f} ms "
+              "(median round); worker:0's collectives, in the order a step starts them:")
+        print(f"    {'bytes':>10} {'per step':>8} {'running ms':>10} {'waited ms':>9}")
+        for b in buckets:
+            print(f"    {b['bytes']:>10} {b['count'] / steps:8.1f} {b['running_ms']:10.1f} "
+                  f"{b['waited_ms']:9.1f}")
 
 
 def main() -> None:
@@ -202,6 +229,7 @@ def main() -> None:
         print(f"  {name:<44} {value:10.0f} {value / (cpus * base) if several else 1.0:10.2f} "
               f"{value / ceiling if several else float('nan'):9.2f} "
               f"{value / hand if i > 1 else float('nan'):9.2f} {loss:11.6f}   {rounds}")
+    print_exchange_timings()
 
 
 if __name__ == "__main__":

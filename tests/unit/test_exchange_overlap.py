@@ -231,3 +231,43 @@ def test_how_a_bucket_crosses_is_decided_once_for_both_exchange_paths():
     wires = [allreduce._crossing(tcp(compression="bf16"), b)[0] for b in cut]
     # 2 workers: each sends half of every bucket twice (reduce-scatter, all-gather)
     assert allreduce._sent_bytes(tcp(compression="bf16"), cut, wires) == 1034 * 2 + 100 * 4
+
+
+def test_the_benchmarks_exchange_timings_time_each_bucket_and_the_wait_for_it(monkeypatch):
+    """benchmarks/_exchange_timings.py (bench_cross_host.py --exchange-timings): per bucket
+    size, the time its collective ran on the exchange's thread and the step waited in
+    ``finish``; ``reset`` forgets the warm-up."""
+    import sys
+
+    from conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    for name in ("start", "finish"):  # restored after the test: install patches the class
+        monkeypatch.setattr(overlap.Exchanges, name, getattr(overlap.Exchanges, name))
+    monkeypatch.delitem(sys.modules, "_exchange_timings", raising=False)
+    from _exchange_timings import ExchangeTimings
+
+    timings = ExchangeTimings.install()
+    exchanges = overlap.Exchanges()
+    try:
+        warm_up = exchanges.start(lambda arrays: arrays, [np.zeros(1, np.float32)])
+        exchanges.finish(warm_up)
+        timings.reset()
+        for _ in range(2):
+            asked = threading.Event()
+
+            def until_asked_and_then_some(arrays, asked=asked):
+                asked.wait(5)
+                time.sleep(0.2)  # still running well after the step asks for it
+                return arrays
+
+            big = exchanges.start(until_asked_and_then_some, [np.zeros(1000, np.float32)])
+            small = exchanges.start(lambda arrays: arrays, [np.zeros(2, np.float16)])
+            asked.set()
+            assert exchanges.finish(big)[0].shape == (1000,)
+            exchanges.finish(small)
+    finally:
+        exchanges.close()
+    (first, second) = timings.summary()
+    assert (first["bytes"], first["count"], second["bytes"], second["count"]) == (4000, 2, 4, 2)
+    assert first["running_ms"] >= 200 and first["waited_ms"] > 0, first
