@@ -10,7 +10,8 @@ tfrun's exchange (one process, TensorFlow's ring) records nothing.
 
     timings = ExchangeTimings.install()   # before the strategy's first step
     ...                                   # the timed epochs (``reset()`` before them)
-    timings.summary()  # [{"bytes": 2119700, "count": 120, "running_ms": 19.7, "waited_ms": 4.5}, ...]
+    timings.summary()  # [{"bytes": 2119700, "count": 120, "running_ms": 19.7,
+                       #   "waited_ms": 4.5}, ...]
 """
 
 from __future__ import annotations

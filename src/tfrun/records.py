@@ -11,10 +11,10 @@ log text, and the first-failure line quotes it.
 
 ``TaskSample`` is the task's periodic sample: its progress (steps completed, what it is
 doing and since when) always, and its resource measurements (CPU, memory, CPU others
-took, CPU waited for, the CPUs it may run on) when they can be made. A measurement that fails -- a hardened
-``/proc``, a container runtime that denies it -- is left out and named in
-``unmeasured``; the progress still comes, so a task whose measurements stopped is never
-taken for one that stopped.
+took, CPU waited for, the CPUs it may run on) when they can be made. A measurement that
+fails -- a hardened ``/proc``, a container runtime that denies it -- is left out and
+named in ``unmeasured``; the progress still comes, so a task whose measurements stopped
+is never taken for one that stopped.
 
     >>> sample = TaskSample(time=10.0, steps_done=3, doing="in a training step",
     ...                     cpu_percent=None, cpus=(0, 1), unmeasured=("cpu and memory",))
