@@ -64,6 +64,6 @@ result = {"steps_per_second": args.steps * len(timed) / sum(timed), "workers": m
           "samples_per_step": per_worker * max(workers, 1),
           "final_loss": float(history.history["loss"][-1])}
 if timings is not None:
-    result["exchange"], result["timed_steps"] = timings.summary(), args.steps * len(timed)
+    result["exchange"] = timings.summary()
 with open(os.path.join(args.out_dir, f"result-{index}.json"), "w") as f:
     json.dump(result, f)

@@ -86,9 +86,8 @@ for flags in filter(None, (v.strip() for v in args.variants.split(";"))):
 
 
 LOSSES: dict[str, list[float]] = {}
-#: Per tfrun row: each round's (samples/s, samples per step, timed steps, worker:0's
-#: exchange timings).
-TIMINGS: dict[str, list[tuple[float, int, int, list]]] = {}
+#: Per tfrun row: each round's (samples/s, samples per step, worker:0's exchange timings).
+TIMINGS: dict[str, list[tuple[float, int, list]]] = {}
 
 
 def samples_per_second(out: Path, row: str | None = None) -> float:
@@ -162,17 +161,18 @@ def with_tfrun(hosts: FakeHosts, out: Path, flags: list[str]) -> float:
              for i in range(hosts.count, 0, -1)]  # the hub last: the others wait for it
     wait_all(procs, f"tfrun {' '.join(flags)}")
     rate = samples_per_second(out)
-    result = json.loads((out / "result-0.json").read_text())
+    result = json.loads((out / "result-0.json").read_text())  # worker:0's, as the rate is
     if result.get("exchange"):
         TIMINGS.setdefault(" ".join(flags), []).append(
-            (rate, result["samples_per_step"], result["timed_steps"], result["exchange"]))
+            (rate, result["samples_per_step"], result["exchange"]))
     return rate
 
 
 def print_exchange_timings() -> None:
     """Per tfrun row with tfrun's exchange: its median round's step and buckets."""
     for flags, rounds in TIMINGS.items():
-        rate, samples, steps, buckets = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
+        rate, samples, buckets = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
+        steps = args.steps * args.epochs  # the timed ones
         print(f"\n  tfrun {flags or '(defaults)'}: a step takes {samples / rate * 1000:.1f} ms "
               "(median round); worker:0's collectives, in the order a step starts them:")
         print(f"    {'bytes':>10} {'per step':>8} {'running ms':>10} {'waited ms':>9}")

@@ -179,7 +179,7 @@ def workdir(tmp_path_factory):
 BENCH = "tfrun bench examples/mnist_mlp.py --workers 1,2"
 #: The README's report line reads the bench's runs: the bench's test runs it after them
 #: (a test of its own would run the bench again wherever the other worker of -n ran it).
-REPORT = "tfrun report runs/*-bench-mnist_mlp/workers-1 runs/*-bench-mnist_mlp/workers-2"
+REPORT = next(command for command in RUN_HERE if command.startswith("tfrun report"))
 
 
 def run_readme_line(command: str, workdir):
