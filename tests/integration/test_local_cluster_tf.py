@@ -67,8 +67,9 @@ def test_main_job_with_16_bit_exchange_keeps_its_test_accuracy(tmp_path):
     bf16 on the wire, with fp16 and error feedback. Each compressed run's test accuracy is
     within 0.3 points of the exact one's (one sample of the 360 is 0.28), while its loss
     shows the rounding did change the numbers. bf16 through shared memory (float32 moves
-    there, rounded the same way) gives the same loss, to the last digit printed: a run's
-    numerics do not depend on where its workers are."""
+    there, rounded the same way in NumPy) gives the same loss, to the last digit printed, as
+    over TCP (whose owners sum natively, ``_native.sum_16``): a run's numerics do not depend
+    on where its workers are."""
     results = {}
     for comm in ("tcp", "tcp,compress=bf16", "tcp,compress=fp16,feedback", "shm,compress=bf16"):
         run = Run(tmp_path, ["--workers", "2", "--comm", comm, str(ROOT / "examples" / "mnist_mlp.py"),
@@ -81,6 +82,7 @@ def test_main_job_with_16_bit_exchange_keeps_its_test_accuracy(tmp_path):
                 "tcp,compress=fp16,feedback": "fp16 on the wire with error feedback;",
                 "shm,compress=bf16": "bf16 rounding (float32 moves);"}[comm]
         assert wire in log, log[-3000:]
+        assert "its sums in Python" not in log, log[-3000:]  # the owners sum natively
         assert_nothing_left(run)
     exact_accuracy, exact_loss = results["tcp"]
     assert exact_accuracy >= 0.95, results

@@ -203,6 +203,64 @@ def test_a_compressed_all_reduce_gives_the_bits_the_tcp_exchange_gives(wire, fee
     assert any(changed) == feedback, changed  # the kept error went into the second
 
 
+# The same library's owner sum for the TCP exchange's 16-bit values (``_native.sum_16``).
+_EDGES = np.array([0.0, -0.0, 1e-8, -1e-8, 6e-5, 6.1e-5, 65504, 65520, 1e5, -1e5, np.inf,
+                   -np.inf, 3e38, -3e38, 1.00390625, 1.5e-45, np.nan], np.float32)
+
+
+@pytest.mark.parametrize("wire", ["fp16", "bf16"])
+@pytest.mark.parametrize("count", [2, 3])
+def test_the_native_sum_of_16_bit_values_gives_the_bits_numpy_gives(native_library, wire, count):
+    """Widened to float32, summed in rank order, rounded to nearest (ties to even): fp16
+    through the F16C conversions 8 at a time (and a scalar tail), bf16 in integers; values
+    of every scale, both infinities, overflow, subnormals, NaN; lengths around the 8 and
+    the blocks of 2048."""
+    from tfrun.in_task.exchange.compression import down, up
+
+    library = _native.open_library(native_library)
+    rng = np.random.default_rng(count)
+    for n in (0, 1, 7, 8, 9, 2047, 2049, 10001):
+        values = [np.concatenate([rng.normal(0, 10.0 ** rng.integers(-6, 5), n).astype(np.float32),
+                                  _EDGES]) for _ in range(count)]
+        parts = [down(v, wire) for v in values]
+        total = up(parts[0], wire)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for part in parts[1:]:
+                total = total + up(part, wire)
+        expected = down(total, wire)
+        got = _native.sum_16(library, parts, wire)
+        assert got.dtype == np.uint16 and got.tobytes() == expected.tobytes(), \
+            (n, np.flatnonzero(got != expected)[:5])
+
+
+def test_the_compressed_exchange_sums_with_the_native_library_when_its_group_has_it(
+        native_library, monkeypatch):
+    """``sum_on_wire`` hands the owner's parts to ``sum_16`` when the group has the library
+    (and to NumPy when not): the same slice goes out either way."""
+    from tfrun.in_task.exchange import compression
+
+    parts = [compression.down(_floats("float32", 4001)(r), "fp16") for r in range(3)]
+
+    class Group:
+        def __init__(self, native):
+            self.native_sums, self.gathered = native, None
+
+        def reduce_scatter(self, arrays, timeout):
+            return parts
+
+        def all_gather(self, mine, shapes, timeout):
+            self.gathered = mine
+            return [mine]
+
+    calls, real = [], _native.sum_16
+    monkeypatch.setattr(_native, "sum_16", lambda *a: calls.append(a[2]) or real(*a))
+    native, python = Group(_native.open_library(native_library)), Group(None)
+    compression.sum_on_wire(native, [parts[0]], "fp16")
+    compression.sum_on_wire(python, [parts[0]], "fp16")
+    assert calls == ["fp16"]
+    assert native.gathered.tobytes() == python.gathered.tobytes()
+
+
 def _cut_member(plan, chunk_bytes, cuts, results, native=None):
     """Rank r all-reduces the same 5000 floats as every rank, cut at ``cuts[r]``."""
     try:

@@ -1,8 +1,12 @@
-"""Builds, caches and loads tfrun's native shared-memory exchange (``_shm_kernel.cc``).
+"""Builds, caches and loads tfrun's native shared-memory exchange (``_shm_kernel.cc``), and
+with it the TCP exchange's native owner sum of 16-bit values (``sum_16``).
 
 Why native: the Python exchange runs as a ``tf.py_function``, which copies the summed
 gradients into a new tensor and takes the GIL on every step; the op sums straight into its
-output tensor (see ``benchmarks/bench_shm_allreduce.py`` for both, side by side).
+output tensor (see ``benchmarks/bench_shm_allreduce.py`` for both, side by side). With
+``--comm compress=`` the owner of a slice widens every task's 16-bit values, sums them and
+rounds the sum: three passes through NumPy or TensorFlow's eager casts on the core backprop
+uses, one in ``sum_16`` (the same bits).
 
 The source ships with tfrun and is compiled on first use against the installed TensorFlow's
 headers (``tf.sysconfig``) with ``$CXX`` (else ``c++``/``g++``), once per machine, into the
@@ -26,12 +30,14 @@ from pathlib import Path
 from ... import contract, native_cache
 
 __all__ = ["KERNEL_ENV", "all_reduce", "kernel", "kernel_reason", "library_path", "open_library",
-           "register"]
+           "register", "sum_16"]
 
 KERNEL_ENV = contract.SHM_KERNEL
 SOURCE = Path(__file__).with_name("_shm_kernel.cc")
 #: What _shm_kernel.cc calls dtypes (its ``SumAs``) and results (its ``Kind``).
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
+#: What its ``tfrun_sum_16`` calls the wires of ``--comm compress=``.
+WIRE_CODES = {"fp16": 0, "bf16": 1}
 ERRORS = {1: RuntimeError, 2: ConnectionError, 3: TimeoutError, 4: RuntimeError}
 
 _lock = threading.Lock()
@@ -129,6 +135,9 @@ def open_library(path) -> ctypes.CDLL:
     library.tfrun_shm_position.restype = None
     library.tfrun_shm_set_counting.argtypes = [ctypes.c_int]
     library.tfrun_shm_set_counting.restype = None
+    library.tfrun_sum_16.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                     ctypes.c_int64, ctypes.c_void_p]
+    library.tfrun_sum_16.restype = ctypes.c_int
     return library
 
 
@@ -156,3 +165,22 @@ def all_reduce(library, flats, outs, timeout: float | None) -> None:
         DTYPE_CODES[flats[0].dtype.name], timeout or 0.0, error, len(error))
     if kind:
         raise ERRORS.get(kind, RuntimeError)(error.value.decode(errors="replace"))
+
+
+def sum_16(library, parts, wire: str):
+    """The sum of ``parts`` (1-D uint16 arrays of one length holding ``wire``'s 16-bit
+    values, in rank order) as float32, rounded to ``wire`` (nearest, ties to even): a new
+    uint16 array, the bits ``compression``'s NumPy and TensorFlow casts give."""
+    import numpy as np
+
+    parts = [np.ascontiguousarray(part, np.uint16) for part in parts]
+    out = np.empty(parts[0].size, np.uint16)
+    if any(part.size != out.size for part in parts):
+        raise ValueError("sum_16 takes parts of one length. Received: "
+                         + ", ".join(str(part.size) for part in parts))
+    count = len(parts)
+    if library.tfrun_sum_16(WIRE_CODES[wire], count,
+                            (ctypes.c_void_p * count)(*(part.ctypes.data for part in parts)),
+                            out.size, out.ctypes.data):
+        raise ValueError(f"sum_16: no such wire. Received: {wire!r}")
+    return out

@@ -1,5 +1,6 @@
 // tfrun's shared-memory all-reduce exchange, native: the TensorFlow op TfrunShmAllReduce
-// and a C entry point (tfrun_shm_all_reduce) for the same code.
+// and a C entry point (tfrun_shm_all_reduce) for the same code. Also the TCP exchange's
+// owner sum of 16-bit values (tfrun_sum_16, for --comm compress=fp16|bf16).
 //
 // Why: the Python exchange runs as a tf.py_function, which costs a copy of the gradients
 // back into a new tensor, the GIL and the Python calls on every step; this op reads its
@@ -14,6 +15,7 @@
 // one back), check every header, sum every buffer in rank order". Built and loaded by
 // tfrun/_native.py; nothing here opens, maps or closes anything.
 #include <errno.h>
+#include <immintrin.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -170,6 +172,70 @@ bool SumAs(int dtype, const std::vector<const char*>& views, char* out, int64_t 
   return false;
 }
 
+// --- The owner sum of 16-bit values (compression.sum_on_wire's, in one pass) ---------------
+// NumPy and TensorFlow's eager casts take three passes and three temporary arrays over the
+// owner's slice (up, add, down) on the core backprop uses; this reads each part once.
+
+inline float HalfToFloat(uint16_t bits) {
+  return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(bits));
+}
+
+inline uint16_t FloatToHalf(float value) {  // nearest, ties to even (as TensorFlow's cast)
+  return Eigen::numext::bit_cast<uint16_t>(Eigen::half(value));
+}
+
+inline float Bfloat16ToFloat(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+inline uint16_t FloatToBfloat16(float value) {  // compression.down's rounding, bit for bit
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  // NaN: no payload carried into inf (a select, not a branch: the loop stays vectorized)
+  return static_cast<uint16_t>((bits & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+}
+
+// In blocks that stay in the cache, each loop simple enough for the compiler to vectorize;
+// every value is still summed in rank order.
+template <float (*Up)(uint16_t), uint16_t (*Down)(float)>
+void SumScalar(int count, const uint16_t* const* parts, int64_t start, int64_t n,
+               uint16_t* out) {
+  constexpr int64_t kBlock = 2048;
+  float total[kBlock];
+  for (int64_t begin = start; begin < n; begin += kBlock) {
+    const int64_t m = std::min(kBlock, n - begin);
+    const uint16_t* first = parts[0] + begin;
+    for (int64_t j = 0; j < m; ++j) total[j] = Up(first[j]);
+    for (int r = 1; r < count; ++r) {
+      const uint16_t* part = parts[r] + begin;
+      for (int64_t j = 0; j < m; ++j) total[j] += Up(part[j]);
+    }
+    for (int64_t j = 0; j < m; ++j) out[begin + j] = Down(total[j]);
+  }
+}
+
+// IEEE half with the F16C conversions, 8 values at a time; the rounding is the same
+// (nearest, ties to even), so are the bits. Returns where the scalar tail starts.
+__attribute__((target("avx,f16c"))) int64_t SumHalfF16c(int count,
+                                                        const uint16_t* const* parts,
+                                                        int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 total = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(parts[0] + i)));
+    for (int r = 1; r < count; ++r) {
+      total = _mm256_add_ps(total, _mm256_cvtph_ps(_mm_loadu_si128(
+                                       reinterpret_cast<const __m128i*>(parts[r] + i))));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(total, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  return i;
+}
+
 int ItemSize(int dtype) { return dtype <= 1 ? 2 : dtype == 2 ? 4 : 8; }
 
 // The tensors of one all-reduce, in order: the exchange moves their concatenation.
@@ -306,6 +372,25 @@ int tfrun_shm_all_reduce(int count, const void* const* in, void* const* out,
   Result r = AllReduce(pieces, dtype, timeout);
   if (error_size > 0) snprintf(error, error_size, "%s", r.message.c_str());
   return r.kind;
+}
+
+// The sum as float32, in rank order, of `count` arrays of `n` 16-bit values (wire 0: IEEE
+// half, 1: bfloat16), rounded to the same 16 bits into out (which may be one of the parts).
+// Returns 0, or 1 for an unknown wire.
+int tfrun_sum_16(int wire, int count, const void* const* parts, int64_t n, void* out) {
+  const auto* const* values = reinterpret_cast<const uint16_t* const*>(parts);
+  auto* sums = static_cast<uint16_t*>(out);
+  if (wire == 0) {
+    static const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    const int64_t done = f16c ? SumHalfF16c(count, values, n, sums) : 0;
+    SumScalar<HalfToFloat, FloatToHalf>(count, values, done, n, sums);
+    return 0;
+  }
+  if (wire == 1) {
+    SumScalar<Bfloat16ToFloat, FloatToBfloat16>(count, values, 0, n, sums);
+    return 0;
+  }
+  return 1;
 }
 
 // Whether the op counts its all-reduces (on unless the run's recording is off).

@@ -378,12 +378,19 @@ def _joined(plan):
         if _group is not None:
             return _group
         if isinstance(plan, tcp_allreduce.TcpPlan):
+            # Compressed, the owner's sums are native when the library builds (before the
+            # group forms: a first build must not hold the others up inside an exchange).
+            loaded = _native.kernel() if plan.compression != "none" else None
             _group = tcp_allreduce.TcpGroup(plan)
+            _group.native_sums = loaded[1] if loaded else None
             if plan.rank == 0:
                 hosts = len(set(plan.hosts))
+                slower = "" if loaded or plan.compression == "none" else (
+                    ", its sums in Python: the native ones are unavailable: "
+                    f"{_native.kernel_reason()}")
                 print(f"tfrun: all-reduce over TCP: {plan.size} workers on {hosts} "
-                      f"host{'s' if hosts > 1 else ''} (tfrun's exchange{_how(plan)}; --comm "
-                      "ring for TensorFlow's collectives)", file=sys.stderr, flush=True)
+                      f"host{'s' if hosts > 1 else ''} (tfrun's exchange{_how(plan)}{slower}; "
+                      "--comm ring for TensorFlow's collectives)", file=sys.stderr, flush=True)
             _start_exchanges(plan, plan)
             return _group
         loaded = _native.kernel()  # built/loaded once per process; None: the Python path

@@ -131,12 +131,21 @@ def _rounded(arrays, wire: str, feedback: ErrorFeedback | None, key) -> list:
 
 def sum_on_wire(group, small, wire: str, timeout: float | None = None) -> list:
     """``all_reduce`` of values already rounded to ``wire`` (uint16 arrays, e.g. cast by
-    the step's graph), the sums rounded the same way: uint16 arrays of the same shapes."""
+    the step's graph), the sums rounded the same way: uint16 arrays of the same shapes.
+    The owner sums its slice with the group's ``native_sums`` library when it has one
+    (``_native.sum_16``: one pass), else through ``up`` and ``down``: the same bits."""
     import numpy as np
 
     parts = group.reduce_scatter(small, timeout)
-    total = up(parts[0], wire)
-    for part in parts[1:]:  # rank order: every owner sums the same way
-        total += up(part, wire)
-    sums = group.all_gather(down(total, wire), [np.shape(a) for a in small], timeout)
+    native = getattr(group, "native_sums", None)
+    if native is not None:
+        from ._native import sum_16
+
+        mine = sum_16(native, parts, wire)
+    else:
+        total = up(parts[0], wire)
+        for part in parts[1:]:  # rank order: every owner sums the same way
+            total += up(part, wire)
+        mine = down(total, wire)
+    sums = group.all_gather(mine, [np.shape(a) for a in small], timeout)
     return [s.reshape(np.shape(a)) for s, a in zip(sums, small)]

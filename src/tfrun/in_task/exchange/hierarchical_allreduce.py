@@ -95,6 +95,7 @@ class HierarchicalGroup:
             if native is not None:
                 self.local.use_native(native)
             self.across = tcp_allreduce.TcpGroup(plan.across, store)
+            self.across.native_sums = native  # compressed, the host sums' owner sums natively
         except BaseException:
             self.local.close()
             raise

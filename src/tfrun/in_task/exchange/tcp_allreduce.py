@@ -136,6 +136,9 @@ class TcpGroup:
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="tfrun-tcp-send")
         self._buffers: dict = {}
         self._feedback = compression.ErrorFeedback() if plan.feedback else None
+        #: The native library whose ``sum_16`` sums 16-bit slices (``compression.sum_on_wire``),
+        #: or None: NumPy and TensorFlow's casts do (``tfrun.in_task.exchange._native``).
+        self.native_sums = None
         store = KeyValue() if store is None else store
         # Keys named after the group's tasks: the same on each of them (not a run dir: each
         # Kubernetes pod has its own), and distinct for every group of one cluster.
