@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cross_host.py [--hosts 2] [--per-host 1] [--rounds 3] [--keras 3|2]
                                           [--link 2gbit] [--variants '--comm compress=bf16']
-                                          [--exchange-timings]
+                                          [--exchange-timings] [--ideal]
 
 Root only: the hosts are network namespaces (tests/multihost/fake_hosts.py: each its own
 IP, port space and hostname, joined by a bridge), each pinned to one CPU of this machine
@@ -34,6 +34,10 @@ unless a row compresses, e.g. ``--variants '--comm compress=fp16'``). With
 ``--exchange-timings``, each tfrun row of tfrun's exchange also says where its step goes:
 per bucket of gradients (its bytes as they leave), the milliseconds its collective ran and
 those the step waited for it, worker:0's, the median round's (``_exchange_timings.py``).
+With ``--ideal`` (2 hosts, 1 worker each), every round also runs bench_exchange_bound.py's
+ideal exchange -- the MLP's step in NumPy, its gradients' bytes over plain TCP and nothing
+else -- and the output ends with each tfrun row's efficiency over the ideal's at the same
+bytes per value: the share of what these hosts allowed, in that round, that tfrun reached.
 Numbers, not checks: nothing fails on a slow result.
 """
 
@@ -53,6 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "multihost"))
 sys.path.insert(0, str(HERE.parent / "tests"))  # fake_hosts' clean-up imports warm_tasks
 from fake_hosts import FakeHosts, available  # noqa: E402
+from bench_exchange_bound import ROWS as IDEAL_ROWS, step_ms  # noqa: E402
 
 SCRIPT = str(HERE / "_scaling_worker.py")
 PORT = 23456
@@ -68,10 +73,18 @@ parser.add_argument("--link", default=None, metavar="RATE",
                     help="shape each host's outgoing traffic to RATE (tc's syntax, e.g. 2gbit: "
                          "a cloud VM's link); default: memory speed")
 parser.add_argument("--variants", default="",
-                    help="extra tfrun rows, ';'-separated flag sets, e.g. '--comm tcp,pack=1MB'")
+                    help="extra tfrun rows, ';'-separated flag sets, e.g. '--comm tcp,pack=1MB'; "
+                         "leading NAME=VALUE words go into the launchers' environment, e.g. "
+                         "'TFRUN_SHM_KERNEL=0 --comm compress=fp16'")
 parser.add_argument("--exchange-timings", action="store_true",
                     help="also time each bucket of tfrun's exchange in the tfrun rows")
+parser.add_argument("--ideal", action="store_true",
+                    help="also run bench_exchange_bound.py's ideal exchange in every round "
+                         "(2 hosts, 1 worker each) and print each tfrun row's share of it")
 args = parser.parse_args()
+if args.ideal and (args.hosts, args.per_host) != (2, 1):
+    parser.error("--ideal measures 2 hosts of 1 worker each. Received: "
+                 f"--hosts {args.hosts} --per-host {args.per_host}")
 SCRIPT_ARGS = ["--steps", str(args.steps), "--epochs", str(args.epochs)]
 CPUS = sorted(os.sched_getaffinity(0))
 ENV = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")} \
@@ -83,6 +96,21 @@ if args.per_host > 1:
     TFRUN_VARIANTS["tfrun --comm tcp (one TCP stage)"] = ["--comm", "tcp"]
 for flags in filter(None, (v.strip() for v in args.variants.split(";"))):
     TFRUN_VARIANTS[f"tfrun {flags}"] = flags.split()
+
+
+def split_variant(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """A variant's leading ``NAME=VALUE`` words (for the launchers' environment, as a shell
+    reads them) and its tfrun flags.
+
+    >>> split_variant(["TFRUN_SHM_KERNEL=0", "--comm", "compress=fp16"])
+    ({'TFRUN_SHM_KERNEL': '0'}, ['--comm', 'compress=fp16'])
+    """
+    env = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        name, _, value = words[0].partition("=")
+        env[name] = value
+        words = words[1:]
+    return env, words
 
 
 LOSSES: dict[str, list[float]] = {}
@@ -154,10 +182,11 @@ def with_tfrun(hosts: FakeHosts, out: Path, flags: list[str]) -> float:
     names = ",".join(hosts.name(i) for i in range(1, hosts.count + 1) for _ in range(args.per_host))
     keras = ["--keras", "2"] if args.keras == "2" else []
     timing = ["--exchange-timings"] if args.exchange_timings else []
+    env, tfrun_flags = split_variant(flags)
     procs = [on_host(hosts, i, [sys.executable, "-m", "tfrun", "--hosts", names, "--node-rank",
                                 "auto", "--quiet-tasks", "--color", "never", "--run-dir",
-                                str(out / "run"), *keras, *flags, SCRIPT, str(out), *SCRIPT_ARGS,
-                                *timing], ENV)
+                                str(out / "run"), *keras, *tfrun_flags, SCRIPT, str(out),
+                                *SCRIPT_ARGS, *timing], ENV | env)
              for i in range(hosts.count, 0, -1)]  # the hub last: the others wait for it
     wait_all(procs, f"tfrun {' '.join(flags)}")
     rate = samples_per_second(out)
@@ -196,6 +225,7 @@ def main() -> None:
             **{name: (lambda h, out, f=flags: with_tfrun(h, out, f))
                for name, flags in TFRUN_VARIANTS.items()}}
     measured: dict[str, list[float]] = {name: [] for name in runs}
+    ideal: dict[str, list[float]] = {name: [] for name in IDEAL_ROWS}  # step ms per round
     try:
         for round_ in range(args.rounds):
             for i, (name, run) in enumerate(runs.items()):
@@ -204,6 +234,10 @@ def main() -> None:
                 measured[name].append(run(hosts, out))
                 print(f"round {round_ + 1}/{args.rounds}  {name:<44} {measured[name][-1]:9.0f} "
                       "samples/s", flush=True)
+            for name, width in IDEAL_ROWS.items() if args.ideal else ():
+                ideal[name].append(step_ms(hosts, width))
+                print(f"round {round_ + 1}/{args.rounds}  {name:<44} {ideal[name][-1]:9.1f} ms "
+                      "a step", flush=True)
     finally:
         hosts.down()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -230,6 +264,33 @@ def main() -> None:
               f"{value / ceiling if several else float('nan'):9.2f} "
               f"{value / hand if i > 1 else float('nan'):9.2f} {loss:11.6f}   {rounds}")
     print_exchange_timings()
+    if args.ideal:
+        print_ideal_shares(measured, ideal, cpus)
+
+
+def print_ideal_shares(measured: dict[str, list[float]], ideal: dict[str, list[float]],
+                       cpus: int) -> None:
+    """The ideal exchange's rows (bench_exchange_bound.py, measured in the same rounds), and
+    each tfrun row's efficiency over the ideal's at its width (16 bits for a row that
+    compresses), per round: the share of what these hosts allowed that it reached."""
+    alone, *_ = IDEAL_ROWS
+    bound = {width: [a / v for a, v in zip(ideal[alone], ideal[name])]
+             for name, width in IDEAL_ROWS.items()}
+    print("\n  ideal exchange (bench_exchange_bound.py: the MLP's step in NumPy, its bytes over "
+          "plain TCP), the same rounds:")
+    print(f"    {'row':<44} {'step ms':>8} {'efficiency':>10}   per round")
+    for name, width in IDEAL_ROWS.items():
+        print(f"    {name:<44} {statistics.median(ideal[name]):8.1f} "
+              f"{statistics.median(bound[width]):10.2f}   "
+              f"{', '.join(f'{e:.2f}' for e in bound[width])}")
+    print("  each tfrun row's efficiency over the ideal's at its width, per round:")
+    baseline, *_ = measured
+    for name, flags in TFRUN_VARIANTS.items():
+        width = 2 if any("compress=" in flag for flag in flags) else 4
+        shares = [v / (cpus * b) / e
+                  for v, b, e in zip(measured[name], measured[baseline], bound[width])]
+        print(f"    {name:<44} {statistics.median(shares):5.2f}   "
+              f"{', '.join(f'{s:.2f}' for s in shares)}   (ideal: {width * 8} bits)")
 
 
 if __name__ == "__main__":
