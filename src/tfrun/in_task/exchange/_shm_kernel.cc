@@ -15,7 +15,6 @@
 // one back), check every header, sum every buffer in rank order". Built and loaded by
 // tfrun/_native.py; nothing here opens, maps or closes anything.
 #include <errno.h>
-#include <immintrin.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -32,6 +31,11 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TFRUN_X86 1  // F16C may be there (checked at run time); elsewhere the scalar sums
+#endif
 
 namespace {
 
@@ -218,6 +222,7 @@ void SumScalar(int count, const uint16_t* const* parts, int64_t start, int64_t n
   }
 }
 
+#ifdef TFRUN_X86
 // IEEE half with the F16C conversions, 8 values at a time; the rounding is the same
 // (nearest, ties to even), so are the bits. Returns where the scalar tail starts.
 __attribute__((target("avx,f16c"))) int64_t SumHalfF16c(int count,
@@ -235,6 +240,7 @@ __attribute__((target("avx,f16c"))) int64_t SumHalfF16c(int count,
   }
   return i;
 }
+#endif
 
 int ItemSize(int dtype) { return dtype <= 1 ? 2 : dtype == 2 ? 4 : 8; }
 
@@ -381,8 +387,11 @@ int tfrun_sum_16(int wire, int count, const void* const* parts, int64_t n, void*
   const auto* const* values = reinterpret_cast<const uint16_t* const*>(parts);
   auto* sums = static_cast<uint16_t*>(out);
   if (wire == 0) {
+    int64_t done = 0;
+#ifdef TFRUN_X86
     static const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-    const int64_t done = f16c ? SumHalfF16c(count, values, n, sums) : 0;
+    if (f16c) done = SumHalfF16c(count, values, n, sums);
+#endif
     SumScalar<HalfToFloat, FloatToHalf>(count, values, done, n, sums);
     return 0;
   }
