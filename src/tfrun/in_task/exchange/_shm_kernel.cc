@@ -34,7 +34,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#define TFRUN_X86 1  // F16C may be there (checked at run time); elsewhere the scalar sums
+#define HAVE_X86_INTRINSICS 1  // F16C, if the CPU has it (checked at run time)
 #endif
 
 namespace {
@@ -222,7 +222,7 @@ void SumScalar(int count, const uint16_t* const* parts, int64_t start, int64_t n
   }
 }
 
-#ifdef TFRUN_X86
+#ifdef HAVE_X86_INTRINSICS
 // IEEE half with the F16C conversions, 8 values at a time; the rounding is the same
 // (nearest, ties to even), so are the bits. Returns where the scalar tail starts.
 __attribute__((target("avx,f16c"))) int64_t SumHalfF16c(int count,
@@ -388,7 +388,7 @@ int tfrun_sum_16(int wire, int count, const void* const* parts, int64_t n, void*
   auto* sums = static_cast<uint16_t*>(out);
   if (wire == 0) {
     int64_t done = 0;
-#ifdef TFRUN_X86
+#ifdef HAVE_X86_INTRINSICS
     static const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
     if (f16c) done = SumHalfF16c(count, values, n, sums);
 #endif
