@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,14 @@ def throttled_disk(where: Path, size: int, write_bytes_per_second: int) -> Itera
     if not _WRITE_LIMITS.exists():
         raise RuntimeError(f"no {_WRITE_LIMITS}: a throttled disk needs root and Linux "
                            "cgroup v1's blkio controller mounted there")
+    free = shutil.disk_usage(where).free
+    if free < size:
+        # The image is sparse: blocks come from the disk under it as the filesystem fills,
+        # and a full one there turns the filesystem read-only mid-run, failing for a reason
+        # that is not the test's.
+        raise RuntimeError(f"a throttled disk of {size / 2**30:.1f} GiB needs as much free "
+                           f"under {where}; received: {free / 2**30:.1f} GiB free. Free space "
+                           "there (or point TMPDIR at a larger disk) and run again")
     image, mount = where / "throttled.img", where / "throttled"
     with open(image, "wb") as f:
         f.truncate(size)
