@@ -57,7 +57,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "multihost"))
 sys.path.insert(0, str(HERE.parent / "tests"))  # fake_hosts' clean-up imports warm_tasks
 from fake_hosts import FakeHosts, available  # noqa: E402
-from bench_exchange_bound import ROWS as IDEAL_ROWS, step_ms  # noqa: E402
+from bench_exchange_bound import (  # noqa: E402
+    ROWS as IDEAL_ROWS, efficiencies, print_rows, step_ms)
 
 SCRIPT = str(HERE / "_scaling_worker.py")
 PORT = 23456
@@ -273,22 +274,17 @@ def print_ideal_shares(measured: dict[str, list[float]], ideal: dict[str, list[f
     """The ideal exchange's rows (bench_exchange_bound.py, measured in the same rounds), and
     each tfrun row's efficiency over the ideal's at its width (16 bits for a row that
     compresses), per round: the share of what these hosts allowed that it reached."""
-    alone, *_ = IDEAL_ROWS
-    bound = {width: [a / v for a, v in zip(ideal[alone], ideal[name])]
-             for name, width in IDEAL_ROWS.items()}
+    bound = efficiencies(ideal)
+    by_width = {width: bound[name] for name, width in IDEAL_ROWS.items()}
     print("\n  ideal exchange (bench_exchange_bound.py: the MLP's step in NumPy, its bytes over "
           "plain TCP), the same rounds:")
-    print(f"    {'row':<44} {'step ms':>8} {'efficiency':>10}   per round")
-    for name, width in IDEAL_ROWS.items():
-        print(f"    {name:<44} {statistics.median(ideal[name]):8.1f} "
-              f"{statistics.median(bound[width]):10.2f}   "
-              f"{', '.join(f'{e:.2f}' for e in bound[width])}")
+    print_rows(ideal, indent="    ")
     print("  each tfrun row's efficiency over the ideal's at its width, per round:")
     baseline, *_ = measured
     for name, flags in TFRUN_VARIANTS.items():
         width = 2 if any("compress=" in flag for flag in flags) else 4
         shares = [v / (cpus * b) / e
-                  for v, b, e in zip(measured[name], measured[baseline], bound[width])]
+                  for v, b, e in zip(measured[name], measured[baseline], by_width[width])]
         print(f"    {name:<44} {statistics.median(shares):5.2f}   "
               f"{', '.join(f'{s:.2f}' for s in shares)}   (ideal: {width * 8} bits)")
 

@@ -78,15 +78,29 @@ def main() -> None:
     finally:
         hosts.down()
         shutil.rmtree(scratch, ignore_errors=True)
-    alone = list(ROWS)[0]
     print(f"\n2 fake hosts, a CPU each, links {args.link}, {args.rounds} interleaved rounds, "
           "median step; efficiency: the step alone over the row's (per round)")
-    print(f"  {'row':<38} {'step ms':>8} {'efficiency':>10}   per round")
-    for name in ROWS:
-        rounds = [a / v for a, v in zip(measured[alone], measured[name])]
-        print(f"  {name:<38} {statistics.median(measured[name]):8.1f} "
-              f"{statistics.median(rounds):10.2f}   {', '.join(f'{r:.2f}' for r in rounds)}")
+    print_rows(measured, indent="  ")
 
+
+def efficiencies(measured: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each row's efficiency per round: the first row's step (the step alone) over the
+    row's step that round.
+
+    >>> efficiencies({"alone": [10.0, 20.0], "fp32": [20.0, 25.0]})["fp32"]
+    [0.5, 0.8]
+    """
+    alone = next(iter(measured))  # the first row: the step alone
+    return {name: [a / v for a, v in zip(measured[alone], steps)]
+            for name, steps in measured.items()}
+
+
+def print_rows(measured: dict[str, list[float]], indent: str) -> None:
+    """The rows' table: median step, median efficiency, and the efficiency of each round."""
+    print(f"{indent}{'row':<44} {'step ms':>8} {'efficiency':>10}   per round")
+    for name, rounds in efficiencies(measured).items():
+        print(f"{indent}{name:<44} {statistics.median(measured[name]):8.1f} "
+              f"{statistics.median(rounds):10.2f}   {', '.join(f'{r:.2f}' for r in rounds)}")
 
 if __name__ == "__main__":
     main()

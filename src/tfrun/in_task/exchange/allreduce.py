@@ -381,8 +381,7 @@ def _joined(plan):
             # Compressed, the owner's sums are native when the library builds (before the
             # group forms: a first build must not hold the others up inside an exchange).
             loaded = _native.kernel() if plan.compression != "none" else None
-            _group = tcp_allreduce.TcpGroup(plan)
-            _group.native_sums = loaded[1] if loaded else None
+            _group = tcp_allreduce.TcpGroup(plan, native_sums=loaded[1] if loaded else None)
             if plan.rank == 0:
                 hosts = len(set(plan.hosts))
                 slower = "" if loaded or plan.compression == "none" else (

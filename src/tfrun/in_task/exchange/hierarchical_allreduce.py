@@ -94,8 +94,8 @@ class HierarchicalGroup:
         try:
             if native is not None:
                 self.local.use_native(native)
-            self.across = tcp_allreduce.TcpGroup(plan.across, store)
-            self.across.native_sums = native  # compressed, the host sums' owner sums natively
+            # Compressed, the owner of each slice of the hosts' sums sums natively.
+            self.across = tcp_allreduce.TcpGroup(plan.across, store, native_sums=native)
         except BaseException:
             self.local.close()
             raise

@@ -121,12 +121,15 @@ class TcpGroup:
 
     Blocks until every task has joined (``connect_timeout`` seconds at most). Not
     thread-safe: calls must come in the same order on every task, which the hook ensures by
-    chaining them in each graph.
+    chaining them in each graph. ``native_sums``: the native library whose ``sum_16`` sums
+    16-bit slices (``compression.sum_on_wire``), or None: NumPy and TensorFlow's casts do
+    (``tfrun.in_task.exchange._native``).
     """
 
     def __init__(self, plan: TcpPlan, store=None, *,
                  connect_timeout: float = _CONNECT_TIMEOUT,
-                 handshake_seconds: float = tcp_handshake.HANDSHAKE_SECONDS) -> None:
+                 handshake_seconds: float = tcp_handshake.HANDSHAKE_SECONDS,
+                 native_sums=None) -> None:
         self.plan = plan
         self._handshake_seconds = handshake_seconds
         #: Why each connection that was not a peer was refused while the group formed.
@@ -136,9 +139,7 @@ class TcpGroup:
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="tfrun-tcp-send")
         self._buffers: dict = {}
         self._feedback = compression.ErrorFeedback() if plan.feedback else None
-        #: The native library whose ``sum_16`` sums 16-bit slices (``compression.sum_on_wire``),
-        #: or None: NumPy and TensorFlow's casts do (``tfrun.in_task.exchange._native``).
-        self.native_sums = None
+        self.native_sums = native_sums
         store = KeyValue() if store is None else store
         # Keys named after the group's tasks: the same on each of them (not a run dir: each
         # Kubernetes pod has its own), and distinct for every group of one cluster.
