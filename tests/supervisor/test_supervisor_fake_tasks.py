@@ -128,8 +128,11 @@ def test_restarts_the_whole_group_and_honours_the_count(fake_run):
                    "worker:1=sleep:0.5,fail_before_restart:2,ok;*=ok")
     assert run.run() == 0, run.stdout
     assert run.summary["restarts"] == 2
-    log = (run.run_dir / "logs" / "worker-0.log").read_text()
-    assert [f"restart {i}" in log for i in range(3)] == [True, True, True]
+    # worker:0 started three times, the whole group with worker:1 (its line of the first
+    # start may not come: a loaded machine can start it after worker:1 has failed).
+    started = [e for e in run.events() if e["event"] == "state" and e["new"] == "running"]
+    assert [e["task"] for e in started].count("worker:0") == 3, started
+    assert "restart 2" in (run.run_dir / "logs" / "worker-0.log").read_text()
     assert run.tasks()["worker:0"]["restarts"] == 2
     assert_nothing_left(run)
 
